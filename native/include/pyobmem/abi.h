@@ -1,0 +1,138 @@
+/*
+ * pyobmem ABI: the shared-memory event ring and the event records.
+ *
+ * This header is the one definition shared by the shim (C) and the daemon (Python).
+ * pyobmem/abi.py mirrors it as numpy dtypes; tests/test_abi.py compiles this header and
+ * checks every size and offset against the Python side, so the two cannot drift.
+ *
+ * Ring protocol (bounded multi-producer queue, D. Vyukov's sequence-per-slot scheme):
+ *   slot i starts with seq == i (written by whoever creates the ring).
+ *   producer: pos = head; if slot[pos % cap].seq == pos, CAS head pos -> pos+1, fill the
+ *             record, then store-release seq = pos + 1. If seq < pos the ring is full: the
+ *             event is dropped and counted (header.dropped), the producer never waits.
+ *   consumer (the daemon, single): reads slot[tail % cap] while its seq == tail + 1, then
+ *             sets seq = tail + cap and tail += 1.
+ * Many threads and processes (fork children, exec'd children) write one ring.
+ */
+#ifndef PYOBMEM_ABI_H
+#define PYOBMEM_ABI_H
+
+#include <stdint.h>
+
+#define PYOBMEM_ABI_VERSION 1u
+#define PYOBMEM_RING_MAGIC 0x474e4952424f5950ull /* "PYOBRING" little-endian */
+#define PYOBMEM_RECORD_SIZE 64u
+#define PYOBMEM_RING_HEADER_SIZE 4096u /* records start here; one page */
+
+/* Environment variables read by the shim. */
+#define PYOBMEM_ENV_RING "PYOBMEM_RING"       /* path of the ring file (under /dev/shm) */
+#define PYOBMEM_ENV_DISABLE "PYOBMEM_DISABLE" /* "1": pure pass-through */
+#define PYOBMEM_ENV_CUPTI "PYOBMEM_CUPTI"     /* path of libcupti to try first; "0": never */
+
+/* Event types (pyobmem_record.type). Payload words a..e per type are documented inline. */
+enum pyobmem_event_type {
+    PYOBMEM_EV_NONE = 0,
+    /* A traced process started (first hook). a = ppid, b = driver version (cuDriverGetVersion,
+     * 0 if unknown), c = launch source (pyobmem_launch_source of this process). */
+    PYOBMEM_EV_PROCESS = 1,
+    /* A block appeared. a = block id, b = device address, c = size (bytes),
+     * d = stream (async kinds, else 0), e = pyobmem_alloc_kind. flags = device ordinal. */
+    PYOBMEM_EV_ALLOC = 2,
+    /* A block went away. a = block id, b = address, c = size, d = stream, e = alloc kind. */
+    PYOBMEM_EV_FREE = 3,
+    /* A kernel launch. a = op seq (per process, shared with copies/sets/graph launches),
+     * b = function handle (CUfunction or CUkernel as passed), c = stream,
+     * d = thread blocks in the grid (x*y*z),
+     * e = blocks touched (low 32 bits) | 8-byte argument words scanned (high 32 bits).
+     * flags = pyobmem_launch_flags. ACCESS records with the same op seq follow. */
+    PYOBMEM_EV_LAUNCH = 4,
+    /* Blocks touched by op `a`: b..e are access words (PYOBMEM_ACCESS_WORD), 0 = unused. */
+    PYOBMEM_EV_ACCESS = 5,
+    /* A copy. a = op seq, b = destination access word, c = source access word (0 when the
+     * side is host memory or an unknown range), d = bytes, e = stream.
+     * flags = pyobmem_copy_kind | PYOBMEM_COPY_ASYNC. */
+    PYOBMEM_EV_MEMCPY = 6,
+    /* A memset. a = op seq, b = destination access word, c = value, d = bytes, e = stream. */
+    PYOBMEM_EV_MEMSET = 7,
+    /* A CUDA graph launch. a = op seq, b = CUgraphExec, c = stream, d = kernel nodes,
+     * e = blocks touched. ACCESS records with the same op seq follow. */
+    PYOBMEM_EV_GRAPH_LAUNCH = 8,
+    /* Name of a kernel: a = function handle, b..e = 32 bytes of text.
+     * flags = chunk index | PYOBMEM_TEXT_LAST on the final chunk. */
+    PYOBMEM_EV_KERNEL_NAME = 9,
+    /* A pointer the shim never saw allocated: a = address, b = pyobmem_untracked_kind. */
+    PYOBMEM_EV_UNTRACKED = 10,
+    /* Free text "key=value" (environment, status): a = 0, b..e = text chunk, flags as names. */
+    PYOBMEM_EV_NOTE = 11,
+    /* Events lost in the ring before this one (ring full): a = count. */
+    PYOBMEM_EV_DROPPED = 12,
+};
+
+enum pyobmem_alloc_kind {
+    PYOBMEM_ALLOC_DRIVER = 0,  /* cuMemAlloc_v2 */
+    PYOBMEM_ALLOC_PITCH = 1,   /* cuMemAllocPitch_v2 */
+    PYOBMEM_ALLOC_ASYNC = 2,   /* cuMemAllocAsync / cuMemAllocFromPoolAsync */
+    PYOBMEM_ALLOC_VMM = 3,     /* one cuMemMap of a physical allocation into a reserved range */
+    PYOBMEM_ALLOC_MANAGED = 4, /* cuMemAllocManaged: recorded only, never swapped */
+};
+
+enum pyobmem_launch_flags {
+    PYOBMEM_LAUNCH_OPAQUE = 1u << 0,      /* touched set may be incomplete */
+    PYOBMEM_LAUNCH_NO_LAYOUT = 1u << 1,   /* parameter layout unknown (implies OPAQUE) */
+    PYOBMEM_LAUNCH_EX = 1u << 2,          /* cuLaunchKernelEx */
+    PYOBMEM_LAUNCH_COOPERATIVE = 1u << 3, /* cuLaunchCooperativeKernel */
+    PYOBMEM_LAUNCH_VIA_CUPTI = 1u << 4,   /* seen by the CUPTI callback, else by the shim hook */
+    PYOBMEM_LAUNCH_TRUNCATED = 1u << 5,   /* more blocks than recorded in ACCESS records */
+};
+
+enum pyobmem_copy_kind {
+    PYOBMEM_COPY_HTOD = 1,
+    PYOBMEM_COPY_DTOH = 2,
+    PYOBMEM_COPY_DTOD = 3,
+    PYOBMEM_COPY_OTHER = 4, /* cuMemcpy / cuMemcpyAsync (unified), 2D/3D, peer */
+    PYOBMEM_COPY_ASYNC = 0x100,
+};
+
+enum pyobmem_untracked_kind {
+    PYOBMEM_UNTRACKED_FREE = 1,  /* free of a pointer never seen allocated */
+    PYOBMEM_UNTRACKED_UNMAP = 2, /* unmap of a range never seen mapped */
+};
+
+enum pyobmem_launch_source {
+    PYOBMEM_SOURCE_HOOKS = 0, /* launches attributed from the shim's own hooks */
+    PYOBMEM_SOURCE_CUPTI = 1, /* launches attributed from CUPTI callbacks */
+};
+
+#define PYOBMEM_TEXT_LAST 0x8000u
+#define PYOBMEM_ACCESS_OFFSET_BITS 40
+/* An access word: block id in the high 24 bits, byte offset into the block in the low 40. */
+#define PYOBMEM_ACCESS_WORD(block, offset) \
+    (((uint64_t)(block) << PYOBMEM_ACCESS_OFFSET_BITS) | ((uint64_t)(offset) & ((1ull << PYOBMEM_ACCESS_OFFSET_BITS) - 1)))
+
+/* One event, 64 bytes. `seq` belongs to the ring protocol; the rest is the payload. */
+struct pyobmem_record {
+    uint64_t seq;
+    uint16_t type;  /* pyobmem_event_type */
+    uint16_t flags; /* per type */
+    uint32_t pid;
+    uint64_t ts_ns; /* CLOCK_MONOTONIC */
+    uint64_t a, b, c, d, e;
+};
+
+/* The first page of the ring file. Producers touch `head` and `dropped`; the daemon `tail`. */
+struct pyobmem_ring_header {
+    uint64_t magic;
+    uint32_t abi_version;
+    uint32_t record_size;
+    uint64_t capacity;    /* records; a power of two */
+    uint64_t creator_pid; /* the daemon */
+    uint64_t _pad0[4];
+    uint64_t head; /* next slot to reserve (atomic), own cache line */
+    uint64_t _pad1[7];
+    uint64_t tail; /* next slot the daemon reads, own cache line */
+    uint64_t _pad2[7];
+    uint64_t dropped; /* events lost to a full ring (atomic) */
+    uint64_t _pad3[7];
+};
+
+#endif
