@@ -66,6 +66,10 @@ enum pyobmem_event_type {
     PYOBMEM_EV_NOTE = 11,
     /* Events lost in the ring before this one (ring full): a = count. */
     PYOBMEM_EV_DROPPED = 12,
+    /* Written by the daemon as the last record of a complete capture (never by the shim):
+     * a = events dropped in the ring in total, b = exit status of the traced command
+     * (negative: killed by that signal). */
+    PYOBMEM_EV_CAPTURE_END = 13,
 };
 
 enum pyobmem_alloc_kind {

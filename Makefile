@@ -1,0 +1,40 @@
+# pyobmem: `make` builds the shim, `make test` sets up and runs the tests, `make demo` traces an
+# example workload. CUDA headers come from $(CUDA_HOME) (default /usr/local/cuda); nothing from
+# CUDA is linked: the shim dlopens libcuda and libcupti at run time.
+CUDA_HOME ?= /usr/local/cuda
+PYTHON ?= python3
+VENV ?= .venv
+CC ?= gcc
+CFLAGS ?= -O2 -g -Wall -Wextra -Werror -fvisibility=hidden
+SHIM := pyobmem/libpyobmem.so
+SHIM_SRC := $(wildcard native/*.c)
+SHIM_HDR := $(wildcard native/*.h native/*.def native/include/pyobmem/*.h)
+
+.PHONY: all native venv test demo clean
+
+all: native
+
+native: $(SHIM)
+
+$(SHIM): $(SHIM_SRC) $(SHIM_HDR)
+	@test -f $(CUDA_HOME)/include/cuda.h || { echo "error: CUDA headers not found in $(CUDA_HOME)/include (set CUDA_HOME)"; exit 1; }
+	$(CC) $(CFLAGS) -std=gnu11 -fPIC -shared -Inative/include -Inative -I$(CUDA_HOME)/include \
+		-o $@ $(SHIM_SRC) -ldl -lpthread
+
+# The venv sees system site-packages so that a GPU machine's torch, jax and cupy are usable.
+$(VENV)/.done: pyproject.toml
+	$(PYTHON) -m venv --system-site-packages $(VENV)
+	$(VENV)/bin/python -m pip install -q -e '.[test]' || \
+		$(VENV)/bin/python -m pip install -q --no-build-isolation --no-deps -e .
+	touch $@
+
+venv: $(VENV)/.done
+
+test: venv native
+	$(VENV)/bin/python -m pytest -q
+
+demo: venv native
+	PATH=$(abspath $(VENV))/bin:$$PATH sh scripts/demo.sh
+
+clean:
+	rm -rf $(SHIM) $(VENV) build *.egg-info

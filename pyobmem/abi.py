@@ -1,0 +1,122 @@
+"""The event ABI of native/include/pyobmem/abi.h, mirrored as numpy dtypes and enums.
+
+abi.h is the one definition; tests/test_abi.py compiles it and checks every constant, size and
+offset here against the C compiler's view, so the two sides cannot drift.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+ABI_VERSION = 1
+RING_MAGIC = 0x474E4952424F5950  # "PYOBRING"
+RECORD_SIZE = 64
+RING_HEADER_SIZE = 4096
+ACCESS_OFFSET_BITS = 40
+ACCESS_OFFSET_MASK = (1 << ACCESS_OFFSET_BITS) - 1
+TEXT_LAST = 0x8000
+
+ENV_RING = "PYOBMEM_RING"
+ENV_DISABLE = "PYOBMEM_DISABLE"
+ENV_CUPTI = "PYOBMEM_CUPTI"
+
+
+class Ev(enum.IntEnum):
+    """Event types (``pyobmem_event_type``); payload words per type are documented in abi.h."""
+
+    NONE = 0
+    PROCESS = 1
+    ALLOC = 2
+    FREE = 3
+    LAUNCH = 4
+    ACCESS = 5
+    MEMCPY = 6
+    MEMSET = 7
+    GRAPH_LAUNCH = 8
+    KERNEL_NAME = 9
+    UNTRACKED = 10
+    NOTE = 11
+    DROPPED = 12
+    CAPTURE_END = 13
+
+
+class AllocKind(enum.IntEnum):
+    """How a block was allocated (``pyobmem_alloc_kind``)."""
+
+    DRIVER = 0
+    PITCH = 1
+    ASYNC = 2
+    VMM = 3
+    MANAGED = 4
+
+
+class LaunchFlag(enum.IntFlag):
+    """Flags of a LAUNCH record (``pyobmem_launch_flags``)."""
+
+    OPAQUE = 1 << 0
+    NO_LAYOUT = 1 << 1
+    EX = 1 << 2
+    COOPERATIVE = 1 << 3
+    VIA_CUPTI = 1 << 4
+    TRUNCATED = 1 << 5
+
+
+class CopyKind(enum.IntEnum):
+    """Direction of a MEMCPY record (``pyobmem_copy_kind``, low byte of flags)."""
+
+    HTOD = 1
+    DTOH = 2
+    DTOD = 3
+    OTHER = 4
+
+
+COPY_ASYNC = 0x100
+
+
+class UntrackedKind(enum.IntEnum):
+    """What an UNTRACKED record saw (``pyobmem_untracked_kind``)."""
+
+    FREE = 1
+    UNMAP = 2
+
+
+class LaunchSource(enum.IntEnum):
+    """Where a process's launches were attributed from (``pyobmem_launch_source``)."""
+
+    HOOKS = 0
+    CUPTI = 1
+
+
+RECORD_DTYPE = np.dtype(
+    [
+        ("seq", "<u8"),
+        ("type", "<u2"),
+        ("flags", "<u2"),
+        ("pid", "<u4"),
+        ("ts_ns", "<u8"),
+        ("a", "<u8"),
+        ("b", "<u8"),
+        ("c", "<u8"),
+        ("d", "<u8"),
+        ("e", "<u8"),
+    ]
+)
+
+RING_HEADER_DTYPE = np.dtype(
+    {
+        "names": ["magic", "abi_version", "record_size", "capacity", "creator_pid", "head", "tail", "dropped"],
+        "formats": ["<u8", "<u4", "<u4", "<u8", "<u8", "<u8", "<u8", "<u8"],
+        "offsets": [0, 8, 12, 16, 24, 64, 128, 192],
+        "itemsize": 256,
+    }
+)
+
+assert RECORD_DTYPE.itemsize == RECORD_SIZE
+
+
+def access_word_split(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Split access words (uint64 array) into (block ids, byte offsets); 0 words mean unused."""
+    words = np.asarray(words, dtype=np.uint64)
+    return words >> np.uint64(ACCESS_OFFSET_BITS), words & np.uint64(ACCESS_OFFSET_MASK)

@@ -1,0 +1,328 @@
+"""The capture file: a versioned header, JSON metadata, then raw 64-byte event records.
+
+Layout (docs/internals.md): b"PYOBCAPT", u32 version, u32 JSON length, JSON, records. The writer
+appends records as they arrive and flushes, so a capture whose traced process or daemon was
+killed stays readable up to its last whole record; only a clean end adds CAPTURE_END.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import abi
+from .errors import CaptureError
+
+MAGIC = b"PYOBCAPT"
+CAPTURE_VERSION = 1
+_PREFIX = struct.Struct("<8sII")
+
+OPS_DTYPE = np.dtype(
+    [
+        ("pid", "<u4"), ("seq", "<u8"), ("ts_ns", "<i8"), ("type", "<u2"), ("handle", "<u8"),
+        ("stream", "<u8"), ("flags", "<u2"), ("grid", "<u8"), ("n_touched", "<u4"),
+        ("n_words", "<u4"), ("bytes", "<u8"), ("copy_kind", "<u2"),
+    ]
+)
+BLOCKS_DTYPE = np.dtype(
+    [
+        ("pid", "<u4"), ("block_id", "<u8"), ("addr", "<u8"), ("size", "<u8"), ("kind", "<u1"),
+        ("device", "<u2"), ("stream", "<u8"), ("t_alloc", "<i8"), ("t_free", "<i8"),
+    ]
+)
+ACCESSES_DTYPE = np.dtype([("op", "<i8"), ("block", "<i8"), ("offset", "<u8")])
+PROCESSES_DTYPE = np.dtype(
+    [("pid", "<u4"), ("ppid", "<u4"), ("ts_ns", "<i8"), ("driver_version", "<u4"), ("source", "<u1")]
+)
+UNTRACKED_DTYPE = np.dtype([("pid", "<u4"), ("ts_ns", "<i8"), ("addr", "<u8"), ("kind", "<u1")])
+DROPS_DTYPE = np.dtype([("pid", "<u4"), ("ts_ns", "<i8"), ("count", "<u8")])
+
+_OP_TYPES = (abi.Ev.LAUNCH, abi.Ev.MEMCPY, abi.Ev.MEMSET, abi.Ev.GRAPH_LAUNCH)
+
+
+class CaptureWriter:
+    """Append-only capture writer used by the daemon.
+
+    ``CaptureWriter(path, meta)`` creates ``path`` (refusing an existing file unless
+    ``force``), writes the header with ``meta`` (a JSON-serialisable dict), and then takes
+    record arrays (``abi.RECORD_DTYPE``) through ``write``. ``finish(dropped, exit_status)``
+    appends the CAPTURE_END record. Raises OSError on I/O errors.
+    """
+
+    def __init__(self, path: str, meta: dict, force: bool = False):
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if force else os.O_EXCL)
+        self._fd = os.open(path, flags, 0o644)
+        blob = json.dumps(meta, sort_keys=True).encode()
+        os.write(self._fd, _PREFIX.pack(MAGIC, CAPTURE_VERSION, len(blob)) + blob)
+        self.records_written = 0
+
+    def write(self, records: np.ndarray) -> None:
+        """Append records (a structured array of ``abi.RECORD_DTYPE``) and push them to the OS."""
+        if len(records):
+            os.write(self._fd, records.tobytes())
+            self.records_written += len(records)
+
+    def finish(self, dropped: int, exit_status: int | None, ts_ns: int) -> None:
+        """Append CAPTURE_END (``dropped`` events lost in total, the command's exit status)."""
+        end = np.zeros(1, dtype=abi.RECORD_DTYPE)
+        end["type"] = abi.Ev.CAPTURE_END
+        end["ts_ns"] = ts_ns
+        end["a"] = dropped
+        end["b"] = np.int64(exit_status if exit_status is not None else -(1 << 31)).view(np.uint64)
+        self.write(end)
+
+    def close(self) -> None:
+        """Flush to disk and close."""
+        os.fsync(self._fd)
+        os.close(self._fd)
+
+
+@dataclass
+class Capture:
+    """A decoded capture. Arrays are numpy structured arrays (dtypes above), sorted by time.
+
+    ``blocks`` has one row per block (t_free = -1 if never freed); ``ops`` one row per kernel
+    launch, copy, memset or graph launch; ``accesses`` one row per (op, block) touched, with
+    ``op`` and ``block`` as row indices into ``ops`` and ``blocks``. Times are CLOCK_MONOTONIC
+    ns, sizes bytes. See docs/internals.md.
+    """
+
+    path: str
+    meta: dict
+    complete: bool
+    exit_status: int | None
+    dropped: int
+    drops: np.ndarray = field(repr=False)
+    notes: dict = field(repr=False)
+    processes: np.ndarray = field(repr=False)
+    kernel_names: dict = field(repr=False)
+    blocks: np.ndarray = field(repr=False)
+    ops: np.ndarray = field(repr=False)
+    accesses: np.ndarray = field(repr=False)
+    untracked: np.ndarray = field(repr=False)
+
+    def kernel_name(self, op_row: int) -> str:
+        """A readable name of ``ops[op_row]``: kernel name, "memcpy HtoD", "memset", "graph 0x…"."""
+        op = self.ops[op_row]
+        t = int(op["type"])
+        if t == abi.Ev.MEMCPY:
+            kind = int(op["copy_kind"]) & 0xFF
+            return "memcpy " + (abi.CopyKind(kind).name if kind in abi.CopyKind._value2member_map_ else "?")
+        if t == abi.Ev.MEMSET:
+            return "memset"
+        if t == abi.Ev.GRAPH_LAUNCH:
+            return f"graph {int(op['handle']):#x}"
+        return self.kernel_names.get((int(op["pid"]), int(op["handle"])), f"kernel {int(op['handle']):#x}")
+
+
+def read_header(path: str) -> tuple[dict, int]:
+    """Read and check the header; returns (metadata dict, offset of the first record).
+
+    Raises CaptureError for a missing, foreign, truncated or newer-version file.
+    """
+    try:
+        with open(path, "rb") as f:
+            prefix = f.read(_PREFIX.size)
+            if len(prefix) < _PREFIX.size:
+                if not prefix.startswith(MAGIC[: len(prefix)]) or not prefix:
+                    raise CaptureError(f"{path}: not a pyobmem capture")
+                raise CaptureError(f"{path}: truncated capture (header incomplete)")
+            magic, version, n = _PREFIX.unpack(prefix)
+            if magic != MAGIC:
+                raise CaptureError(f"{path}: not a pyobmem capture")
+            if version > CAPTURE_VERSION:
+                raise CaptureError(
+                    f"{path}: capture format version {version} is newer than this pyobmem reads "
+                    f"({CAPTURE_VERSION}); upgrade pyobmem"
+                )
+            blob = f.read(n)
+    except OSError as e:
+        raise CaptureError(f"{path}: cannot read capture: {e.strerror}") from None
+    if len(blob) < n:
+        raise CaptureError(f"{path}: truncated capture (metadata incomplete)")
+    try:
+        meta = json.loads(blob)
+    except ValueError:
+        raise CaptureError(f"{path}: corrupt capture metadata") from None
+    return meta, _PREFIX.size + n
+
+
+def read_records(path: str) -> tuple[dict, np.ndarray]:
+    """Header metadata and every whole record (a partial trailing record is ignored)."""
+    meta, offset = read_header(path)
+    size = os.path.getsize(path)
+    count = (size - offset) // abi.RECORD_SIZE
+    recs = np.fromfile(path, dtype=abi.RECORD_DTYPE, count=count, offset=offset)
+    return meta, recs
+
+
+def _text_payload(recs: np.ndarray) -> np.ndarray:
+    """The 32 text bytes (words b..e) of each chunk record, shape (n, 32) uint8."""
+    words = np.stack([recs[w] for w in ("b", "c", "d", "e")], axis=1).astype("<u8")
+    return words.view(np.uint8).reshape(len(recs), 32)
+
+
+def _texts(recs: np.ndarray, key_field: str) -> dict:
+    """Group text chunk records by (pid, key) and join them; returns {(pid, key): text}."""
+    out: dict = {}
+    if not len(recs):
+        return out
+    payload = _text_payload(recs)
+    pids, keys, flags = recs["pid"], recs[key_field], recs["flags"]
+    parts: dict = {}
+    for i in range(len(recs)):
+        k = (int(pids[i]), int(keys[i]))
+        parts.setdefault(k, []).append(bytes(payload[i]))
+        if flags[i] & abi.TEXT_LAST:
+            out[k] = b"".join(parts.pop(k)).split(b"\0", 1)[0].decode("utf-8", "replace")
+    for k, chunks in parts.items():  # a name whose last chunk was lost
+        out.setdefault(k, b"".join(chunks).split(b"\0", 1)[0].decode("utf-8", "replace"))
+    return out
+
+
+def read_capture(path: str) -> Capture:
+    """Read and decode a capture file into a ``Capture``.
+
+    Raises CaptureError (exit code 2) for a missing, foreign, truncated-header or newer file.
+    A capture cut short (no CAPTURE_END) is read up to its last whole record, complete=False.
+    """
+    meta, recs = read_records(path)
+    rtype = recs["type"]
+
+    end = recs[rtype == abi.Ev.CAPTURE_END]
+    complete = len(end) > 0
+    exit_status = None
+    if complete:
+        status = int(end["b"][-1:].view(np.int64)[0])
+        exit_status = None if status == -(1 << 31) else status
+
+    drop_recs = recs[rtype == abi.Ev.DROPPED]
+    drops = np.zeros(len(drop_recs), dtype=DROPS_DTYPE)
+    drops["pid"], drops["ts_ns"], drops["count"] = drop_recs["pid"], drop_recs["ts_ns"], drop_recs["a"]
+    dropped = int(end["a"][-1]) if complete else int(drops["count"].sum())
+
+    notes: dict = {}
+    for rec_pid, text in _texts_sequential(recs[rtype == abi.Ev.NOTE]):
+        key, _, value = text.partition("=")
+        notes.setdefault(rec_pid, {})[key] = value
+
+    kernel_names = _texts(recs[rtype == abi.Ev.KERNEL_NAME], "a")
+
+    p = recs[rtype == abi.Ev.PROCESS]
+    processes = np.zeros(len(p), dtype=PROCESSES_DTYPE)
+    processes["pid"], processes["ppid"], processes["ts_ns"] = p["pid"], p["a"], p["ts_ns"]
+    processes["driver_version"], processes["source"] = p["b"], p["c"]
+
+    blocks, block_index = _blocks(recs)
+    ops, accesses = _ops(recs, blocks, block_index)
+
+    u = recs[rtype == abi.Ev.UNTRACKED]
+    untracked = np.zeros(len(u), dtype=UNTRACKED_DTYPE)
+    untracked["pid"], untracked["ts_ns"], untracked["addr"], untracked["kind"] = u["pid"], u["ts_ns"], u["a"], u["b"]
+
+    return Capture(
+        path=path, meta=meta, complete=complete, exit_status=exit_status, dropped=dropped, drops=drops,
+        notes=notes, processes=processes, kernel_names=kernel_names, blocks=blocks, ops=ops,
+        accesses=accesses, untracked=untracked,
+    )
+
+
+def _texts_sequential(recs: np.ndarray) -> list:
+    """Join chunked texts whose key is not unique (NOTEs): chunks run per pid until TEXT_LAST."""
+    out = []
+    if not len(recs):
+        return out
+    payload = _text_payload(recs)
+    pending: dict = {}
+    for i in range(len(recs)):
+        pid = int(recs["pid"][i])
+        pending.setdefault(pid, []).append(bytes(payload[i]))
+        if recs["flags"][i] & abi.TEXT_LAST:
+            out.append((pid, b"".join(pending.pop(pid)).split(b"\0", 1)[0].decode("utf-8", "replace")))
+    return out
+
+
+class _KeyIndex:
+    """Vectorised map (pid, id) -> row; for a repeated key the last row wins."""
+
+    def __init__(self, pids: np.ndarray, ids: np.ndarray):
+        keys = self._keys(pids, ids)
+        order = np.argsort(keys, kind="stable")
+        self._keys_sorted = keys[order]
+        self._rows = order
+
+    @staticmethod
+    def _keys(pids: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        return (np.asarray(pids, np.uint64) << np.uint64(40)) | (np.asarray(ids, np.uint64) & np.uint64((1 << 40) - 1))
+
+    def lookup(self, pids: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """Rows of the given keys (int64), -1 where absent."""
+        keys = self._keys(pids, ids)
+        pos = np.searchsorted(self._keys_sorted, keys, side="right") - 1
+        ok = pos >= 0
+        ok[ok] = self._keys_sorted[pos[ok]] == keys[ok]
+        return np.where(ok, self._rows[np.maximum(pos, 0)], -1).astype(np.int64)
+
+
+def _blocks(recs: np.ndarray) -> tuple[np.ndarray, "_KeyIndex"]:
+    """One row per block from ALLOC and FREE records; index (pid, block_id) -> row."""
+    rtype = recs["type"]
+    al = recs[rtype == abi.Ev.ALLOC]
+    blocks = np.zeros(len(al), dtype=BLOCKS_DTYPE)
+    blocks["pid"], blocks["block_id"], blocks["addr"], blocks["size"] = al["pid"], al["a"], al["b"], al["c"]
+    blocks["stream"], blocks["kind"], blocks["device"] = al["d"], al["e"], al["flags"]
+    blocks["t_alloc"] = al["ts_ns"]
+    blocks["t_free"] = -1
+    # Block ids are per process and may wrap (24 bits): the latest allocation of an id wins.
+    index = _KeyIndex(al["pid"], al["a"])
+    fr = recs[rtype == abi.Ev.FREE]
+    rows = index.lookup(fr["pid"], fr["a"])
+    blocks["t_free"][rows[rows >= 0]] = fr["ts_ns"][rows >= 0]
+    return blocks, index
+
+
+def _ops(recs: np.ndarray, blocks: np.ndarray, block_index: _KeyIndex) -> tuple[np.ndarray, np.ndarray]:
+    """Ops from LAUNCH/MEMCPY/MEMSET/GRAPH_LAUNCH; accesses from ACCESS records and copy sides."""
+    rtype = recs["type"]
+    is_op = np.isin(rtype, [int(t) for t in _OP_TYPES])
+    o = recs[is_op]
+    ops = np.zeros(len(o), dtype=OPS_DTYPE)
+    ops["pid"], ops["seq"], ops["ts_ns"], ops["type"] = o["pid"], o["a"], o["ts_ns"], o["type"]
+    ops["flags"] = o["flags"]
+    launch = np.isin(o["type"], [abi.Ev.LAUNCH, abi.Ev.GRAPH_LAUNCH])
+    copy = o["type"] == abi.Ev.MEMCPY
+    memset = o["type"] == abi.Ev.MEMSET
+    ops["handle"] = np.where(launch, o["b"], 0)
+    ops["stream"] = np.where(launch, o["c"], o["e"])
+    ops["grid"] = np.where(o["type"] == abi.Ev.LAUNCH, o["d"], 0)
+    ops["n_touched"] = np.where(o["type"] == abi.Ev.LAUNCH, o["e"] & np.uint64(0xFFFFFFFF), np.where(launch, o["e"], 0))
+    ops["n_words"] = np.where(o["type"] == abi.Ev.LAUNCH, o["e"] >> np.uint64(32), 0)
+    ops["bytes"] = np.where(copy | memset, o["d"], 0)
+    ops["copy_kind"] = np.where(copy, o["flags"], 0)
+    ops["flags"] = np.where(copy, 0, o["flags"])
+
+    # Accesses: ACCESS records name their op by (pid, seq); copies and sets carry their own words.
+    op_row = _KeyIndex(ops["pid"], ops["seq"])
+    acc_recs = recs[rtype == abi.Ev.ACCESS]
+    pairs = []  # (op row, pid, word)
+    for w in ("b", "c", "d", "e"):
+        nz = acc_recs[w] != 0
+        pairs.append((acc_recs["pid"][nz], acc_recs["a"][nz], acc_recs[w][nz]))
+    for mask, w in ((copy, "b"), (copy, "c"), (memset, "b")):
+        sel = mask & (o[w] != 0)
+        pairs.append((o["pid"][sel], o["a"][sel], o[w][sel]))
+    pid = np.concatenate([p[0] for p in pairs]).astype(np.uint32)
+    seq = np.concatenate([p[1] for p in pairs]).astype(np.uint64)
+    word = np.concatenate([p[2] for p in pairs]).astype(np.uint64)
+    block_id, offset = abi.access_word_split(word)
+    acc = np.zeros(len(word), dtype=ACCESSES_DTYPE)
+    acc["op"] = op_row.lookup(pid, seq)
+    acc["block"] = block_index.lookup(pid, block_id)
+    acc["offset"] = offset
+    acc = acc[(acc["op"] >= 0) & (acc["block"] >= 0)]
+    acc = acc[np.argsort(acc["op"], kind="stable")]
+    return ops, acc
