@@ -1,0 +1,167 @@
+/*
+ * The block table: live device ranges [start, end) -> (block id, kind), a sorted array with
+ * binary search. Writers (alloc, free, map, unmap) take the write lock; the launch path holds
+ * the read lock once per launch around all its lookups.
+ *
+ * Block ids come from a per-process counter starting at 1. An access word keeps 24 bits of
+ * block id, so ids wrap after 16,777,215 blocks (back to 1, never 0): a process that makes
+ * more blocks than that over its life reuses ids of long-freed blocks, which the capture
+ * reader resolves by allocation order (the latest ALLOC of an id wins).
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shim.h"
+
+#define BLOCK_ID_MAX 0xFFFFFFu
+
+static pthread_rwlock_t g_lock = PTHREAD_RWLOCK_INITIALIZER;
+static struct block *g_blocks;
+static size_t g_n, g_cap;
+
+static uint32_t next_block_id(void)
+{
+    uint32_t n = __atomic_add_fetch(&g_shim.block_seq, 1, __ATOMIC_RELAXED);
+    return (n - 1) % BLOCK_ID_MAX + 1;
+}
+
+/* Index of the first block with start > addr. */
+static size_t upper_bound(uint64_t addr)
+{
+    size_t lo = 0, hi = g_n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (g_blocks[mid].start <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+const struct block *blocks_lookup(uint64_t addr)
+{
+    size_t i = upper_bound(addr);
+    if (i == 0)
+        return NULL;
+    const struct block *b = &g_blocks[i - 1];
+    return addr < b->end ? b : NULL;
+}
+
+void blocks_read_lock(void) { pthread_rwlock_rdlock(&g_lock); }
+void blocks_read_unlock(void) { pthread_rwlock_unlock(&g_lock); }
+
+uint64_t blocks_access_word(uint64_t addr)
+{
+    if (!addr)
+        return 0;
+    uint64_t w = 0;
+    pthread_rwlock_rdlock(&g_lock);
+    const struct block *b = blocks_lookup(addr);
+    if (b)
+        w = PYOBMEM_ACCESS_WORD(b->id, addr - b->start);
+    pthread_rwlock_unlock(&g_lock);
+    return w;
+}
+
+static void emit_free(const struct block *b, uint64_t stream)
+{
+    ring_write1(PYOBMEM_EV_FREE, b->device, b->id, b->start, b->end - b->start, stream, b->kind);
+}
+
+/* Remove entries [i, j) (write lock held), emitting FREE for each. */
+static void erase(size_t i, size_t j, uint64_t stream)
+{
+    for (size_t k = i; k < j; k++)
+        emit_free(&g_blocks[k], stream);
+    memmove(&g_blocks[i], &g_blocks[j], (g_n - j) * sizeof *g_blocks);
+    g_n -= j - i;
+}
+
+/* [i, j): the entries overlapping [start, end) (write or read lock held). */
+static void overlapping(uint64_t start, uint64_t end, size_t *i_out, size_t *j_out)
+{
+    size_t j = upper_bound(end - 1); /* first with start > end-1, i.e. start >= end */
+    size_t i = upper_bound(start);
+    if (i > 0 && g_blocks[i - 1].end > start)
+        i--;
+    *i_out = i;
+    *j_out = j < i ? i : j;
+}
+
+void blocks_add(uint64_t addr, uint64_t size, uint64_t stream, int kind, int device)
+{
+    if (size == 0)
+        size = 1; /* a zero-byte allocation still has an address worth naming */
+    struct block nb = {.start = addr, .end = addr + size, .kind = (uint16_t)kind, .device = (uint16_t)device,
+                       .stream = stream};
+    pthread_rwlock_wrlock(&g_lock);
+    nb.id = next_block_id();
+    size_t i, j;
+    overlapping(nb.start, nb.end, &i, &j);
+    if (j > i) /* stale ranges freed behind our back (an unhooked free): they are gone now */
+        erase(i, j, 0);
+    if (g_n == g_cap) {
+        size_t cap = g_cap ? g_cap * 2 : 1024;
+        struct block *nbk = realloc(g_blocks, cap * sizeof *nbk);
+        if (!nbk) {
+            pthread_rwlock_unlock(&g_lock);
+            return;
+        }
+        g_blocks = nbk;
+        g_cap = cap;
+    }
+    memmove(&g_blocks[i + 1], &g_blocks[i], (g_n - i) * sizeof *g_blocks);
+    g_blocks[i] = nb;
+    g_n++;
+    ring_write1(PYOBMEM_EV_ALLOC, nb.device, nb.id, addr, size, stream, (uint64_t)kind);
+    pthread_rwlock_unlock(&g_lock);
+}
+
+int blocks_find_start(uint64_t addr, struct block *out)
+{
+    int found = 0;
+    pthread_rwlock_rdlock(&g_lock);
+    const struct block *b = blocks_lookup(addr);
+    if (b && b->start == addr) {
+        *out = *b;
+        found = 1;
+    }
+    pthread_rwlock_unlock(&g_lock);
+    return found;
+}
+
+void blocks_remove(uint64_t addr, uint32_t id, uint64_t stream)
+{
+    pthread_rwlock_wrlock(&g_lock);
+    size_t i = upper_bound(addr);
+    if (i > 0 && g_blocks[i - 1].start == addr && g_blocks[i - 1].id == id)
+        erase(i - 1, i, stream);
+    pthread_rwlock_unlock(&g_lock);
+}
+
+int blocks_remove_range(uint64_t start, uint64_t end, uint64_t stream)
+{
+    if (end <= start)
+        return 0;
+    pthread_rwlock_wrlock(&g_lock);
+    size_t i, j;
+    overlapping(start, end, &i, &j);
+    if (j > i)
+        erase(i, j, stream);
+    pthread_rwlock_unlock(&g_lock);
+    return (int)(j - i);
+}
+
+void blocks_atfork_prepare(void) { pthread_rwlock_wrlock(&g_lock); }
+void blocks_atfork_parent(void) { pthread_rwlock_unlock(&g_lock); }
+
+void blocks_reset_after_fork(void)
+{
+    /* A child's CUDA context is not the parent's: its blocks start empty, ids from 1. */
+    pthread_rwlock_t fresh = PTHREAD_RWLOCK_INITIALIZER;
+    g_lock = fresh;
+    g_n = 0;
+    g_shim.block_seq = 0;
+}

@@ -1,0 +1,160 @@
+/*
+ * The CUPTI subscriber (optional). After the first successful cuInit, libcupti is dlopen'ed and
+ * subscribed to exactly the launch callback ids; the API_ENTER callback runs the same
+ * record_launch() as the hooks, flagged VIA_CUPTI, and the launch hooks stop recording (no
+ * double count). Graph launches stay with their hook. CUPTI allows one subscriber per process:
+ * when it is taken (Nsight, compute-sanitizer, a profiler) or libcupti is missing, the shim
+ * says so once in a NOTE and keeps recording from its hooks (C05).
+ *
+ * libcupti is found, in order: $PYOBMEM_CUPTI alone when it is set ("0": never use CUPTI; an
+ * explicit path is not silently replaced by another library), else libcupti.so.13, .12,
+ * libcupti.so, $CUDA_HOME/lib64/libcupti.so, /usr/local/cuda/lib64/libcupti.so,
+ * /usr/local/cuda/extras/CUPTI/lib64/libcupti.so. CUPTI is only called through dlsym'ed
+ * pointers; the headers give the callback ids and the parameter structs.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shim.h"
+
+#include <cupti_callbacks.h>
+#include <cupti_driver_cbid.h>
+#include <generated_cuda_meta.h>
+
+typedef CUptiResult(CUPTIAPI *subscribe_fn)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *);
+typedef CUptiResult(CUPTIAPI *enable_fn)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain, CUpti_CallbackId);
+typedef CUptiResult(CUPTIAPI *unsubscribe_fn)(CUpti_SubscriberHandle);
+typedef CUptiResult(CUPTIAPI *result_string_fn)(CUptiResult, const char **);
+
+static const CUpti_CallbackId g_cbids[] = {
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,          CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx,        CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel, CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz,
+};
+
+#define GRID(x, y, z) ((uint64_t)(x) * (uint64_t)(y) * (uint64_t)(z))
+
+static void CUPTIAPI on_callback(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
+                                 const void *cbdata)
+{
+    (void)userdata;
+    const CUpti_CallbackData *d = cbdata;
+    if (domain != CUPTI_CB_DOMAIN_DRIVER_API || !d || d->callbackSite != CUPTI_API_ENTER || !d->functionParams)
+        return;
+    if (!shim_begin())
+        return;
+    const uint16_t via = PYOBMEM_LAUNCH_VIA_CUPTI;
+    switch (cbid) {
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel:
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz: {
+        /* cuLaunchKernel_ptsz_params has the same fields in the same order */
+        const cuLaunchKernel_params *p = d->functionParams;
+        record_launch((uintptr_t)p->f, (uint64_t)(uintptr_t)p->hStream, GRID(p->gridDimX, p->gridDimY, p->gridDimZ),
+                      p->kernelParams, p->extra, via);
+        break;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx:
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz: {
+        const cuLaunchKernelEx_params *p = d->functionParams;
+        if (!p->config)
+            break;
+        record_launch((uintptr_t)p->f, (uint64_t)(uintptr_t)p->config->hStream,
+                      GRID(p->config->gridDimX, p->config->gridDimY, p->config->gridDimZ), p->kernelParams, p->extra,
+                      (uint16_t)(via | launch_config_flags(p->config)));
+        break;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel:
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz: {
+        const cuLaunchCooperativeKernel_params *p = d->functionParams;
+        record_launch((uintptr_t)p->f, (uint64_t)(uintptr_t)p->hStream, GRID(p->gridDimX, p->gridDimY, p->gridDimZ),
+                      p->kernelParams, NULL, (uint16_t)(via | PYOBMEM_LAUNCH_COOPERATIVE));
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+_Static_assert(sizeof(cuLaunchKernel_params) == sizeof(cuLaunchKernel_ptsz_params), "ptsz params layout");
+_Static_assert(sizeof(cuLaunchKernelEx_params) == sizeof(cuLaunchKernelEx_ptsz_params), "ptsz params layout");
+_Static_assert(sizeof(cuLaunchCooperativeKernel_params) == sizeof(cuLaunchCooperativeKernel_ptsz_params),
+               "ptsz params layout");
+
+static void *open_cupti(const char **why)
+{
+    const char *env = getenv(PYOBMEM_ENV_CUPTI);
+    if (env && strcmp(env, "0") == 0) {
+        *why = "disabled by PYOBMEM_CUPTI=0";
+        return NULL;
+    }
+    if (env && *env) {
+        void *h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+        *why = "PYOBMEM_CUPTI library could not be loaded";
+        return h;
+    }
+    char cuda_home[4096] = "";
+    const char *ch = getenv("CUDA_HOME");
+    if (ch && *ch)
+        snprintf(cuda_home, sizeof cuda_home, "%s/lib64/libcupti.so", ch);
+    const char *candidates[] = {
+        "libcupti.so.13", "libcupti.so.12", "libcupti.so", cuda_home[0] ? cuda_home : NULL,
+        "/usr/local/cuda/lib64/libcupti.so", "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so",
+    };
+    for (size_t i = 0; i < sizeof candidates / sizeof candidates[0]; i++) {
+        if (!candidates[i])
+            continue;
+        void *h = dlopen(candidates[i], RTLD_NOW | RTLD_LOCAL);
+        if (h)
+            return h;
+    }
+    *why = "libcupti not found";
+    return NULL;
+}
+
+static const char *result_name(void *lib, CUptiResult r, char *buf, size_t n)
+{
+    result_string_fn rs = (result_string_fn)dlsym(lib, "cuptiGetResultString");
+    const char *s = NULL;
+    if (rs && rs(r, &s) == CUPTI_SUCCESS && s)
+        return s;
+    snprintf(buf, n, "CUptiResult %d", (int)r);
+    return buf;
+}
+
+void cupti_start(void)
+{
+    const char *why = "unknown";
+    char buf[64];
+    void *lib = open_cupti(&why);
+    if (!lib) {
+        ring_note("cupti=unavailable: %s", why);
+        return;
+    }
+    subscribe_fn sub = (subscribe_fn)dlsym(lib, "cuptiSubscribe");
+    enable_fn enable = (enable_fn)dlsym(lib, "cuptiEnableCallback");
+    unsubscribe_fn unsub = (unsubscribe_fn)dlsym(lib, "cuptiUnsubscribe");
+    if (!sub || !enable) {
+        ring_note("cupti=unavailable: cuptiSubscribe/cuptiEnableCallback missing in libcupti");
+        return;
+    }
+    CUpti_SubscriberHandle h = NULL;
+    CUptiResult r = sub(&h, on_callback, NULL);
+    if (r != CUPTI_SUCCESS) {
+        ring_note("cupti=unavailable: cuptiSubscribe: %s", result_name(lib, r, buf, sizeof buf));
+        return;
+    }
+    for (size_t i = 0; i < sizeof g_cbids / sizeof g_cbids[0]; i++) {
+        r = enable(1, h, CUPTI_CB_DOMAIN_DRIVER_API, g_cbids[i]);
+        if (r != CUPTI_SUCCESS) {
+            if (unsub)
+                unsub(h);
+            ring_note("cupti=unavailable: cuptiEnableCallback: %s", result_name(lib, r, buf, sizeof buf));
+            return;
+        }
+    }
+    __atomic_store_n(&g_shim.cupti_active, 1, __ATOMIC_RELEASE);
+    ring_note("cupti=active");
+}

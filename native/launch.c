@@ -1,0 +1,192 @@
+/*
+ * Kernel launches: the hooks, and the launch path shared with the CUPTI callback
+ * (cached layout -> scan 8-byte argument words -> block table -> LAUNCH + ACCESS records).
+ *
+ * The path allocates nothing and makes no syscall or driver call once a handle's layout is
+ * cached: one hash probe, one read lock, a binary search per candidate word, one ring group.
+ * Argument bytes are only read (memcpy), never written.
+ */
+#include <string.h>
+
+#include "shim.h"
+
+#define MAX_EXTRA_PAIRS 64
+
+void touched_add(struct touched *t, uint64_t word)
+{
+    const struct block *b = blocks_lookup(word);
+    if (!b)
+        return;
+    for (uint32_t i = 0; i < t->n; i++)
+        if (t->ids[i] == b->id)
+            return;
+    if (t->n == SHIM_MAX_TOUCHED) {
+        t->truncated = 1;
+        return;
+    }
+    t->ids[t->n] = b->id;
+    t->words[t->n] = PYOBMEM_ACCESS_WORD(b->id, word - b->start);
+    t->n++;
+}
+
+/* Scan the 8-byte words of one parameter whose bytes start at p and which sits at byte offset
+ * `offset` of the argument buffer: words aligned to 8 in the buffer. */
+static uint32_t scan_param(struct touched *t, const char *p, uint32_t offset, uint32_t size)
+{
+    uint32_t n = 0;
+    for (uint32_t k = (uint32_t)(-offset) & 7u; k + 8 <= size; k += 8) {
+        uint64_t w;
+        memcpy(&w, p + k, sizeof w);
+        touched_add(t, w);
+        n++;
+    }
+    return n;
+}
+
+/* The packed argument buffer of `extra`, if any. */
+static int extra_buffer(void **extra, const char **buf, size_t *size)
+{
+    const char *b = NULL;
+    size_t s = 0;
+    int have_size = 0;
+    for (int i = 0; i < MAX_EXTRA_PAIRS && extra[2 * i] != CU_LAUNCH_PARAM_END; i++) {
+        if (extra[2 * i] == CU_LAUNCH_PARAM_BUFFER_POINTER) {
+            b = extra[2 * i + 1];
+        } else if (extra[2 * i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[2 * i + 1]) {
+            memcpy(&s, extra[2 * i + 1], sizeof s);
+            have_size = 1;
+        }
+    }
+    if (!b || !have_size)
+        return 0;
+    *buf = b;
+    *size = s;
+    return 1;
+}
+
+uint32_t scan_launch_args(uintptr_t handle, void **kernelParams, void **extra, struct touched *t, uint16_t *flags)
+{
+    const struct param_layout *l = params_get(handle);
+    const char *buf = NULL;
+    size_t bufsize = 0;
+    int have_buf = !kernelParams && extra && extra_buffer(extra, &buf, &bufsize);
+    uint32_t words = 0;
+
+    if (!l->known)
+        *flags |= PYOBMEM_LAUNCH_NO_LAYOUT | PYOBMEM_LAUNCH_OPAQUE;
+    else if (!kernelParams && !have_buf && l->count > 0)
+        *flags |= PYOBMEM_LAUNCH_OPAQUE;
+
+    blocks_read_lock();
+    if (l->known && kernelParams) {
+        for (uint32_t i = 0; i < l->count; i++)
+            if (l->size[i] >= 8 && kernelParams[i])
+                words += scan_param(t, kernelParams[i], l->offset[i], l->size[i]);
+    } else if (l->known && have_buf) {
+        for (uint32_t i = 0; i < l->count; i++)
+            if (l->size[i] >= 8 && (size_t)l->offset[i] + l->size[i] <= bufsize)
+                words += scan_param(t, buf + l->offset[i], l->offset[i], l->size[i]);
+    } else if (have_buf) {
+        words += scan_param(t, buf, 0, (uint32_t)(bufsize > UINT32_MAX ? UINT32_MAX : bufsize));
+    }
+    blocks_read_unlock();
+    if (t->truncated)
+        *flags |= PYOBMEM_LAUNCH_TRUNCATED;
+    return words;
+}
+
+void emit_op_with_accesses(uint16_t type, uint16_t flags, uint64_t seq, uint64_t b, uint64_t c, uint64_t d,
+                           uint64_t e_high, const struct touched *t)
+{
+    struct pyobmem_record recs[1 + (SHIM_MAX_TOUCHED + 3) / 4];
+    memset(recs, 0, sizeof recs);
+    recs[0].type = type;
+    recs[0].flags = flags;
+    recs[0].a = seq;
+    recs[0].b = b;
+    recs[0].c = c;
+    recs[0].d = d;
+    recs[0].e = (uint64_t)t->n | (e_high << 32);
+    unsigned n = 1;
+    for (uint32_t i = 0; i < t->n; i += 4, n++) {
+        recs[n].type = PYOBMEM_EV_ACCESS;
+        recs[n].a = seq;
+        uint64_t w[4] = {0, 0, 0, 0};
+        for (uint32_t k = 0; k < 4 && i + k < t->n; k++)
+            w[k] = t->words[i + k];
+        recs[n].b = w[0];
+        recs[n].c = w[1];
+        recs[n].d = w[2];
+        recs[n].e = w[3];
+    }
+    ring_write(recs, n);
+}
+
+void record_launch(uintptr_t handle, uint64_t stream, uint64_t grid, void **kernelParams, void **extra,
+                   uint16_t flags)
+{
+    struct touched t;
+    t.n = 0;
+    t.truncated = 0;
+    uint32_t words = scan_launch_args(handle, kernelParams, extra, &t, &flags);
+    emit_op_with_accesses(PYOBMEM_EV_LAUNCH, flags, shim_next_op(), handle, stream, grid, words, &t);
+}
+
+uint16_t launch_config_flags(const CUlaunchConfig *config)
+{
+    uint16_t f = PYOBMEM_LAUNCH_EX;
+    if (config && config->attrs)
+        for (unsigned i = 0; i < config->numAttrs; i++)
+            if (config->attrs[i].id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE && config->attrs[i].value.cooperative)
+                f |= PYOBMEM_LAUNCH_COOPERATIVE;
+    return f;
+}
+
+static inline int hooks_record_launches(void)
+{
+    return shim_begin() && !__atomic_load_n(&g_shim.cupti_active, __ATOMIC_ACQUIRE);
+}
+
+#define GRID(x, y, z) ((uint64_t)(x) * (uint64_t)(y) * (uint64_t)(z))
+
+#define DEF_LAUNCH(NAME)                                                                                         \
+    CUresult CUDAAPI NAME(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,      \
+                          unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **kernelParams, \
+                          void **extra)                                                                          \
+    {                                                                                                            \
+        int rec = hooks_record_launches();                                                                       \
+        CUresult r = REAL(NAME, (f, gx, gy, gz, bx, by, bz, shmem, s, kernelParams, extra));                    \
+        if (rec && r == CUDA_SUCCESS)                                                                            \
+            record_launch((uintptr_t)f, (uint64_t)(uintptr_t)s, GRID(gx, gy, gz), kernelParams, extra, 0);       \
+        return r;                                                                                                \
+    }
+DEF_LAUNCH(cuLaunchKernel)
+DEF_LAUNCH(cuLaunchKernel_ptsz)
+
+#define DEF_LAUNCH_EX(NAME)                                                                                 \
+    CUresult CUDAAPI NAME(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)    \
+    {                                                                                                       \
+        int rec = hooks_record_launches();                                                                  \
+        CUresult r = REAL(NAME, (config, f, kernelParams, extra));                                          \
+        if (rec && r == CUDA_SUCCESS && config)                                                             \
+            record_launch((uintptr_t)f, (uint64_t)(uintptr_t)config->hStream,                               \
+                          GRID(config->gridDimX, config->gridDimY, config->gridDimZ), kernelParams, extra, \
+                          launch_config_flags(config));                                                     \
+        return r;                                                                                           \
+    }
+DEF_LAUNCH_EX(cuLaunchKernelEx)
+DEF_LAUNCH_EX(cuLaunchKernelEx_ptsz)
+
+#define DEF_LAUNCH_COOP(NAME)                                                                                    \
+    CUresult CUDAAPI NAME(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,      \
+                          unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **kernelParams) \
+    {                                                                                                            \
+        int rec = hooks_record_launches();                                                                       \
+        CUresult r = REAL(NAME, (f, gx, gy, gz, bx, by, bz, shmem, s, kernelParams));                           \
+        if (rec && r == CUDA_SUCCESS)                                                                            \
+            record_launch((uintptr_t)f, (uint64_t)(uintptr_t)s, GRID(gx, gy, gz), kernelParams, NULL,            \
+                          PYOBMEM_LAUNCH_COOPERATIVE);                                                           \
+        return r;                                                                                                \
+    }
+DEF_LAUNCH_COOP(cuLaunchCooperativeKernel)
+DEF_LAUNCH_COOP(cuLaunchCooperativeKernel_ptsz)

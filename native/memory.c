@@ -1,0 +1,371 @@
+/*
+ * Allocation, free, VMM, managed memory, copies and sets.
+ *
+ * Every wrapper calls the real function first and returns its result unchanged; records are
+ * written only when the call succeeded. A free of a pointer the table does not know goes to the
+ * real free like any other and is recorded as UNTRACKED (C12).
+ */
+#include "shim.h"
+
+static int current_device(void)
+{
+    CUdevice d = 0;
+    if (!real_cuCtxGetDevice || real_cuCtxGetDevice(&d) != CUDA_SUCCESS)
+        return 0;
+    return (int)d;
+}
+
+static void on_alloc(CUdeviceptr *dptr, size_t size, CUstream s, int kind)
+{
+    if (dptr)
+        blocks_add((uint64_t)*dptr, size, (uint64_t)(uintptr_t)s, kind, current_device());
+}
+
+/* ---- allocation and free ---- */
+
+CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    int rec = shim_begin();
+    CUresult r = REAL(cuMemAlloc_v2, (dptr, bytesize));
+    if (rec && r == CUDA_SUCCESS)
+        on_alloc(dptr, bytesize, 0, PYOBMEM_ALLOC_DRIVER);
+    return r;
+}
+
+CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+                                    unsigned int ElementSizeBytes)
+{
+    int rec = shim_begin();
+    CUresult r = REAL(cuMemAllocPitch_v2, (dptr, pPitch, WidthInBytes, Height, ElementSizeBytes));
+    if (rec && r == CUDA_SUCCESS)
+        on_alloc(dptr, (pPitch ? *pPitch : WidthInBytes) * Height, 0, PYOBMEM_ALLOC_PITCH);
+    return r;
+}
+
+CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    int rec = shim_begin();
+    CUresult r = REAL(cuMemAllocManaged, (dptr, bytesize, flags));
+    if (rec && r == CUDA_SUCCESS)
+        on_alloc(dptr, bytesize, 0, PYOBMEM_ALLOC_MANAGED);
+    return r;
+}
+
+#define DEF_ALLOC_ASYNC(NAME)                                                       \
+    CUresult CUDAAPI NAME(CUdeviceptr *dptr, size_t bytesize, CUstream s)           \
+    {                                                                               \
+        int rec = shim_begin();                                                     \
+        CUresult r = REAL(NAME, (dptr, bytesize, s));                               \
+        if (rec && r == CUDA_SUCCESS)                                               \
+            on_alloc(dptr, bytesize, s, PYOBMEM_ALLOC_ASYNC);                       \
+        return r;                                                                   \
+    }
+DEF_ALLOC_ASYNC(cuMemAllocAsync)
+DEF_ALLOC_ASYNC(cuMemAllocAsync_ptsz)
+
+#define DEF_ALLOC_POOL(NAME)                                                                  \
+    CUresult CUDAAPI NAME(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s) \
+    {                                                                                         \
+        int rec = shim_begin();                                                               \
+        CUresult r = REAL(NAME, (dptr, bytesize, pool, s));                                   \
+        if (rec && r == CUDA_SUCCESS)                                                         \
+            on_alloc(dptr, bytesize, s, PYOBMEM_ALLOC_ASYNC);                                 \
+        return r;                                                                             \
+    }
+DEF_ALLOC_POOL(cuMemAllocFromPoolAsync)
+DEF_ALLOC_POOL(cuMemAllocFromPoolAsync_ptsz)
+
+/* Before a free: which block (if any) starts at dptr. After a successful free: remove it, or
+ * record the pointer as untracked. */
+static void after_free(CUdeviceptr dptr, int known, const struct block *b, CUstream s)
+{
+    if (known)
+        blocks_remove(b->start, b->id, (uint64_t)(uintptr_t)s);
+    else if (dptr)
+        ring_write1(PYOBMEM_EV_UNTRACKED, 0, dptr, PYOBMEM_UNTRACKED_FREE, 0, 0, 0);
+}
+
+CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
+{
+    int rec = shim_begin();
+    struct block b;
+    int known = rec && blocks_find_start(dptr, &b);
+    CUresult r = REAL(cuMemFree_v2, (dptr));
+    if (rec && r == CUDA_SUCCESS)
+        after_free(dptr, known, &b, 0);
+    return r;
+}
+
+#define DEF_FREE_ASYNC(NAME)                                 \
+    CUresult CUDAAPI NAME(CUdeviceptr dptr, CUstream s)      \
+    {                                                        \
+        int rec = shim_begin();                              \
+        struct block b;                                      \
+        int known = rec && blocks_find_start(dptr, &b);      \
+        CUresult r = REAL(NAME, (dptr, s));                  \
+        if (rec && r == CUDA_SUCCESS)                        \
+            after_free(dptr, known, &b, s);                  \
+        return r;                                            \
+    }
+DEF_FREE_ASYNC(cuMemFreeAsync)
+DEF_FREE_ASYNC(cuMemFreeAsync_ptsz)
+
+/* ---- virtual memory management: a mapping is a block ---- */
+
+CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                     unsigned long long flags)
+{
+    shim_begin();
+    return REAL(cuMemAddressReserve, (ptr, size, alignment, addr, flags));
+}
+
+CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    shim_begin();
+    return REAL(cuMemAddressFree, (ptr, size));
+}
+
+CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                             unsigned long long flags)
+{
+    shim_begin();
+    return REAL(cuMemCreate, (handle, size, prop, flags));
+}
+
+CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    shim_begin();
+    return REAL(cuMemRelease, (handle));
+}
+
+CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
+{
+    shim_begin();
+    return REAL(cuMemSetAccess, (ptr, size, desc, count));
+}
+
+CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                          unsigned long long flags)
+{
+    int rec = shim_begin();
+    CUresult r = REAL(cuMemMap, (ptr, size, offset, handle, flags));
+    if (rec && r == CUDA_SUCCESS) {
+        int device = -1;
+        CUmemAllocationProp prop;
+        if (real_cuMemGetAllocationPropertiesFromHandle &&
+            real_cuMemGetAllocationPropertiesFromHandle(&prop, handle) == CUDA_SUCCESS &&
+            prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+            device = prop.location.id;
+        blocks_add(ptr, size, 0, PYOBMEM_ALLOC_VMM, device >= 0 ? device : current_device());
+    }
+    return r;
+}
+
+CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    int rec = shim_begin();
+    CUresult r = REAL(cuMemUnmap, (ptr, size));
+    if (rec && r == CUDA_SUCCESS && blocks_remove_range(ptr, ptr + size, 0) == 0)
+        ring_write1(PYOBMEM_EV_UNTRACKED, 0, ptr, PYOBMEM_UNTRACKED_UNMAP, 0, 0, 0);
+    return r;
+}
+
+/* ---- copies and sets: an op seq each, shared with launches ---- */
+
+static void emit_copy(int kind, int async, uint64_t dst, uint64_t src, uint64_t bytes, CUstream s)
+{
+    uint64_t dw = kind == PYOBMEM_COPY_DTOH ? 0 : blocks_access_word(dst);
+    uint64_t sw = kind == PYOBMEM_COPY_HTOD ? 0 : blocks_access_word(src);
+    ring_write1(PYOBMEM_EV_MEMCPY, (uint16_t)(kind | (async ? PYOBMEM_COPY_ASYNC : 0)), shim_next_op(), dw, sw,
+                bytes, (uint64_t)(uintptr_t)s);
+}
+
+static void emit_set(int async, uint64_t dst, uint64_t value, uint64_t bytes, CUstream s)
+{
+    ring_write1(PYOBMEM_EV_MEMSET, async ? PYOBMEM_COPY_ASYNC : 0, shim_next_op(), blocks_access_word(dst), value,
+                bytes, (uint64_t)(uintptr_t)s);
+}
+
+#define DEF_COPY(NAME, KIND, DT, ST, DARG, SARG)             \
+    CUresult CUDAAPI NAME(DT dst, ST src, size_t n)          \
+    {                                                        \
+        int rec = shim_begin();                              \
+        CUresult r = REAL(NAME, (dst, src, n));              \
+        if (rec && r == CUDA_SUCCESS)                        \
+            emit_copy(KIND, 0, DARG, SARG, n, 0);            \
+        return r;                                            \
+    }
+#define DEF_COPY_ASYNC(NAME, KIND, DT, ST, DARG, SARG)                \
+    CUresult CUDAAPI NAME(DT dst, ST src, size_t n, CUstream s)       \
+    {                                                                 \
+        int rec = shim_begin();                                       \
+        CUresult r = REAL(NAME, (dst, src, n, s));                    \
+        if (rec && r == CUDA_SUCCESS)                                 \
+            emit_copy(KIND, 1, DARG, SARG, n, s);                     \
+        return r;                                                     \
+    }
+#define DPTR(x) ((uint64_t)(x))
+#define HPTR(x) ((uint64_t)(uintptr_t)(x))
+DEF_COPY(cuMemcpy, PYOBMEM_COPY_OTHER, CUdeviceptr, CUdeviceptr, DPTR(dst), DPTR(src))
+DEF_COPY(cuMemcpy_ptds, PYOBMEM_COPY_OTHER, CUdeviceptr, CUdeviceptr, DPTR(dst), DPTR(src))
+DEF_COPY(cuMemcpyHtoD_v2, PYOBMEM_COPY_HTOD, CUdeviceptr, const void *, DPTR(dst), HPTR(src))
+DEF_COPY(cuMemcpyHtoD_v2_ptds, PYOBMEM_COPY_HTOD, CUdeviceptr, const void *, DPTR(dst), HPTR(src))
+DEF_COPY(cuMemcpyDtoH_v2, PYOBMEM_COPY_DTOH, void *, CUdeviceptr, HPTR(dst), DPTR(src))
+DEF_COPY(cuMemcpyDtoH_v2_ptds, PYOBMEM_COPY_DTOH, void *, CUdeviceptr, HPTR(dst), DPTR(src))
+DEF_COPY(cuMemcpyDtoD_v2, PYOBMEM_COPY_DTOD, CUdeviceptr, CUdeviceptr, DPTR(dst), DPTR(src))
+DEF_COPY(cuMemcpyDtoD_v2_ptds, PYOBMEM_COPY_DTOD, CUdeviceptr, CUdeviceptr, DPTR(dst), DPTR(src))
+DEF_COPY_ASYNC(cuMemcpyAsync, PYOBMEM_COPY_OTHER, CUdeviceptr, CUdeviceptr, DPTR(dst), DPTR(src))
+DEF_COPY_ASYNC(cuMemcpyAsync_ptsz, PYOBMEM_COPY_OTHER, CUdeviceptr, CUdeviceptr, DPTR(dst), DPTR(src))
+DEF_COPY_ASYNC(cuMemcpyHtoDAsync_v2, PYOBMEM_COPY_HTOD, CUdeviceptr, const void *, DPTR(dst), HPTR(src))
+DEF_COPY_ASYNC(cuMemcpyHtoDAsync_v2_ptsz, PYOBMEM_COPY_HTOD, CUdeviceptr, const void *, DPTR(dst), HPTR(src))
+DEF_COPY_ASYNC(cuMemcpyDtoHAsync_v2, PYOBMEM_COPY_DTOH, void *, CUdeviceptr, HPTR(dst), DPTR(src))
+DEF_COPY_ASYNC(cuMemcpyDtoHAsync_v2_ptsz, PYOBMEM_COPY_DTOH, void *, CUdeviceptr, HPTR(dst), DPTR(src))
+DEF_COPY_ASYNC(cuMemcpyDtoDAsync_v2, PYOBMEM_COPY_DTOD, CUdeviceptr, CUdeviceptr, DPTR(dst), DPTR(src))
+DEF_COPY_ASYNC(cuMemcpyDtoDAsync_v2_ptsz, PYOBMEM_COPY_DTOD, CUdeviceptr, CUdeviceptr, DPTR(dst), DPTR(src))
+
+#define DEF_PEER(NAME)                                                                                   \
+    CUresult CUDAAPI NAME(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n)    \
+    {                                                                                                    \
+        int rec = shim_begin();                                                                          \
+        CUresult r = REAL(NAME, (dst, dctx, src, sctx, n));                                              \
+        if (rec && r == CUDA_SUCCESS)                                                                    \
+            emit_copy(PYOBMEM_COPY_OTHER, 0, dst, src, n, 0);                                            \
+        return r;                                                                                        \
+    }
+#define DEF_PEER_ASYNC(NAME)                                                                                         \
+    CUresult CUDAAPI NAME(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n, CUstream s)    \
+    {                                                                                                                \
+        int rec = shim_begin();                                                                                      \
+        CUresult r = REAL(NAME, (dst, dctx, src, sctx, n, s));                                                       \
+        if (rec && r == CUDA_SUCCESS)                                                                                \
+            emit_copy(PYOBMEM_COPY_OTHER, 1, dst, src, n, s);                                                        \
+        return r;                                                                                                    \
+    }
+DEF_PEER(cuMemcpyPeer)
+DEF_PEER(cuMemcpyPeer_ptds)
+DEF_PEER_ASYNC(cuMemcpyPeerAsync)
+DEF_PEER_ASYNC(cuMemcpyPeerAsync_ptsz)
+
+/* 2D/3D copies: kind from the memory types, device sides at their first byte. */
+static int side_is_device(CUmemorytype t) { return t == CU_MEMORYTYPE_DEVICE || t == CU_MEMORYTYPE_UNIFIED; }
+
+static void emit_copy_nd(CUmemorytype st, uint64_t src, CUmemorytype dt, uint64_t dst, uint64_t bytes, int async,
+                         CUstream s)
+{
+    int kind = PYOBMEM_COPY_OTHER;
+    if (st == CU_MEMORYTYPE_HOST && dt == CU_MEMORYTYPE_DEVICE)
+        kind = PYOBMEM_COPY_HTOD;
+    else if (st == CU_MEMORYTYPE_DEVICE && dt == CU_MEMORYTYPE_HOST)
+        kind = PYOBMEM_COPY_DTOH;
+    else if (st == CU_MEMORYTYPE_DEVICE && dt == CU_MEMORYTYPE_DEVICE)
+        kind = PYOBMEM_COPY_DTOD;
+    uint64_t dw = side_is_device(dt) ? blocks_access_word(dst) : 0;
+    uint64_t sw = side_is_device(st) ? blocks_access_word(src) : 0;
+    ring_write1(PYOBMEM_EV_MEMCPY, (uint16_t)(kind | (async ? PYOBMEM_COPY_ASYNC : 0)), shim_next_op(), dw, sw,
+                bytes, (uint64_t)(uintptr_t)s);
+}
+
+static void emit_copy2d(const CUDA_MEMCPY2D *p, int async, CUstream s)
+{
+    if (!p)
+        return;
+    uint64_t src = p->srcDevice + p->srcY * p->srcPitch + p->srcXInBytes;
+    uint64_t dst = p->dstDevice + p->dstY * p->dstPitch + p->dstXInBytes;
+    emit_copy_nd(p->srcMemoryType, src, p->dstMemoryType, dst, (uint64_t)p->WidthInBytes * p->Height, async, s);
+}
+
+static void emit_copy3d(const CUDA_MEMCPY3D *p, int async, CUstream s)
+{
+    if (!p)
+        return;
+    uint64_t src = p->srcDevice + (p->srcZ * p->srcHeight + p->srcY) * p->srcPitch + p->srcXInBytes;
+    uint64_t dst = p->dstDevice + (p->dstZ * p->dstHeight + p->dstY) * p->dstPitch + p->dstXInBytes;
+    emit_copy_nd(p->srcMemoryType, src, p->dstMemoryType, dst, (uint64_t)p->WidthInBytes * p->Height * p->Depth,
+                 async, s);
+}
+
+#define DEF_COPY_ND(NAME, T, EMIT)                           \
+    CUresult CUDAAPI NAME(const T *p)                        \
+    {                                                        \
+        int rec = shim_begin();                              \
+        CUresult r = REAL(NAME, (p));                        \
+        if (rec && r == CUDA_SUCCESS)                        \
+            EMIT(p, 0, 0);                                   \
+        return r;                                            \
+    }
+#define DEF_COPY_ND_ASYNC(NAME, T, EMIT)                     \
+    CUresult CUDAAPI NAME(const T *p, CUstream s)            \
+    {                                                        \
+        int rec = shim_begin();                              \
+        CUresult r = REAL(NAME, (p, s));                     \
+        if (rec && r == CUDA_SUCCESS)                        \
+            EMIT(p, 1, s);                                   \
+        return r;                                            \
+    }
+DEF_COPY_ND(cuMemcpy2D_v2, CUDA_MEMCPY2D, emit_copy2d)
+DEF_COPY_ND(cuMemcpy2D_v2_ptds, CUDA_MEMCPY2D, emit_copy2d)
+DEF_COPY_ND_ASYNC(cuMemcpy2DAsync_v2, CUDA_MEMCPY2D, emit_copy2d)
+DEF_COPY_ND_ASYNC(cuMemcpy2DAsync_v2_ptsz, CUDA_MEMCPY2D, emit_copy2d)
+DEF_COPY_ND(cuMemcpy3D_v2, CUDA_MEMCPY3D, emit_copy3d)
+DEF_COPY_ND(cuMemcpy3D_v2_ptds, CUDA_MEMCPY3D, emit_copy3d)
+DEF_COPY_ND_ASYNC(cuMemcpy3DAsync_v2, CUDA_MEMCPY3D, emit_copy3d)
+DEF_COPY_ND_ASYNC(cuMemcpy3DAsync_v2_ptsz, CUDA_MEMCPY3D, emit_copy3d)
+
+/* Sets: MEMSET d = bytes written (elements x element size); flags = PYOBMEM_COPY_ASYNC for the
+ * stream-ordered variants. */
+#define DEF_SET(NAME, VT, ESZ)                               \
+    CUresult CUDAAPI NAME(CUdeviceptr dst, VT v, size_t n)   \
+    {                                                        \
+        int rec = shim_begin();                              \
+        CUresult r = REAL(NAME, (dst, v, n));                \
+        if (rec && r == CUDA_SUCCESS)                        \
+            emit_set(0, dst, v, (uint64_t)n * ESZ, 0);       \
+        return r;                                            \
+    }
+#define DEF_SET_ASYNC(NAME, VT, ESZ)                                     \
+    CUresult CUDAAPI NAME(CUdeviceptr dst, VT v, size_t n, CUstream s)   \
+    {                                                                    \
+        int rec = shim_begin();                                          \
+        CUresult r = REAL(NAME, (dst, v, n, s));                         \
+        if (rec && r == CUDA_SUCCESS)                                    \
+            emit_set(1, dst, v, (uint64_t)n * ESZ, s);                   \
+        return r;                                                        \
+    }
+#define DEF_SET2D(NAME, VT, ESZ)                                                          \
+    CUresult CUDAAPI NAME(CUdeviceptr dst, size_t pitch, VT v, size_t w, size_t h)        \
+    {                                                                                     \
+        int rec = shim_begin();                                                           \
+        CUresult r = REAL(NAME, (dst, pitch, v, w, h));                                   \
+        if (rec && r == CUDA_SUCCESS)                                                     \
+            emit_set(0, dst, v, (uint64_t)w * h * ESZ, 0);                                \
+        return r;                                                                         \
+    }
+#define DEF_SET2D_ASYNC(NAME, VT, ESZ)                                                              \
+    CUresult CUDAAPI NAME(CUdeviceptr dst, size_t pitch, VT v, size_t w, size_t h, CUstream s)      \
+    {                                                                                               \
+        int rec = shim_begin();                                                                     \
+        CUresult r = REAL(NAME, (dst, pitch, v, w, h, s));                                          \
+        if (rec && r == CUDA_SUCCESS)                                                               \
+            emit_set(1, dst, v, (uint64_t)w * h * ESZ, s);                                          \
+        return r;                                                                                   \
+    }
+DEF_SET(cuMemsetD8_v2, unsigned char, 1)
+DEF_SET(cuMemsetD8_v2_ptds, unsigned char, 1)
+DEF_SET(cuMemsetD16_v2, unsigned short, 2)
+DEF_SET(cuMemsetD16_v2_ptds, unsigned short, 2)
+DEF_SET(cuMemsetD32_v2, unsigned int, 4)
+DEF_SET(cuMemsetD32_v2_ptds, unsigned int, 4)
+DEF_SET_ASYNC(cuMemsetD8Async, unsigned char, 1)
+DEF_SET_ASYNC(cuMemsetD8Async_ptsz, unsigned char, 1)
+DEF_SET_ASYNC(cuMemsetD16Async, unsigned short, 2)
+DEF_SET_ASYNC(cuMemsetD16Async_ptsz, unsigned short, 2)
+DEF_SET_ASYNC(cuMemsetD32Async, unsigned int, 4)
+DEF_SET_ASYNC(cuMemsetD32Async_ptsz, unsigned int, 4)
+DEF_SET2D(cuMemsetD2D8_v2, unsigned char, 1)
+DEF_SET2D(cuMemsetD2D8_v2_ptds, unsigned char, 1)
+DEF_SET2D(cuMemsetD2D32_v2, unsigned int, 4)
+DEF_SET2D(cuMemsetD2D32_v2_ptds, unsigned int, 4)
+DEF_SET2D_ASYNC(cuMemsetD2D8Async, unsigned char, 1)
+DEF_SET2D_ASYNC(cuMemsetD2D8Async_ptsz, unsigned char, 1)
+DEF_SET2D_ASYNC(cuMemsetD2D32Async, unsigned int, 4)
+DEF_SET2D_ASYNC(cuMemsetD2D32Async_ptsz, unsigned int, 4)

@@ -1,0 +1,177 @@
+/*
+ * Kernel parameter layouts, cached per function handle.
+ *
+ * Querying a layout costs driver calls (about 17 us per launch on the H200), so each handle is
+ * queried once: cuFuncGetParamInfo first, then cuKernelGetParamInfo (runtime launches pass a
+ * CUkernel cast to CUfunction), iterating paramIndex until CUDA_ERROR_INVALID_VALUE. Failures
+ * are cached too. The first sight of a handle also emits its KERNEL_NAME records.
+ *
+ * The cache is an open-addressing hash read without locks: an inserter (under a mutex) fills
+ * the entry's layout, then publishes the key with a release store; a reader that sees the key
+ * with an acquire load sees the layout. Entries are never removed. When the table is 3/4 full,
+ * new handles are no longer cached or queried: their launches are NO_LAYOUT.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shim.h"
+
+#define CACHE_BITS 16
+#define CACHE_SIZE (1u << CACHE_BITS)
+#define CACHE_LIMIT (CACHE_SIZE / 4 * 3)
+#define MAX_PARAMS 8192 /* 32 KiB of parameters at 4 bytes each: more than the driver allows */
+
+struct entry {
+    uintptr_t key; /* atomic; 0 = empty */
+    struct param_layout *layout;
+};
+
+static struct entry g_table[CACHE_SIZE];
+static uint32_t g_used;
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static const struct param_layout g_unknown = {0};
+
+static inline uint32_t slot_of(uintptr_t h)
+{
+    uint64_t x = (uint64_t)h * 0x9E3779B97F4A7C15ull;
+    return (uint32_t)(x >> (64 - CACHE_BITS));
+}
+
+typedef CUresult (*param_info_fn)(void *handle, size_t index, size_t *offset, size_t *size);
+
+/* Query the layout with one of the two entry points. Returns 1 on success (count may be 0). */
+static int query(param_info_fn fn, uintptr_t handle, struct param_layout *out)
+{
+    uint32_t cap = 0, n = 0;
+    uint32_t *off = NULL, *sz = NULL;
+    for (;;) {
+        size_t o = 0, s = 0;
+        CUresult r = fn((void *)handle, n, &o, &s);
+        if (r == CUDA_ERROR_INVALID_VALUE)
+            break; /* past the last parameter (or a kernel without parameters) */
+        if (r != CUDA_SUCCESS || n >= MAX_PARAMS) {
+            free(off);
+            free(sz);
+            return 0;
+        }
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            uint32_t *no = realloc(off, cap * sizeof *no);
+            if (no)
+                off = no;
+            uint32_t *ns = no ? realloc(sz, cap * sizeof *ns) : NULL;
+            if (!no || !ns) {
+                free(off);
+                free(sz);
+                return 0;
+            }
+            sz = ns;
+        }
+        off[n] = (uint32_t)o;
+        sz[n] = (uint32_t)s;
+        n++;
+    }
+    out->known = 1;
+    out->count = n;
+    out->offset = off;
+    out->size = sz;
+    return 1;
+}
+
+static CUresult func_info(void *h, size_t i, size_t *o, size_t *s)
+{
+    return real_cuFuncGetParamInfo((CUfunction)h, i, o, s);
+}
+
+static CUresult kernel_info(void *h, size_t i, size_t *o, size_t *s)
+{
+    return real_cuKernelGetParamInfo((CUkernel)h, i, o, s);
+}
+
+static struct param_layout *first_sight(uintptr_t handle)
+{
+    struct param_layout *l = calloc(1, sizeof *l);
+    if (!l)
+        return NULL;
+    struct param_layout viaf = {0}, viak = {0};
+    int okf = real_cuFuncGetParamInfo && query(func_info, handle, &viaf);
+    if (okf && viaf.count > 0) {
+        *l = viaf;
+    } else {
+        /* Failed, or zero parameters, which is also what a CUkernel looks like through the
+         * CUfunction entry point on some drivers: ask the CUkernel one. */
+        int okk = real_cuKernelGetParamInfo && query(kernel_info, handle, &viak);
+        if (okk && (viak.count > 0 || !okf))
+            *l = viak;
+        else if (okf)
+            *l = viaf;
+        if (l->offset != viaf.offset) {
+            free(viaf.offset);
+            free(viaf.size);
+        }
+        if (l->offset != viak.offset) {
+            free(viak.offset);
+            free(viak.size);
+        }
+    }
+
+    const char *name = NULL;
+    if (!(real_cuFuncGetName && real_cuFuncGetName(&name, (CUfunction)handle) == CUDA_SUCCESS && name))
+        if (!(real_cuKernelGetName && real_cuKernelGetName(&name, (CUkernel)handle) == CUDA_SUCCESS && name))
+            name = NULL;
+    if (name)
+        ring_text(PYOBMEM_EV_KERNEL_NAME, handle, name);
+    return l;
+}
+
+static const struct param_layout *find(uintptr_t handle)
+{
+    for (uint32_t i = slot_of(handle), k = 0; k < CACHE_SIZE; i = (i + 1) & (CACHE_SIZE - 1), k++) {
+        uintptr_t key = __atomic_load_n(&g_table[i].key, __ATOMIC_ACQUIRE);
+        if (key == handle)
+            return g_table[i].layout;
+        if (key == 0)
+            return NULL;
+    }
+    return NULL;
+}
+
+const struct param_layout *params_get(uintptr_t handle)
+{
+    if (!handle)
+        return &g_unknown;
+    const struct param_layout *l = find(handle);
+    if (SHIM_LIKELY(l != NULL))
+        return l;
+    pthread_mutex_lock(&g_mu);
+    l = find(handle);
+    if (!l && g_used < CACHE_LIMIT) {
+        struct param_layout *nl = first_sight(handle);
+        if (nl) {
+            uint32_t i = slot_of(handle);
+            while (g_table[i].key != 0)
+                i = (i + 1) & (CACHE_SIZE - 1);
+            g_table[i].layout = nl;
+            __atomic_store_n(&g_table[i].key, handle, __ATOMIC_RELEASE);
+            g_used++;
+            l = nl;
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    return l ? l : &g_unknown;
+}
+
+void params_atfork_prepare(void) { pthread_mutex_lock(&g_mu); }
+void params_atfork_parent(void) { pthread_mutex_unlock(&g_mu); }
+void params_atfork_child(void)
+{
+    /* Handles of the parent's context mean nothing in the child, and kernel names are per
+     * process in the capture: start empty (the parent's layouts are left allocated). */
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    g_mu = fresh;
+    if (g_used) {
+        memset(g_table, 0, sizeof g_table);
+        g_used = 0;
+    }
+}

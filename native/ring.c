@@ -1,0 +1,188 @@
+/*
+ * Producer side of the shared-memory event ring (protocol in include/pyobmem/abi.h).
+ *
+ * A group of n records (a launch and its ACCESS records, the chunks of one text) is reserved
+ * as n consecutive slots with one CAS on head, so a group is written whole or dropped whole.
+ * Slots are freed by the single consumer strictly in order, so when the group's last slot is
+ * free for this lap all earlier ones are too. A full ring never blocks: the group is counted in
+ * header.dropped and in a per-process pending count, and the next group this process writes
+ * is preceded by a DROPPED record carrying that count.
+ */
+#include <fcntl.h>
+#include <stddef.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shim.h"
+
+#define RING_CAS_TRIES 64 /* CAS losses before giving up on a group (counted as dropped) */
+#define TEXT_CHUNK 32
+#define TEXT_MAX_CHUNKS 8
+
+static struct pyobmem_ring_header *g_hdr;
+static struct pyobmem_record *g_recs;
+static uint64_t g_mask;
+static uint64_t g_pending_drops; /* atomic: dropped here, not yet reported in a DROPPED record */
+
+uint64_t shim_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+int ring_open(const char *path)
+{
+    if (!path || !*path)
+        return 0;
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    struct stat st;
+    void *m = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && (uint64_t)st.st_size >= PYOBMEM_RING_HEADER_SIZE)
+        m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED)
+        return 0;
+    struct pyobmem_ring_header *h = m;
+    uint64_t cap = __atomic_load_n(&h->capacity, __ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != PYOBMEM_RING_MAGIC || h->abi_version != PYOBMEM_ABI_VERSION ||
+        h->record_size != PYOBMEM_RECORD_SIZE || cap == 0 || (cap & (cap - 1)) != 0 ||
+        (uint64_t)st.st_size < PYOBMEM_RING_HEADER_SIZE + cap * PYOBMEM_RECORD_SIZE) {
+        munmap(m, (size_t)st.st_size);
+        return 0;
+    }
+    g_hdr = h;
+    g_recs = (struct pyobmem_record *)((char *)m + PYOBMEM_RING_HEADER_SIZE);
+    g_mask = cap - 1;
+    return 1;
+}
+
+void ring_reset_after_fork(void)
+{
+    /* The parent's pending drops are already in header.dropped and are the parent's to report. */
+    g_pending_drops = 0;
+}
+
+/* Reserve n consecutive slots; returns 1 and sets *pos, or 0 when the ring is full. */
+static int reserve(unsigned n, uint64_t *pos_out)
+{
+    if (n == 0 || n > g_mask + 1)
+        return 0;
+    uint64_t pos = __atomic_load_n(&g_hdr->head, __ATOMIC_RELAXED);
+    for (int tries = 0; tries < RING_CAS_TRIES; tries++) {
+        uint64_t last = pos + n - 1;
+        uint64_t seq = __atomic_load_n(&g_recs[last & g_mask].seq, __ATOMIC_ACQUIRE);
+        int64_t diff = (int64_t)(seq - last);
+        if (diff == 0) {
+            if (__atomic_compare_exchange_n(&g_hdr->head, &pos, pos + n, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+                *pos_out = pos;
+                return 1;
+            }
+            /* pos was reloaded by the failed CAS */
+        } else if (diff < 0) {
+            /* The slot still holds a record from the previous lap: full, unless head moved. */
+            uint64_t now = __atomic_load_n(&g_hdr->head, __ATOMIC_RELAXED);
+            if (now == pos)
+                return 0;
+            pos = now;
+        } else {
+            pos = __atomic_load_n(&g_hdr->head, __ATOMIC_RELAXED);
+        }
+    }
+    return 0;
+}
+
+static void publish(uint64_t pos, const struct pyobmem_record *recs, unsigned n, uint64_t ts)
+{
+    for (unsigned i = 0; i < n; i++) {
+        struct pyobmem_record *slot = &g_recs[(pos + i) & g_mask];
+        slot->type = recs[i].type;
+        slot->flags = recs[i].flags;
+        slot->pid = g_shim.pid;
+        slot->ts_ns = ts;
+        slot->a = recs[i].a;
+        slot->b = recs[i].b;
+        slot->c = recs[i].c;
+        slot->d = recs[i].d;
+        slot->e = recs[i].e;
+        __atomic_store_n(&slot->seq, pos + i + 1, __ATOMIC_RELEASE);
+    }
+}
+
+static void flush_pending_drops(uint64_t ts)
+{
+    uint64_t p = __atomic_exchange_n(&g_pending_drops, 0, __ATOMIC_RELAXED);
+    if (!p)
+        return;
+    uint64_t pos;
+    if (reserve(1, &pos)) {
+        struct pyobmem_record r = {.type = PYOBMEM_EV_DROPPED, .a = p};
+        publish(pos, &r, 1, ts);
+    } else {
+        /* Still full: the DROPPED record itself is no event, so it is not counted; carry on. */
+        __atomic_add_fetch(&g_pending_drops, p, __ATOMIC_RELAXED);
+    }
+}
+
+int ring_write(const struct pyobmem_record *recs, unsigned n)
+{
+    if (!g_hdr)
+        return 0;
+    uint64_t ts = shim_now_ns();
+    if (SHIM_UNLIKELY(__atomic_load_n(&g_pending_drops, __ATOMIC_RELAXED)))
+        flush_pending_drops(ts);
+    uint64_t pos;
+    if (!reserve(n, &pos)) {
+        __atomic_add_fetch(&g_hdr->dropped, n, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&g_pending_drops, n, __ATOMIC_RELAXED);
+        return 0;
+    }
+    publish(pos, recs, n, ts);
+    return 1;
+}
+
+int ring_write1(uint16_t type, uint16_t flags, uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t e)
+{
+    struct pyobmem_record r = {.type = type, .flags = flags, .a = a, .b = b, .c = c, .d = d, .e = e};
+    return ring_write(&r, 1);
+}
+
+void ring_text(uint16_t type, uint64_t a, const char *text)
+{
+    struct pyobmem_record recs[TEXT_MAX_CHUNKS];
+    size_t len = strlen(text);
+    unsigned n = (unsigned)((len + TEXT_CHUNK - 1) / TEXT_CHUNK);
+    if (n == 0)
+        n = 1;
+    if (n > TEXT_MAX_CHUNKS)
+        n = TEXT_MAX_CHUNKS;
+    memset(recs, 0, sizeof recs);
+    for (unsigned i = 0; i < n; i++) {
+        size_t off = (size_t)i * TEXT_CHUNK;
+        size_t k = off < len ? len - off : 0;
+        if (k > TEXT_CHUNK)
+            k = TEXT_CHUNK;
+        recs[i].type = type;
+        recs[i].flags = (uint16_t)(i | (i == n - 1 ? PYOBMEM_TEXT_LAST : 0));
+        recs[i].a = a;
+        memcpy((char *)&recs[i] + offsetof(struct pyobmem_record, b), text + off, k); /* b..e: 32 bytes */
+    }
+    ring_write(recs, n);
+}
+
+void ring_note(const char *fmt, ...)
+{
+    char buf[TEXT_CHUNK * TEXT_MAX_CHUNKS + 1];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    ring_text(PYOBMEM_EV_NOTE, 0, buf);
+}

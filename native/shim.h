@@ -1,0 +1,164 @@
+/*
+ * Internal header of the shim (libpyobmem.so). Not installed; the ABI shared with Python is
+ * include/pyobmem/abi.h.
+ */
+#ifndef PYOBMEM_SHIM_H
+#define PYOBMEM_SHIM_H
+
+/* Stop cuda.h's renames (cuMemAlloc -> cuMemAlloc_v2, cuLaunchKernel -> _ptsz under PTDS):
+ * every name in the shim is the exact symbol libcuda exports. */
+#define __CUDA_API_VERSION_INTERNAL 1
+#include <cuda.h>
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "pyobmem/abi.h"
+
+#define SHIM_EXPORT __attribute__((visibility("default")))
+#define SHIM_LIKELY(x) __builtin_expect(!!(x), 1)
+#define SHIM_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* ---- hooks.def: real-function pointer types, pointers, exported wrappers ---- */
+#define HOOK(ret, name, params, args) typedef ret (*pfn_##name) params;
+#define CALL(ret, name, params) typedef ret (*pfn_##name) params;
+#include "hooks.def"
+
+#define HOOK(ret, name, params, args) extern pfn_##name real_##name;
+#define CALL(ret, name, params) extern pfn_##name real_##name;
+#include "hooks.def"
+
+/* The wrappers carry the driver's names and are the library's exports. Declaring them here
+ * from hooks.def makes the compiler check each line against cuda.h's own prototype. */
+#define HOOK(ret, name, params, args) SHIM_EXPORT ret CUDAAPI name params;
+#include "hooks.def"
+
+/* Call the real function, or fail as an absent driver would if it was never resolved. */
+#define REAL(name, args) (real_##name ? real_##name args : CUDA_ERROR_NOT_INITIALIZED)
+
+/* ---- process state (intercept.c) ---- */
+struct shim_state {
+    int recording;            /* ring mapped and not disabled */
+    int disabled;             /* PYOBMEM_DISABLE=1 */
+    void *libcuda;            /* our handle on libcuda (dlopen) */
+    uint32_t pid;             /* cached getpid(), reset in a fork child */
+    uint32_t ppid;
+    int driver_version;       /* cuDriverGetVersion, 0 if unknown */
+    uint64_t op_seq;          /* atomic: per-process op sequence (launch, copy, set, graph) */
+    uint32_t block_seq;       /* atomic: per-process block id counter */
+    int need_process;         /* atomic: emit PROCESS at the next hook (after fork) */
+    int cupti_active;         /* launches are recorded by the CUPTI callback, not the hooks */
+    int cuinit_done;          /* atomic: post-cuInit work (notes, CUPTI) done once per process */
+};
+extern struct shim_state g_shim;
+extern __thread int shim_tls_guard; /* >0: inside the shim, hooks pass straight through */
+
+void shim_init_once(void);
+void shim_emit_process(void);
+
+/* Called at the top of every hook. Returns nonzero when the hook should record. */
+static inline int shim_begin(void)
+{
+    if (shim_tls_guard)
+        return 0;
+    shim_init_once();
+    if (!g_shim.recording)
+        return 0;
+    if (SHIM_UNLIKELY(__atomic_load_n(&g_shim.need_process, __ATOMIC_RELAXED)))
+        shim_emit_process();
+    return 1;
+}
+
+static inline uint64_t shim_next_op(void)
+{
+    return __atomic_add_fetch(&g_shim.op_seq, 1, __ATOMIC_RELAXED);
+}
+
+uint64_t shim_now_ns(void);
+
+/* ---- ring.c ---- */
+int ring_open(const char *path);
+void ring_reset_after_fork(void);
+/* Write n records as one group: all or nothing. Payload fields (type, flags, a..e) come from
+ * recs; seq, pid and ts are filled in. Returns 1 if written, 0 if dropped (counted). */
+int ring_write(const struct pyobmem_record *recs, unsigned n);
+int ring_write1(uint16_t type, uint16_t flags, uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t e);
+/* NOTE (a = 0) or KERNEL_NAME (a = handle) text in 32-byte chunks, at most 8. */
+void ring_text(uint16_t type, uint64_t a, const char *text);
+void ring_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- blocks.c ---- */
+struct block {
+    uint64_t start, end; /* [start, end) */
+    uint32_t id;
+    uint16_t kind;
+    uint16_t device;
+    uint64_t stream;
+};
+/* Insert a block (evicting any stale overlapping ones, which get a FREE record), emit ALLOC. */
+void blocks_add(uint64_t addr, uint64_t size, uint64_t stream, int kind, int device);
+/* Look up the block starting exactly at addr. Returns 1 and fills *out when found. */
+int blocks_find_start(uint64_t addr, struct block *out);
+/* Remove the block starting at addr if it still has id `id`; emit FREE. */
+void blocks_remove(uint64_t addr, uint32_t id, uint64_t stream);
+/* Remove every block overlapping [start, end); emit FREE for each. Returns how many. */
+int blocks_remove_range(uint64_t start, uint64_t end, uint64_t stream);
+/* Read-side lookup for the launch path: hold blocks_read_lock() around blocks_lookup(). */
+void blocks_read_lock(void);
+void blocks_read_unlock(void);
+const struct block *blocks_lookup(uint64_t addr);
+/* Access word of addr (0 if in no block), taking the read lock itself. */
+uint64_t blocks_access_word(uint64_t addr);
+void blocks_reset_after_fork(void);
+void blocks_atfork_prepare(void);
+void blocks_atfork_parent(void);
+
+/* ---- params.c ---- */
+struct param_layout {
+    int known;         /* 0: layout could not be queried (NO_LAYOUT) */
+    uint32_t count;
+    uint32_t *offset;  /* count entries */
+    uint32_t *size;
+};
+/* Layout of a function or kernel handle; queried and cached on first sight (which also emits
+ * the KERNEL_NAME records). Never NULL. */
+const struct param_layout *params_get(uintptr_t handle);
+void params_atfork_prepare(void);
+void params_atfork_parent(void);
+void params_atfork_child(void);
+
+/* ---- launch.c ---- */
+#define SHIM_MAX_TOUCHED 64
+/* A set of distinct blocks touched by one op (deduplicated by block). */
+struct touched {
+    uint32_t n;
+    int truncated;
+    uint64_t words[SHIM_MAX_TOUCHED]; /* access words */
+    uint32_t ids[SHIM_MAX_TOUCHED];
+};
+/* Look up one candidate word (caller holds the blocks read lock). */
+void touched_add(struct touched *t, uint64_t word);
+/* Scan the arguments of a launch into t; returns the number of 8-byte words scanned and ORs
+ * OPAQUE/NO_LAYOUT into *flags as needed. Takes the blocks read lock. */
+uint32_t scan_launch_args(uintptr_t handle, void **kernelParams, void **extra, struct touched *t, uint16_t *flags);
+/* Emit a LAUNCH or GRAPH_LAUNCH record followed by its ACCESS records, as one ring group. */
+void emit_op_with_accesses(uint16_t type, uint16_t flags, uint64_t seq, uint64_t b, uint64_t c, uint64_t d,
+                           uint64_t e_high, const struct touched *t);
+void record_launch(uintptr_t handle, uint64_t stream, uint64_t grid, void **kernelParams, void **extra,
+                   uint16_t flags);
+uint16_t launch_config_flags(const CUlaunchConfig *config);
+
+/* ---- graph.c ---- */
+void graphs_atfork_prepare(void);
+void graphs_atfork_parent(void);
+void graphs_atfork_child(void);
+
+/* ---- cupti.c ---- */
+void cupti_start(void);
+
+/* ---- intercept.c ---- */
+/* Note, once per (name, version), a requested family symbol that has no hook. */
+void note_unhooked(const char *name, int version);
+
+#endif

@@ -1,0 +1,350 @@
+/*
+ * Test driver: behaves like a CUDA runtime against the fake libcuda. It dlopens libcuda.so.1,
+ * takes cuGetProcAddress_v2 with dlsym, asks it for cuGetProcAddress itself, and then gets
+ * every entry point through that (C01/C02). Scenarios are chosen by argv[1]; results are
+ * printed as "key=value" lines for tests/test_shim.py.
+ */
+#include <dlfcn.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "fake_cuda.h"
+
+typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+static gpa_fn gpa;
+static void *libcuda;
+static int (*fakeParamQueries_p)(void);
+static CUresult (*fakeAllocHidden_p)(CUdeviceptr *, size_t);
+#define fakeParamQueries fakeParamQueries_p
+#define fakeAllocHidden fakeAllocHidden_p
+
+static void *get(const char *name, int version, cuuint64_t flags)
+{
+    void *p = NULL;
+    CUdriverProcAddressQueryResult st;
+    CUresult r = gpa(name, &p, version, flags, &st);
+    if (r != CUDA_SUCCESS)
+        return NULL;
+    return p;
+}
+#define GET(type, name) ((type)get(name, 12080, CU_GET_PROC_ADDRESS_DEFAULT))
+
+typedef CUresult (*init_fn)(unsigned);
+typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+typedef CUresult (*free_fn)(CUdeviceptr);
+typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUstream);
+typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
+typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              CUstream, void **, void **);
+typedef CUresult (*launch_ex_fn)(const CUlaunchConfig *, CUfunction, void **, void **);
+typedef CUresult (*coop_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                            CUstream, void **);
+typedef CUresult (*htod_fn)(CUdeviceptr, const void *, size_t);
+typedef CUresult (*dtoh_fn)(void *, CUdeviceptr, size_t);
+typedef CUresult (*dtod_fn)(CUdeviceptr, CUdeviceptr, size_t);
+typedef CUresult (*memset8_fn)(CUdeviceptr, unsigned char, size_t);
+typedef CUresult (*memset32a_fn)(CUdeviceptr, unsigned int, size_t, CUstream);
+typedef CUresult (*reserve_fn)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+typedef CUresult (*create_fn)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+typedef CUresult (*map_fn)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+typedef CUresult (*unmap_fn)(CUdeviceptr, size_t);
+typedef CUresult (*inst_fn)(CUgraphExec *, CUgraph, unsigned long long);
+typedef CUresult (*glaunch_fn)(CUgraphExec, CUstream);
+
+static init_fn p_cuInit;
+static alloc_fn p_alloc;
+static free_fn p_free;
+static launch_fn p_launch;
+
+static void setup(void)
+{
+    libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!libcuda) {
+        printf("error=%s\n", dlerror());
+        exit(3);
+    }
+    fakeParamQueries_p = (int (*)(void))dlsym(libcuda, "fakeParamQueries");
+    fakeAllocHidden_p = (CUresult(*)(CUdeviceptr *, size_t))dlsym(libcuda, "fakeAllocHidden");
+    gpa_fn via_dlsym = (gpa_fn)dlsym(libcuda, "cuGetProcAddress_v2");
+    void *self = NULL;
+    CUdriverProcAddressQueryResult st;
+    CUresult r = via_dlsym("cuGetProcAddress", &self, 12000, 0, &st);
+    printf("gpa_self_rc=%d\n", (int)r);
+    /* The shim (when loaded) hands out its own wrapper for both lookups. */
+    void *exported = dlsym(RTLD_DEFAULT, "cuGetProcAddress_v2");
+    printf("gpa_dlsym_is_export=%d\n", (void *)via_dlsym == exported);
+    printf("gpa_self_is_export=%d\n", self == exported);
+    gpa = self ? (gpa_fn)self : via_dlsym;
+    p_cuInit = GET(init_fn, "cuInit");
+    p_alloc = GET(alloc_fn, "cuMemAlloc");
+    p_free = GET(free_fn, "cuMemFree");
+    p_launch = GET(launch_fn, "cuLaunchKernel");
+}
+
+static CUdeviceptr must_alloc(size_t n)
+{
+    CUdeviceptr p = 0;
+    CUresult r = p_alloc(&p, n);
+    if (r != CUDA_SUCCESS) {
+        printf("error=alloc %d\n", (int)r);
+        exit(4);
+    }
+    return p;
+}
+
+static void launch_a(CUdeviceptr x, int n, CUdeviceptr y)
+{
+    void *args[] = {&x, &n, &y};
+    CUresult r = p_launch(FAKE_FUNC_A, 2, 3, 4, 128, 1, 1, 0, (CUstream)0x77, args, NULL);
+    if (r != CUDA_SUCCESS)
+        printf("error=launch %d\n", (int)r);
+}
+
+static int scenario_basic(void)
+{
+    printf("init_rc=%d\n", (int)p_cuInit(0));
+    CUdeviceptr a = must_alloc(1 << 20), b = must_alloc(4096);
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b);
+    CUdeviceptr oom = 0;
+    printf("oom_rc=%d\n", (int)p_alloc(&oom, FAKE_OOM_ABOVE + 1));
+
+    launch_a(a + 256, 7, b);
+    int q = fakeParamQueries();
+    launch_a(b, 1, b + 8); /* same block twice: one access */
+    printf("queries_after_first=%d\nqueries_after_second=%d\n", q, fakeParamQueries());
+
+    /* cuLaunchKernelEx with a CUkernel (layout from cuKernelGetParamInfo): struct of two
+     * pointers, then a pointer; cooperative through an attribute. */
+    struct { CUdeviceptr p, q; } pair = {b + 16, a + 1000};
+    CUdeviceptr third = a;
+    void *args[] = {&pair, &third};
+    CUlaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    attr.value.cooperative = 1;
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDimX = 5; cfg.gridDimY = 1; cfg.gridDimZ = 2;
+    cfg.blockDimX = 32; cfg.blockDimY = 1; cfg.blockDimZ = 1;
+    cfg.hStream = (CUstream)0x88;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    launch_ex_fn ex = GET(launch_ex_fn, "cuLaunchKernelEx");
+    printf("ex_rc=%d\n", (int)ex(&cfg, FAKE_KERN_B, args, NULL));
+
+    /* No layout: the packed buffer of `extra` is scanned, the launch is opaque. */
+    struct { int n; int pad; CUdeviceptr p; } packed = {3, 0, b + 100};
+    size_t size = sizeof packed;
+    void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &packed, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
+    printf("opaque_rc=%d\n", (int)p_launch(FAKE_FUNC_C, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, extra));
+
+    /* Cooperative launch, and a failing launch whose error passes through unrecorded. */
+    coop_fn coop = GET(coop_fn, "cuLaunchCooperativeKernel");
+    int n = 0;
+    void *cargs[] = {&a, &n, &b};
+    printf("coop_rc=%d\n", (int)coop(FAKE_FUNC_A, 1, 1, 1, 1, 1, 1, 0, NULL, cargs));
+    printf("bad_launch_rc=%d\n", (int)p_launch(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+
+    /* Copies and sets. */
+    char host[64];
+    GET(htod_fn, "cuMemcpyHtoD")(a + 64, host, 64);
+    GET(dtoh_fn, "cuMemcpyDtoH")(host, b + 8, 32);
+    GET(dtod_fn, "cuMemcpyDtoD")(b, a, 4096);
+    GET(memset8_fn, "cuMemsetD8")(a + 16, 0xAB, 100);
+    GET(memset32a_fn, "cuMemsetD32Async")(b, 7, 10, (CUstream)0x99);
+
+    printf("free_b_rc=%d\n", (int)p_free(b));
+    printf("free_a_rc=%d\n", (int)p_free(a));
+    return 0;
+}
+
+static int scenario_untracked(void)
+{
+    p_cuInit(0);
+    CUdeviceptr hidden = 0;
+    fakeAllocHidden(&hidden, 8192);
+    printf("hidden=%" PRIu64 "\n", (uint64_t)hidden);
+    printf("free_hidden_rc=%d\n", (int)p_free(hidden));
+    printf("free_bogus_rc=%d\n", (int)p_free(0xdead0000));
+    printf("free_null_rc=%d\n", (int)p_free(0));
+    return 0;
+}
+
+static int scenario_async(void)
+{
+    p_cuInit(0);
+    alloc_async_fn aa = GET(alloc_async_fn, "cuMemAllocAsync");
+    alloc_async_fn aa_ptsz = (alloc_async_fn)get("cuMemAllocAsync", 12080, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
+    free_async_fn fa = GET(free_async_fn, "cuMemFreeAsync");
+    CUdeviceptr x = 0, y = 0;
+    printf("aa_rc=%d\n", (int)aa(&x, 3000, (CUstream)0x55));
+    printf("aa_ptsz_rc=%d\n", (int)aa_ptsz(&y, 5000, (CUstream)0x66));
+    printf("x=%" PRIu64 "\ny=%" PRIu64 "\n", (uint64_t)x, (uint64_t)y);
+    printf("aa_ptsz_is_export=%d\n", (void *)aa_ptsz == dlsym(RTLD_DEFAULT, "cuMemAllocAsync_ptsz"));
+    fa(x, (CUstream)0x55);
+    fa(y, (CUstream)0x66);
+    return 0;
+}
+
+static int scenario_vmm(void)
+{
+    p_cuInit(0);
+    CUdeviceptr va = 0;
+    GET(reserve_fn, "cuMemAddressReserve")(&va, 8 << 20, 0, 0, 0);
+    CUmemGenericAllocationHandle h1, h2;
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    GET(create_fn, "cuMemCreate")(&h1, 2 << 20, &prop, 0);
+    GET(create_fn, "cuMemCreate")(&h2, 2 << 20, &prop, 0);
+    map_fn map = GET(map_fn, "cuMemMap");
+    map(va, 2 << 20, 0, h1, 0);
+    map(va + (2 << 20), 2 << 20, 0, h2, 0);
+    printf("bad_map_rc=%d\n", (int)map(va + (4 << 20), 2 << 20, 0, 0, 0));
+    printf("va=%" PRIu64 "\n", (uint64_t)va);
+    launch_a(va + 8, 0, va + (2 << 20) + 24);
+    unmap_fn unmap = GET(unmap_fn, "cuMemUnmap");
+    unmap(va, 4 << 20);
+    unmap(va + (6 << 20), 2 << 20);
+    return 0;
+}
+
+static int scenario_graph(void)
+{
+    p_cuInit(0);
+    CUdeviceptr a = must_alloc(1 << 16), b = must_alloc(1 << 16), c = must_alloc(1 << 16);
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)c);
+    CUdeviceptr x = a + 32, y = b;
+    int n = 5;
+    void *args1[] = {&x, &n, &y};
+    struct { CUdeviceptr p, q; } pair = {b + 64, b + 128};
+    CUdeviceptr z = a;
+    void *args2[] = {&pair, &z};
+    struct fake_node k1 = {.type = CU_GRAPH_NODE_TYPE_KERNEL, .func = FAKE_FUNC_A, .kernelParams = args1};
+    struct fake_node k2 = {.type = CU_GRAPH_NODE_TYPE_KERNEL, .kern = (CUkernel)FAKE_KERN_B, .kernelParams = args2};
+    struct fake_node ms = {.type = CU_GRAPH_NODE_TYPE_MEMSET, .dst = c + 4};
+    struct fake_graph g = {.n = 3, .nodes = {&k1, &k2, &ms}};
+    CUgraphExec exec = NULL;
+    printf("inst_rc=%d\n", (int)GET(inst_fn, "cuGraphInstantiateWithFlags")(&exec, (CUgraph)&g, 0));
+    printf("exec=%" PRIu64 "\n", (uint64_t)(uintptr_t)exec);
+    glaunch_fn gl = GET(glaunch_fn, "cuGraphLaunch");
+    gl(exec, (CUstream)0x42);
+    gl(exec, (CUstream)0x42);
+    gl((CUgraphExec)0x5555, NULL); /* never instantiated through us */
+    return 0;
+}
+
+static int scenario_unhooked(void)
+{
+    void *legacy = get("cuMemAlloc", 3000, 0);
+    void *modern = get("cuMemAlloc", 12000, 0);
+    printf("legacy_is_fake=%d\n", legacy == dlsym(libcuda, "cuMemAlloc"));
+    printf("modern_is_export=%d\n", modern == dlsym(RTLD_DEFAULT, "cuMemAlloc_v2"));
+    for (int i = 0; i < 3; i++)
+        get("cuMemcpyBatchAsync", 12080, 0);
+    get("cuMemAlloc", 3000, 0);
+    void *none = get("cuDoesNotExist", 12080, 0);
+    printf("none=%d\n", none == NULL);
+    void *unknown = get("cuDriverGetVersion", 12080, 0);
+    printf("passthrough_is_fake=%d\n", unknown == dlsym(libcuda, "cuDriverGetVersion"));
+    return 0;
+}
+
+static int scenario_next(void)
+{
+    /* dlsym(RTLD_NEXT) from the program must search after the program, not after the shim */
+    printf("next_puts_ok=%d\n", dlsym(RTLD_NEXT, "puts") == dlsym(RTLD_DEFAULT, "puts"));
+    printf("next_missing_null=%d\n", dlsym(RTLD_NEXT, "no_such_symbol_anywhere") == NULL);
+    return 0;
+}
+
+static int scenario_fork(void)
+{
+    p_cuInit(0);
+    CUdeviceptr a = must_alloc(4096);
+    launch_a(a, 0, 0);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        CUdeviceptr c = must_alloc(8192);
+        launch_a(c, 0, a); /* a is the parent's: unknown here */
+        printf("child_pid=%d\nchild_c=%" PRIu64 "\n", (int)getpid(), (uint64_t)c);
+        fflush(stdout);
+        _exit(0);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    CUdeviceptr b = must_alloc(4096);
+    launch_a(b, 0, 0);
+    printf("parent_pid=%d\nchild_status=%d\n", (int)getpid(), st);
+    return 0;
+}
+
+static int scenario_flood(int n)
+{
+    p_cuInit(0);
+    for (int i = 0; i < n; i++) {
+        CUdeviceptr p = must_alloc(256);
+        p_free(p);
+    }
+    return 0;
+}
+
+static CUdeviceptr g_shared;
+static int g_per_thread;
+
+static void *thread_main(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < g_per_thread; i++)
+        launch_a(g_shared + (CUdeviceptr)(i % 64) * 8, i, 0);
+    return NULL;
+}
+
+static int scenario_threads(int threads, int per_thread)
+{
+    p_cuInit(0);
+    g_shared = must_alloc(1 << 20);
+    g_per_thread = per_thread;
+    pthread_t t[64];
+    for (int i = 0; i < threads; i++)
+        pthread_create(&t[i], NULL, thread_main, NULL);
+    for (int i = 0; i < threads; i++)
+        pthread_join(t[i], NULL);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2)
+        return 2;
+    setup();
+    const char *s = argv[1];
+    int rc = 2;
+    if (!strcmp(s, "basic"))
+        rc = scenario_basic();
+    else if (!strcmp(s, "untracked"))
+        rc = scenario_untracked();
+    else if (!strcmp(s, "async"))
+        rc = scenario_async();
+    else if (!strcmp(s, "vmm"))
+        rc = scenario_vmm();
+    else if (!strcmp(s, "graph"))
+        rc = scenario_graph();
+    else if (!strcmp(s, "unhooked"))
+        rc = scenario_unhooked();
+    else if (!strcmp(s, "next"))
+        rc = scenario_next();
+    else if (!strcmp(s, "fork"))
+        rc = scenario_fork();
+    else if (!strcmp(s, "flood"))
+        rc = scenario_flood(argc > 2 ? atoi(argv[2]) : 1000);
+    else if (!strcmp(s, "threads"))
+        rc = scenario_threads(argc > 2 ? atoi(argv[2]) : 8, argc > 3 ? atoi(argv[3]) : 10000);
+    printf("done=1\n");
+    return rc;
+}

@@ -1,0 +1,382 @@
+/*
+ * A tiny fake libcuda.so.1 for the shim's CPU tests: just enough of the driver API for the
+ * scenarios in driver.c. Built with -Wl,-Bsymbolic so that, like the real driver, the pointers
+ * it hands out through cuGetProcAddress are its own functions, not the preloaded shim's.
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "fake_cuda.h"
+
+#include <cupti_driver_cbid.h>
+#include <generated_cuda_meta.h>
+
+#define API __attribute__((visibility("default")))
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t next_addr = 0x10000000000ull;   /* device allocations */
+static uint64_t next_va = 0x20000000000ull;     /* VMM reservations */
+static uint64_t next_handle = 1;
+static int param_queries;
+
+#define MAX_LIVE 65536
+static uint64_t live[MAX_LIVE];
+static int n_live;
+
+static uint64_t bump(uint64_t *next, size_t size)
+{
+    pthread_mutex_lock(&mu);
+    uint64_t a = *next;
+    *next += (size + 0xFFFu) & ~(uint64_t)0xFFFu;
+    *next += 0x1000; /* a gap between allocations */
+    pthread_mutex_unlock(&mu);
+    return a;
+}
+
+static CUresult alloc(CUdeviceptr *dptr, size_t size)
+{
+    if (!dptr)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (size > FAKE_OOM_ABOVE)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t a = bump(&next_addr, size);
+    pthread_mutex_lock(&mu);
+    if (n_live < MAX_LIVE)
+        live[n_live++] = a;
+    pthread_mutex_unlock(&mu);
+    *dptr = a;
+    return CUDA_SUCCESS;
+}
+
+static CUresult release(CUdeviceptr p)
+{
+    if (p == 0)
+        return CUDA_SUCCESS;
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    for (int i = n_live - 1; i >= 0; i--)
+        if (live[i] == p) {
+            live[i] = live[--n_live];
+            r = CUDA_SUCCESS;
+            break;
+        }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+API CUresult fakeAllocHidden(CUdeviceptr *dptr, size_t bytesize) { return alloc(dptr, bytesize); }
+API int fakeParamQueries(void) { return __atomic_load_n(&param_queries, __ATOMIC_RELAXED); }
+
+/* ---- init and devices ---- */
+API CUresult cuInit(unsigned int flags) { return flags == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+API CUresult cuDriverGetVersion(int *v) { if (!v) return CUDA_ERROR_INVALID_VALUE; *v = 13000; return CUDA_SUCCESS; }
+API CUresult cuDeviceGetCount(int *n) { *n = 1; return CUDA_SUCCESS; }
+API CUresult cuDeviceGet(CUdevice *d, int i) { if (i != 0) return CUDA_ERROR_INVALID_DEVICE; *d = 0; return CUDA_SUCCESS; }
+API CUresult cuDeviceGetName(char *name, int len, CUdevice d)
+{
+    (void)d;
+    strncpy(name, "Fake H200", (size_t)len);
+    return CUDA_SUCCESS;
+}
+API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) { (void)d; *bytes = 150754820096ull; return CUDA_SUCCESS; }
+API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute a, CUdevice d)
+{
+    (void)d;
+    if (a == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) { *pi = 9; return CUDA_SUCCESS; }
+    if (a == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR) { *pi = 0; return CUDA_SUCCESS; }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+API CUresult cuCtxGetDevice(CUdevice *d) { *d = 0; return CUDA_SUCCESS; }
+
+/* ---- memory ---- */
+API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) { return alloc(dptr, size); }
+/* legacy 32-bit entry point: never hooked by the shim */
+API CUresult cuMemAlloc(unsigned int *dptr, unsigned int size) { (void)size; *dptr = 0x1000; return CUDA_SUCCESS; }
+API CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h, unsigned int e)
+{
+    (void)e;
+    *pitch = (w + 511) & ~(size_t)511;
+    return alloc(dptr, *pitch * h);
+}
+API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags) { (void)flags; return alloc(dptr, size); }
+API CUresult cuMemFree_v2(CUdeviceptr p) { return release(p); }
+API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s) { (void)s; return alloc(dptr, size); }
+API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s) { (void)s; return alloc(dptr, size); }
+API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) { (void)pool; (void)s; return alloc(dptr, size); }
+API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) { (void)pool; (void)s; return alloc(dptr, size); }
+API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)s; return release(p); }
+API CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { (void)s; return release(p); }
+
+API CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t al, CUdeviceptr addr, unsigned long long f)
+{
+    (void)al; (void)addr; (void)f;
+    *ptr = bump(&next_va, size);
+    return CUDA_SUCCESS;
+}
+API CUresult cuMemAddressFree(CUdeviceptr p, size_t s) { (void)p; (void)s; return CUDA_SUCCESS; }
+API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop, unsigned long long f)
+{
+    (void)size; (void)prop; (void)f;
+    pthread_mutex_lock(&mu);
+    *h = next_handle++;
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+API CUresult cuMemRelease(CUmemGenericAllocationHandle h) { (void)h; return CUDA_SUCCESS; }
+API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, CUmemGenericAllocationHandle h, unsigned long long f)
+{
+    (void)p; (void)size; (void)off; (void)f;
+    return h ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+API CUresult cuMemUnmap(CUdeviceptr p, size_t size) { (void)p; (void)size; return CUDA_SUCCESS; }
+API CUresult cuMemSetAccess(CUdeviceptr p, size_t s, const CUmemAccessDesc *d, size_t n) { (void)p; (void)s; (void)d; (void)n; return CUDA_SUCCESS; }
+API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle h)
+{
+    (void)h;
+    memset(prop, 0, sizeof *prop);
+    prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop->location.id = 0;
+    return CUDA_SUCCESS;
+}
+
+/* ---- copies and sets: nothing moves ---- */
+API CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n) { (void)d; (void)s; (void)n; return CUDA_SUCCESS; }
+API CUresult cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t n) { (void)d; (void)s; (void)n; return CUDA_SUCCESS; }
+API CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) { (void)d; (void)s; (void)n; return CUDA_SUCCESS; }
+API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, CUstream st) { (void)d; (void)s; (void)n; (void)st; return CUDA_SUCCESS; }
+API CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) { (void)d; (void)s; (void)n; (void)st; return CUDA_SUCCESS; }
+API CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D *p) { return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+API CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { (void)d; (void)v; (void)n; return CUDA_SUCCESS; }
+API CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream s) { (void)d; (void)v; (void)n; (void)s; return CUDA_SUCCESS; }
+/* a copy family member the shim does not hook */
+API CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *d, CUdeviceptr *s, size_t *sz, size_t n, CUmemcpyAttributes *a,
+                                   size_t *ai, size_t na, CUstream st)
+{
+    (void)d; (void)s; (void)sz; (void)n; (void)a; (void)ai; (void)na; (void)st;
+    return CUDA_SUCCESS;
+}
+
+/* ---- kernels ---- */
+static const size_t a_off[] = {0, 8, 16}, a_size[] = {8, 4, 8};
+static const size_t b_off[] = {0, 16}, b_size[] = {16, 8};
+
+static CUresult info(const size_t *off, const size_t *sz, size_t n, size_t i, size_t *po, size_t *ps)
+{
+    __atomic_add_fetch(&param_queries, 1, __ATOMIC_RELAXED);
+    if (i >= n)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (po)
+        *po = off[i];
+    if (ps)
+        *ps = sz[i];
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuFuncGetParamInfo(CUfunction f, size_t i, size_t *po, size_t *ps)
+{
+    if (f == FAKE_FUNC_A)
+        return info(a_off, a_size, 3, i, po, ps);
+    __atomic_add_fetch(&param_queries, 1, __ATOMIC_RELAXED);
+    return CUDA_ERROR_INVALID_HANDLE;
+}
+
+API CUresult cuKernelGetParamInfo(CUkernel k, size_t i, size_t *po, size_t *ps)
+{
+    if ((CUfunction)k == FAKE_KERN_B)
+        return info(b_off, b_size, 2, i, po, ps);
+    __atomic_add_fetch(&param_queries, 1, __ATOMIC_RELAXED);
+    return CUDA_ERROR_INVALID_HANDLE;
+}
+
+API CUresult cuFuncGetName(const char **name, CUfunction f)
+{
+    if (f != FAKE_FUNC_A)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *name = "kernel_a";
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuKernelGetName(const char **name, CUkernel k)
+{
+    if ((CUfunction)k != FAKE_KERN_B)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *name = "kernel_b_with_a_rather_long_templated_name<float, 128, true>";
+    return CUDA_SUCCESS;
+}
+
+static CUresult launch(CUfunction f) { return f ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE; }
+
+/* The fake libcupti registers here; launches call it at API entry, as CUPTI would. */
+static fake_api_callback api_cb;
+API void fakeSetApiCallback(fake_api_callback cb) { __atomic_store_n(&api_cb, cb, __ATOMIC_RELEASE); }
+static void api_enter(unsigned cbid, const void *params)
+{
+    fake_api_callback cb = __atomic_load_n(&api_cb, __ATOMIC_ACQUIRE);
+    if (cb)
+        cb(cbid, params);
+}
+#define ENTER_LAUNCH(CBID)                                                                    \
+    do {                                                                                      \
+        cuLaunchKernel_params p_ = {f, gx, gy, gz, bx, by, bz, sh, s, kp, extra};            \
+        api_enter(CBID, &p_);                                                                 \
+    } while (0)
+
+#define LAUNCH_PARAMS CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, \
+                      unsigned sh, CUstream s, void **kp
+API CUresult cuLaunchKernel(LAUNCH_PARAMS, void **extra)
+{
+    ENTER_LAUNCH(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel);
+    return launch(f);
+}
+API CUresult cuLaunchKernel_ptsz(LAUNCH_PARAMS, void **extra)
+{
+    ENTER_LAUNCH(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz);
+    return launch(f);
+}
+API CUresult cuLaunchCooperativeKernel(LAUNCH_PARAMS)
+{
+    cuLaunchCooperativeKernel_params p = {f, gx, gy, gz, bx, by, bz, sh, s, kp};
+    api_enter(CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel, &p);
+    return launch(f);
+}
+API CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **kp, void **extra)
+{
+    cuLaunchKernelEx_params p = {c, f, kp, extra};
+    api_enter(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx, &p);
+    return c ? launch(f) : CUDA_ERROR_INVALID_VALUE;
+}
+API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **kp, void **extra)
+{
+    cuLaunchKernelEx_params p = {c, f, kp, extra};
+    api_enter(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz, &p);
+    return c ? launch(f) : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---- graphs ---- */
+API CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *n)
+{
+    const struct fake_graph *fg = (const struct fake_graph *)g;
+    if (!fg || !n)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (nodes)
+        for (size_t i = 0; i < fg->n && i < *n; i++)
+            nodes[i] = (CUgraphNode)fg->nodes[i];
+    *n = fg->n;
+    return CUDA_SUCCESS;
+}
+API CUresult cuGraphNodeGetType(CUgraphNode h, CUgraphNodeType *t) { *t = ((struct fake_node *)h)->type; return CUDA_SUCCESS; }
+API CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode h, CUDA_KERNEL_NODE_PARAMS *p)
+{
+    const struct fake_node *n = (const struct fake_node *)h;
+    if (n->type != CU_GRAPH_NODE_TYPE_KERNEL)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(p, 0, sizeof *p);
+    p->func = n->func;
+    p->kern = n->kern;
+    p->kernelParams = n->kernelParams;
+    p->gridDimX = p->gridDimY = p->gridDimZ = 1;
+    return CUDA_SUCCESS;
+}
+API CUresult cuGraphMemsetNodeGetParams(CUgraphNode h, CUDA_MEMSET_NODE_PARAMS *p)
+{
+    const struct fake_node *n = (const struct fake_node *)h;
+    memset(p, 0, sizeof *p);
+    p->dst = n->dst;
+    p->elementSize = 1;
+    p->width = 64;
+    p->height = 1;
+    return CUDA_SUCCESS;
+}
+static uint64_t next_exec = 0xE000;
+API CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long f)
+{
+    (void)f;
+    if (!g)
+        return CUDA_ERROR_INVALID_VALUE;
+    *e = (CUgraphExec)(uintptr_t)__atomic_add_fetch(&next_exec, 0x10, __ATOMIC_RELAXED);
+    return CUDA_SUCCESS;
+}
+API CUresult cuGraphLaunch(CUgraphExec e, CUstream s) { (void)s; return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+API CUresult cuGraphExecDestroy(CUgraphExec e) { return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+
+/* ---- cuGetProcAddress: names -> versioned symbols, like the real driver ---- */
+struct sym {
+    const char *name;   /* as requested */
+    int min_version;    /* first CUDA version where this mapping applies */
+    const char *symbol; /* default-stream symbol */
+    void *fn;
+    void *fn_ptsz;      /* per-thread variant, if any */
+};
+
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int v, cuuint64_t flags);
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int v, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult *st);
+
+#define S(name, ver, fn, ptsz) {name, ver, #fn, (void *)fn, ptsz}
+static const struct sym syms[] = {
+    S("cuInit", 2000, cuInit, NULL),
+    S("cuDriverGetVersion", 2020, cuDriverGetVersion, NULL),
+    S("cuGetProcAddress", 11030, cuGetProcAddress, NULL),
+    S("cuGetProcAddress", 12000, cuGetProcAddress_v2, NULL),
+    S("cuMemAlloc", 2000, cuMemAlloc, NULL),
+    S("cuMemAlloc", 3020, cuMemAlloc_v2, NULL),
+    S("cuMemFree", 3020, cuMemFree_v2, NULL),
+    S("cuMemAllocManaged", 6000, cuMemAllocManaged, NULL),
+    S("cuMemAllocAsync", 11020, cuMemAllocAsync, (void *)cuMemAllocAsync_ptsz),
+    S("cuMemFreeAsync", 11020, cuMemFreeAsync, (void *)cuMemFreeAsync_ptsz),
+    S("cuMemAddressReserve", 10020, cuMemAddressReserve, NULL),
+    S("cuMemCreate", 10020, cuMemCreate, NULL),
+    S("cuMemMap", 10020, cuMemMap, NULL),
+    S("cuMemUnmap", 10020, cuMemUnmap, NULL),
+    S("cuMemRelease", 10020, cuMemRelease, NULL),
+    S("cuMemSetAccess", 10020, cuMemSetAccess, NULL),
+    S("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2, NULL),
+    S("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2, NULL),
+    S("cuMemcpyDtoD", 3020, cuMemcpyDtoD_v2, NULL),
+    S("cuMemcpyHtoDAsync", 3020, cuMemcpyHtoDAsync_v2, NULL),
+    S("cuMemcpyAsync", 4000, cuMemcpyAsync, NULL),
+    S("cuMemcpy2D", 3020, cuMemcpy2D_v2, NULL),
+    S("cuMemcpyBatchAsync", 12080, cuMemcpyBatchAsync_v2, NULL),
+    S("cuMemsetD8", 3020, cuMemsetD8_v2, NULL),
+    S("cuMemsetD32Async", 3020, cuMemsetD32Async, NULL),
+    S("cuLaunchKernel", 4000, cuLaunchKernel, (void *)cuLaunchKernel_ptsz),
+    S("cuLaunchKernelEx", 11060, cuLaunchKernelEx, (void *)cuLaunchKernelEx_ptsz),
+    S("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel, NULL),
+    S("cuGraphInstantiate", 11000, cuGraphInstantiateWithFlags, NULL),
+    S("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags, NULL),
+    S("cuGraphLaunch", 10000, cuGraphLaunch, NULL),
+    S("cuGraphExecDestroy", 10000, cuGraphExecDestroy, NULL),
+};
+
+API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int v, cuuint64_t flags,
+                                 CUdriverProcAddressQueryResult *st)
+{
+    if (!symbol || !pfn)
+        return CUDA_ERROR_INVALID_VALUE;
+    const struct sym *best = NULL;
+    int found = 0;
+    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
+        if (strcmp(syms[i].name, symbol) != 0)
+            continue;
+        found = 1;
+        if (syms[i].min_version <= v && (!best || syms[i].min_version > best->min_version))
+            best = &syms[i];
+    }
+    if (!best) {
+        *pfn = NULL;
+        if (st)
+            *st = found ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    *pfn = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && best->fn_ptsz ? best->fn_ptsz : best->fn;
+    if (st)
+        *st = CU_GET_PROC_ADDRESS_SUCCESS;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuGetProcAddress(const char *symbol, void **pfn, int v, cuuint64_t flags)
+{
+    return cuGetProcAddress_v2(symbol, pfn, v, flags, NULL);
+}

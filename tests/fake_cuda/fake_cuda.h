@@ -1,0 +1,36 @@
+/* Shared by the fake libcuda (fake_cuda.c) and the test driver (driver.c). */
+#ifndef FAKE_CUDA_H
+#define FAKE_CUDA_H
+
+#define __CUDA_API_VERSION_INTERNAL 1
+#include <cuda.h>
+#include <stddef.h>
+
+/* Fake function handles with known layouts. */
+#define FAKE_FUNC_A ((CUfunction)0x1000) /* CUfunction: (ptr @0, int @8, ptr @16), name "kernel_a" */
+#define FAKE_KERN_B ((CUfunction)0x2000) /* CUkernel: (struct{ptr,ptr} @0, ptr @16), name "kernel_b" */
+#define FAKE_FUNC_C ((CUfunction)0x3000) /* no layout, no name */
+
+/* Memory sizes above this fail with CUDA_ERROR_OUT_OF_MEMORY. */
+#define FAKE_OOM_ABOVE ((size_t)1 << 36)
+
+/* A graph is a list of nodes the driver builds by hand. */
+struct fake_node {
+    CUgraphNodeType type;
+    CUfunction func;     /* kernel: func (or kern if func is NULL) */
+    CUkernel kern;
+    void **kernelParams;
+    CUdeviceptr dst;     /* memset */
+};
+struct fake_graph {
+    size_t n;
+    struct fake_node *nodes[8];
+};
+
+/* Exported by the fake only (not driver API). */
+typedef void (*fake_api_callback)(unsigned cbid, const void *params);
+void fakeSetApiCallback(fake_api_callback cb);                /* for the fake libcupti */
+CUresult fakeAllocHidden(CUdeviceptr *dptr, size_t bytesize); /* memory the shim never sees allocated */
+int fakeParamQueries(void);                                   /* cu*GetParamInfo calls so far */
+
+#endif
