@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""What tracing costs: step time traced versus untraced, and the added time per kernel launch.
+
+Runs GPT-2 small and the launch-bound MLP several times (--repeats), alternating untraced and traced
+runs in one invocation (the order flips every repeat so that drift cancels). Per run the figure is
+the median step time after the warm-up steps; the result is the ratio of the medians over runs,
+and for the MLP the added microseconds per launch: (traced - untraced step ms) * 1000 / launches per
+step, with launches per step taken from the capture (launches / steps).
+
+    python3 scripts/bench_trace_overhead.py [--repeats 3] [--out-dir bench/results]
+
+Writes bench/results/trace_overhead.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import bench_trace as bt
+
+TARGETS = {"gpt_small": 1.03, "mlp": 1.15, "us_per_launch": 1.0}
+
+
+def launches_in(capture: Path) -> tuple[int | None, str | None]:
+    try:
+        cap = bt.load_capture(capture)
+        m = bt.capture_metrics(cap, bt.main_pid(cap))
+        return m["launches"], None
+    except Exception as e:  # noqa: BLE001
+        return None, f"reading capture: {type(e).__name__}: {e}"
+
+
+def bench(name: str, script: str, args: list[str], steps: int, repeats: int, warmup: int, work: Path,
+          timeout: float) -> dict:
+    runs = []
+    errors = []
+    ref_losses = None
+    identical = True
+    for r in range(repeats):
+        order = ("untraced", "traced") if r % 2 == 0 else ("traced", "untraced")
+        for mode in order:
+            cap = work / f"{name}.{r}.pyobmem" if mode == "traced" else None
+            bt.log(f"{name}: repeat {r + 1}/{repeats} {mode}")
+            run = bt.run_workload(script, args, work / f"{name}.{r}.{mode}.json", capture=cap, timeout=timeout)
+            med = bt.steady_median(run.step_ms, warmup)
+            row = {"repeat": r, "mode": mode, "rc": run.rc, "wall_s": round(run.wall_s, 2), "steps": len(run.step_ms),
+                   "step_ms_median": med}
+            errors += [f"{mode} repeat {r}: {e}" for e in run.errors]
+            if cap is not None:
+                launches, err = launches_in(cap) if cap.exists() else (None, f"no capture at {cap}")
+                row["launches"] = launches
+                row["launches_per_step"] = launches / len(run.step_ms) if launches and run.step_ms else None
+                if err:
+                    errors.append(f"traced repeat {r}: {err}")
+                cap.unlink(missing_ok=True)
+            if run.losses:
+                if ref_losses is None:
+                    ref_losses = run.losses
+                elif run.losses != ref_losses:
+                    identical = False
+            bt.log(f"{name}: {mode} median step {bt.fmt(med, '.3f')} ms (rc {run.rc}, {run.wall_s:.1f} s)")
+            runs.append(row)
+
+    def med_of(mode: str, key: str = "step_ms_median"):
+        xs = [x[key] for x in runs if x["mode"] == mode and x.get(key) is not None]
+        return statistics.median(xs) if xs else None
+
+    mu, mt = med_of("untraced"), med_of("traced")
+    lps = med_of("traced", "launches_per_step")
+    res = {
+        "steps_per_run": steps,
+        "warmup_steps_skipped": warmup,
+        "untraced_step_ms": mu,
+        "traced_step_ms": mt,
+        "time_ratio": (mt / mu) if (mu and mt) else None,
+        "launches_per_step": lps,
+        "added_us_per_launch": ((mt - mu) * 1000.0 / lps) if (mu and mt and lps) else None,
+        "loss_identical_all_runs": identical if ref_losses else None,
+        "runs": runs,
+        "errors": errors,
+    }
+    for e in errors:
+        bt.log(f"{name}: ERROR {e}")
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3, help="traced/untraced pairs per workload (default 3)")
+    ap.add_argument("--out-dir", type=Path, default=bt.REPO / "bench" / "results")
+    ap.add_argument("--only", choices=("gpt", "mlp"), action="append", help="default: both")
+    ap.add_argument("--gpt-steps", type=int, default=15)
+    ap.add_argument("--mlp-steps", type=int, default=300)
+    ap.add_argument("--warmup", type=int, default=bt.WARMUP)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=300, help="seconds per workload run")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="run the workloads with --deterministic (slower: the MLP went from ~3.3 to 6-9 ms "
+                         "per step on the H200); default off, as in the platform facts")
+    a = ap.parse_args(argv)
+    if a.repeats < 1:
+        bt.die("--repeats must be at least 1")
+    only = set(a.only or ("gpt", "mlp"))
+    bt.require_gpu()
+    common = ["--seed", str(a.seed)] + (["--deterministic"] if a.deterministic else [])
+    out: dict = {}
+    with tempfile.TemporaryDirectory(prefix="pyobmem-overhead-") as tmp:
+        work = Path(tmp)
+        if "gpt" in only:
+            out["gpt_small"] = bench("gpt_small", "gpt.py", ["--size", "small", "--steps", str(a.gpt_steps), *common],
+                                     a.gpt_steps, a.repeats, a.warmup, work, a.timeout)
+        if "mlp" in only:
+            out["launch_bound_mlp"] = bench("launch_bound_mlp", "mlp.py", ["--steps", str(a.mlp_steps), *common],
+                                            a.mlp_steps, a.repeats, a.warmup, work, a.timeout)
+    g, m = out.get("gpt_small", {}), out.get("launch_bound_mlp", {})
+    out["targets"] = TARGETS
+    out["meets_targets"] = {
+        "gpt_small": None if g.get("time_ratio") is None else g["time_ratio"] <= TARGETS["gpt_small"],
+        "mlp": None if m.get("time_ratio") is None else m["time_ratio"] <= TARGETS["mlp"],
+        "us_per_launch": None if m.get("added_us_per_launch") is None
+        else m["added_us_per_launch"] <= TARGETS["us_per_launch"],
+    }
+    out["repeats"] = a.repeats
+    out["deterministic"] = a.deterministic
+    out["date"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    bt.write_json(a.out_dir / "trace_overhead.json", out, merge=True)
+
+    print()
+    head = f"{'workload':<18} {'untraced ms':>11} {'traced ms':>10} {'ratio':>7} {'target':>7} {'launch/step':>11} {'+us/launch':>10}"
+    print(head)
+    print("-" * len(head))
+    for name, key in (("gpt_small", "gpt_small"), ("launch_bound_mlp", "mlp")):
+        r = out.get(name)
+        if not isinstance(r, dict) or "runs" not in r:
+            continue
+        print(f"{name:<18} {bt.fmt(r['untraced_step_ms'], '.3f'):>11} {bt.fmt(r['traced_step_ms'], '.3f'):>10} "
+              f"{bt.fmt(r['time_ratio'], '.3f'):>7} {TARGETS[key]:>7.2f} {bt.fmt(r['launches_per_step'], '.1f'):>11} "
+              f"{bt.fmt(r['added_us_per_launch'], '.2f'):>10}")
+    print(f"target added time per launch: <= {TARGETS['us_per_launch']} us")
+    return 1 if any(isinstance(r, dict) and r.get("errors") for r in out.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

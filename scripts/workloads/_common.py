@@ -1,0 +1,122 @@
+"""Plumbing shared by the workloads: arguments, the per-step line, the JSON result.
+
+Every workload prints one line per step, exactly ``step <i> loss <float.hex(loss)> time_ms <ms>``,
+and with ``--json PATH`` writes ``{"losses": [hex, ...], "step_ms": [...], "framework": ...}`` plus
+the framework's own memory statistics. Frameworks are imported only inside the workloads, after
+the environment that must precede CUDA initialisation has been set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+# cuBLAS needs this before the CUDA context exists to be bitwise reproducible.
+CUBLAS_WORKSPACE_CONFIG = ":4096:8"
+
+TORCH_STAT_KEYS = (
+    "segment.all.allocated",
+    "segment.all.freed",
+    "allocation.all.allocated",
+    "reserved_bytes.all.peak",
+    "allocated_bytes.all.peak",
+)
+
+
+def parser(description: str, steps: int) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--seed", type=int, default=0, help="seed of the model and the random data (default 0)")
+    p.add_argument("--steps", type=int, default=steps, help=f"training steps (default {steps})")
+    p.add_argument("--deterministic", action="store_true", help="bitwise reproducible run to run")
+    p.add_argument("--json", metavar="PATH", help="write losses, step times and memory statistics here")
+    return p
+
+
+def fail(message: str, code: int = 2) -> "NoReturn":  # noqa: F821
+    """One line on stderr and a non-zero exit, no traceback."""
+    print(f"{os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+class Recorder:
+    """Collects the per-step losses and times and prints the step lines."""
+
+    def __init__(self) -> None:
+        self.losses: list[str] = []
+        self.step_ms: list[float] = []
+
+    def step(self, i: int, loss: float, ms: float) -> None:
+        h = float(loss).hex()
+        self.losses.append(h)
+        self.step_ms.append(round(ms, 4))
+        print(f"step {i} loss {h} time_ms {ms:.3f}", flush=True)
+
+    def write(self, path: str | None, framework: str, args: argparse.Namespace, **extra) -> None:
+        if not path:
+            return
+        doc = {
+            "losses": self.losses,
+            "step_ms": self.step_ms,
+            "framework": framework,
+            "argv": sys.argv,
+            "seed": args.seed,
+            "steps": args.steps,
+            "deterministic": bool(args.deterministic),
+        }
+        doc.update(extra)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, path)
+
+
+def now() -> float:
+    return time.perf_counter()
+
+
+# ---------------------------------------------------------------- PyTorch
+def import_torch(deterministic: bool):
+    """Set the environment that must precede CUDA init, import torch and check for a GPU."""
+    if deterministic:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE_CONFIG
+    try:
+        import torch
+    except ImportError as e:
+        fail(f"PyTorch is not importable ({e})")
+    if not torch.cuda.is_available():
+        fail("no CUDA GPU available to PyTorch")
+    if deterministic:
+        torch.use_deterministic_algorithms(True)
+        # Deterministic mode also NaN-fills every uninitialised tensor by default: extra kernels that
+        # the results do not depend on, and that would distort launch counts and step times.
+        torch.utils.deterministic.fill_uninitialized_memory = False
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+    return torch
+
+
+def torch_memory(torch) -> dict:
+    """The caching allocator's counters and the (address, size) of its segments now."""
+    stats = torch.cuda.memory_stats()
+    segments = torch.cuda.memory._snapshot()["segments"]
+    return {
+        "memory_stats": {k: int(stats.get(k, 0)) for k in TORCH_STAT_KEYS},
+        "segments": [[int(s["address"]), int(s["total_size"])] for s in segments],
+        "device_name": torch.cuda.get_device_name(0),
+        "torch_version": torch.__version__,
+        "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+    }
+
+
+def torch_train(torch, rec: Recorder, steps: int, step_fn) -> None:
+    """Run ``step_fn(i) -> loss tensor`` ``steps`` times, timing each between device syncs."""
+    for i in range(steps):
+        torch.cuda.synchronize()
+        t0 = now()
+        loss = step_fn(i)
+        torch.cuda.synchronize()
+        ms = (now() - t0) * 1e3
+        rec.step(i, loss.item(), ms)
