@@ -57,14 +57,47 @@ class CaptureWriter:
         flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if force else os.O_EXCL)
         self._fd = os.open(path, flags, 0o644)
         blob = json.dumps(meta, sort_keys=True).encode()
-        os.write(self._fd, _PREFIX.pack(MAGIC, CAPTURE_VERSION, len(blob)) + blob)
+        try:
+            self._size = 0
+            self._write_all(_PREFIX.pack(MAGIC, CAPTURE_VERSION, len(blob)) + blob)
+        except BaseException:
+            os.close(self._fd)
+            raise
         self.records_written = 0
 
+    def _write_all(self, data: bytes) -> int:
+        """Write all of ``data`` (os.write may write less, e.g. when the disk fills up)."""
+        view = memoryview(data)
+        done = 0
+        try:
+            while done < len(view):
+                done += os.write(self._fd, view[done:])
+        finally:
+            self._size += done
+        return done
+
     def write(self, records: np.ndarray) -> None:
-        """Append records (a structured array of ``abi.RECORD_DTYPE``) and push them to the OS."""
-        if len(records):
-            os.write(self._fd, records.tobytes())
-            self.records_written += len(records)
+        """Append records (a structured array of ``abi.RECORD_DTYPE``) and push them to the OS.
+
+        On an I/O error (disk full) a record written in part is cut off again, so the file
+        stays a whole number of records and readable; the error is raised.
+        """
+        if not len(records):
+            return
+        start = self._size
+        try:
+            self._write_all(records.tobytes())
+        except OSError:
+            whole = (self._size - start) // abi.RECORD_SIZE
+            self._size = start + whole * abi.RECORD_SIZE
+            self.records_written += whole
+            try:
+                os.ftruncate(self._fd, self._size)
+                os.lseek(self._fd, self._size, os.SEEK_SET)
+            except OSError:
+                pass
+            raise
+        self.records_written += len(records)
 
     def finish(self, dropped: int, exit_status: int | None, ts_ns: int) -> None:
         """Append CAPTURE_END (``dropped`` events lost in total, the command's exit status)."""
@@ -77,8 +110,10 @@ class CaptureWriter:
 
     def close(self) -> None:
         """Flush to disk and close."""
-        os.fsync(self._fd)
-        os.close(self._fd)
+        try:
+            os.fsync(self._fd)
+        finally:
+            os.close(self._fd)
 
 
 @dataclass

@@ -1,0 +1,8 @@
+"""``python -m pyobmem``: the same as the ``pyobmem`` command."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

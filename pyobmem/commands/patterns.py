@@ -1,0 +1,115 @@
+"""``pyobmem patterns FILE``: memory inefficiencies per block, largest first: early allocation,
+late free, long idle, never accessed, leaked at exit (``--json``: the same as a list of dicts).
+
+``patterns_dict(analysis, ...)`` does the computation; ``format_patterns`` the text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..capture import read_capture
+from ..errors import PyobmemError
+from ..model import analyse
+from ..model.inefficiency import IDLE_PCT, KINDS, SLACK_PCT
+from .stats import NO_ITERATION, drops_dict, human_bytes, human_ns, table
+
+NAME = "patterns"
+EXPLAIN = {
+    "early-allocation": "allocated long before its first access",
+    "late-free": "freed long after its last access",
+    "long-idle": "idle for a long part of the iteration (a swap candidate)",
+    "never-accessed": "allocated and never touched by a kernel or copy",
+    "leaked": "never freed before the capture ended",
+}
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        NAME,
+        help="memory inefficiencies per block: early allocation, late free, long idle, never accessed, leaks",
+        description="List memory inefficiencies per block, largest first: allocated long before the "
+        "first access, freed long after the last, idle for a long part of the iteration, never "
+        "accessed, never freed. Blocks allocated afresh every iteration at the same place are "
+        "listed once with their count.",
+    )
+    p.add_argument("capture", metavar="FILE", help="a .pyobmem capture")
+    p.add_argument("--json", action="store_true", help="print the findings as JSON")
+    p.add_argument("--slack-pct", type=float, default=SLACK_PCT, metavar="PCT",
+                   help=f"early allocation / late free: more than PCT%% of an iteration (default {SLACK_PCT:g})")
+    p.add_argument("--idle-pct", type=float, default=IDLE_PCT, metavar="PCT",
+                   help=f"long idle: an idle interval over PCT%% of an iteration (default {IDLE_PCT:g})")
+    p.add_argument("--kind", choices=KINDS, action="append", help="only these kinds (repeatable)")
+    p.add_argument("--limit", type=int, default=50, metavar="N", help="findings to print as text (default 50)")
+    return p
+
+
+def run(args) -> int:
+    if args.slack_pct < 0 or args.idle_pct < 0:
+        raise PyobmemError("--slack-pct and --idle-pct must be >= 0")
+    a = analyse(read_capture(args.capture))
+    d = patterns_dict(a, slack_pct=args.slack_pct, idle_pct=args.idle_pct, kinds=args.kind)
+    print(json.dumps(d, indent=2, sort_keys=True) if args.json else format_patterns(d, limit=args.limit))
+    return 0
+
+
+def patterns_dict(a, slack_pct: float = SLACK_PCT, idle_pct: float = IDLE_PCT, kinds=None) -> dict:
+    """Findings as JSON values: sizes B, times ns, positions % of the iteration."""
+    cap = a.capture
+    found = a.findings(slack_pct=slack_pct, idle_pct=idle_pct)
+    if kinds:
+        found = [f for f in found if f.kind in kinds]
+    rows = []
+    for f in found:
+        d = f.as_dict()
+        d["block_id"] = int(cap.blocks["block_id"][f.block])
+        d["pid"] = int(cap.blocks["pid"][f.block])
+        d["kernel_before"] = cap.kernel_name(f.kernel_before) if f.kernel_before >= 0 else None
+        d["kernel_after"] = cap.kernel_name(f.kernel_after) if f.kernel_after >= 0 else None
+        rows.append(d)
+    return {
+        "capture": cap.path,
+        "iteration_ns": a.iterations.iteration_ns,
+        "message": None if a.iterations.main >= 0 else NO_ITERATION,
+        "drops": drops_dict(cap),
+        "complete": cap.complete,
+        "thresholds": {"slack_pct": slack_pct, "idle_pct": idle_pct},
+        "findings": rows,
+    }
+
+
+def _where(f) -> str:
+    if f["start_pct"] is None and f["end_pct"] is None:
+        return "-"
+    s = "?" if f["start_pct"] is None else f"{f['start_pct']:.0f}%"
+    e = "?" if f["end_pct"] is None else f"{f['end_pct']:.0f}%"
+    return f"{s}..{e}"
+
+
+def format_patterns(d: dict, limit: int = 50) -> str:
+    out = [f"capture {d['capture']}"]
+    if d["message"]:
+        out.append(f"{d['message']}: thresholds are relative to the capture's span, positions n/a")
+    else:
+        out.append(f"iteration {human_ns(d['iteration_ns'])}; positions are % of the iteration")
+    if d["drops"]["dropped"]:
+        out.append(f"warning: {d['drops']['dropped']} events were dropped; findings may be wrong near "
+                   f"ops {d['drops'].get('first_op', '?')}..{d['drops'].get('last_op', '?')}")
+    if not d["complete"]:
+        out.append("note: the capture was cut short, so 'leaked' means 'not freed before the cut'")
+    f = d["findings"]
+    if not f:
+        out.append("no inefficiency found")
+        return "\n".join(out)
+    out.append("")
+    out.append(table(["kind", "bytes", "blocks", "class", "for", "where", "after / before kernel"], [
+        [x["kind"], human_bytes(x["bytes"]), x["instances"], x["cls"],
+         human_ns(x["wasted_ns"]) + (f" ({100 * x['iteration_share']:.0f}% it)" if x["iteration_share"] else ""),
+         _where(x), (x["kernel_before"] or "") + (" -> " if x["kernel_before"] and x["kernel_after"] else "")
+         + (x["kernel_after"] or "")]
+        for x in f[:limit]]))
+    if len(f) > limit:
+        out.append(f"  ... {len(f) - limit} more (--limit, --json)")
+    out += ["", "kinds: " + "; ".join(f"{k}: {v}" for k, v in EXPLAIN.items())]
+    return "\n".join(out)

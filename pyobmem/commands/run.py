@@ -1,0 +1,100 @@
+"""``pyobmem run [options] [--] cmd ...`` (also ``pyobmem-run``): trace a command into a capture."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from .. import launcher
+from ..errors import PyobmemError
+from . import summary
+
+NAME = "run"
+DESCRIPTION = (
+    "Run a command with the pyobmem shim preloaded and record its device allocations, kernel "
+    "launches and copies into a capture file. Processes the command starts are traced too. "
+    "The command's exit code is kept."
+)
+EPILOG = "example: pyobmem-run -o train.pyobmem python train.py --epochs 1"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The run options, shared by ``pyobmem run`` and ``pyobmem-run``."""
+    p.add_argument("-o", "--output", metavar="FILE", help="capture file (default: pyobmem-<cmd>-<pid>.pyobmem)")
+    p.add_argument("-f", "--force", action="store_true", help="overwrite the capture file if it exists")
+    p.add_argument(
+        "--capacity", type=_positive_int, default=launcher.DEFAULT_CAPACITY, metavar="N",
+        help=f"event ring size in records of 64 bytes (default {launcher.DEFAULT_CAPACITY})",
+    )
+    p.add_argument("--no-cupti", action="store_true", help="never use CUPTI; attribute launches from the shim's hooks")
+    p.add_argument(
+        "--no-presets", action="store_true",
+        help="do not set allocator presets (XLA_PYTHON_CLIENT_ALLOCATOR=platform for JAX)",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing after the run except errors")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="cmd ...", help="the command to trace")
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        NAME, help="trace a command into a capture file", description=DESCRIPTION, epilog=EPILOG
+    )
+    add_arguments(p)
+    return p
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text}")
+    return value
+
+
+def run(args) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise PyobmemError("no command given (usage: pyobmem run [options] [--] cmd ...)", 2)
+    opts = launcher.Options(
+        command=command, output=args.output, force=args.force, capacity=args.capacity,
+        cupti=not args.no_cupti, presets=not args.no_presets, quiet=args.quiet,
+    )
+    outcome = launcher.launch(opts)
+    if outcome.daemon_failed:
+        _say(outcome.daemon_failed)
+    if not opts.quiet:
+        _report(outcome.output)
+    return outcome.exit_code
+
+
+def _say(line: str) -> None:
+    print(f"pyobmem: {line}", file=sys.stderr, flush=True)
+
+
+def _report(path: str) -> None:
+    """The short summary, the capture path and what to run next (stderr: stdout is the command's)."""
+    try:
+        text = summary.format_short(summary.summarize(summary.read_capture(path)))
+    except PyobmemError as e:
+        text = f"error: {e}"
+    for line in text.splitlines():
+        _say(line)
+    _say(f"capture written to {path}")
+    from . import COMMANDS  # the verbs registered now (stats, report, ... when they exist)
+
+    verbs = {getattr(m, "NAME", m.__name__.rsplit(".", 1)[-1]) for m in COMMANDS}
+    hints = [f"pyobmem summary {_quote(path)}"]
+    if "stats" in verbs:
+        hints.append(f"pyobmem stats {_quote(path)}")
+    if "report" in verbs:
+        hints.append(f"pyobmem report {_quote(path)} -o report.html")
+    _say("next: " + "   or   ".join(hints))
+
+
+def _quote(path: str) -> str:
+    return shlex.quote(path)

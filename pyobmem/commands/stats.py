@@ -1,0 +1,242 @@
+"""``pyobmem stats FILE``: the pattern model of a capture in tables: iterations and their period,
+the properties iterative / regular / extremal, blocks by class, the largest blocks, the swap
+saving bound (``--json``: the same as a dict).
+
+``stats_dict(analysis) -> dict`` does the computation (tests and other reporters reuse it);
+``format_stats`` turns it into text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+from ..capture import read_capture
+from ..errors import PyobmemError
+from ..model import CLASSES, analyse, blocks_by_class
+from ..model.properties import in_iteration_intervals
+
+NAME = "stats"
+NO_ITERATION = "no iteration was found"
+MAX_LISTED_ITERATIONS = 10_000
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        NAME,
+        help="iterations, access-pattern properties, blocks by class, swap saving bound",
+        description="Analyse a capture: the training iterations found in the launch stream, the "
+        "properties iterative / regular / extremal, blocks by class, the largest blocks and the "
+        "device memory swapping could save at a given slowdown.",
+    )
+    p.add_argument("capture", metavar="FILE", help="a .pyobmem capture")
+    p.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    p.add_argument("--top", type=int, default=10, metavar="N", help="largest blocks to list (default 10)")
+    p.add_argument("--bandwidth", type=float, default=None, metavar="B/S",
+                   help="host<->device copy bandwidth for the saving bound, bytes/s each way "
+                   "(default: the capture's, else 55e9)")
+    return p
+
+
+def run(args) -> int:
+    if args.top < 0:
+        raise PyobmemError("--top must be >= 0")
+    if args.bandwidth is not None and args.bandwidth <= 0:
+        raise PyobmemError("--bandwidth must be > 0")
+    a = analyse(read_capture(args.capture), bandwidth=args.bandwidth)
+    d = stats_dict(a, top=args.top)
+    print(json.dumps(d, indent=2, sort_keys=True) if args.json else format_stats(d))
+    return 0
+
+
+# --- computation -----------------------------------------------------------------------------
+
+
+def origin_ns(cap) -> int:
+    """The first time in the capture (ns); times in the output are relative to it."""
+    cands = [int(cap.processes["ts_ns"].min())] if len(cap.processes) else []
+    if len(cap.ops):
+        cands.append(int(cap.ops["ts_ns"][0]))
+    if len(cap.blocks):
+        cands.append(int(cap.blocks["t_alloc"].min()))
+    return min(cands) if cands else 0
+
+
+def drops_dict(cap) -> dict:
+    """How many events were lost, and where: time range (ns from the origin) and op indices."""
+    t0 = origin_ns(cap)
+    out = {"dropped": int(cap.dropped), "records": int(len(cap.drops))}
+    if len(cap.drops):
+        ts = cap.drops["ts_ns"].astype(np.int64)
+        ops_at = np.searchsorted(cap.ops["ts_ns"], ts) if len(cap.ops) else np.zeros(len(ts), np.int64)
+        out.update({
+            "first_ns": int(ts.min() - t0), "last_ns": int(ts.max() - t0),
+            "first_op": int(ops_at.min()), "last_op": int(ops_at.max()),
+            "where": [{"t_ns": int(t - t0), "op": int(o), "pid": int(p), "count": int(c)}
+                      for t, o, p, c in zip(ts[:20], ops_at[:20], cap.drops["pid"][:20], cap.drops["count"][:20])],
+        })
+    return out
+
+
+def _round(x, n=4):
+    return None if x is None else round(float(x), n)
+
+
+def stats_dict(a, top: int = 10) -> dict:
+    """Everything ``stats`` shows, as JSON values (sizes B, times ns from the capture's origin)."""
+    cap, it, bm, pr = a.capture, a.iterations, a.blocks, a.properties
+    t0 = origin_ns(cap)
+    main = it.main_regime
+    regimes = []
+    for i, r in enumerate(it.regimes):
+        rows = np.flatnonzero(it.regime == i)
+        regimes.append({
+            "period_ops": r.period_ops, "micro_period_ops": r.micro_period_ops, "micro_steps": r.micro_steps,
+            "iterations": r.count, "confidence": _round(r.confidence), "phase": r.phase, "main": i == it.main,
+            "first_op": int(it.start_op[rows[0]]), "end_op": int(it.end_op[rows[-1]]),
+            "start_ns": int(it.t_start[rows[0]] - t0), "end_ns": int(it.t_end[rows[-1]] - t0),
+            "iteration_ns": int(np.median(it.t_end[rows] - it.t_start[rows])),
+        })
+    iterations = [
+        {"regime": int(g), "start_op": int(s), "end_op": int(e), "start_ns": int(ts - t0), "end_ns": int(te - t0),
+         "match": _round(m)}
+        for g, s, e, ts, te, m in zip(it.regime[:MAX_LISTED_ITERATIONS], it.start_op, it.end_op, it.t_start, it.t_end,
+                                      it.match)
+    ]
+    # Largest blocks, with the longest idle interval inside an iteration as a share of it.
+    iv = bm.intervals
+    longest = np.zeros(len(bm), np.int64)
+    m = in_iteration_intervals(it, bm)
+    if np.any(m):
+        np.maximum.at(longest, iv.block[m], iv.ns[m])
+    ref = it.iteration_ns
+    order = np.lexsort((np.arange(len(bm)), -bm.size))[:top]
+    top_blocks = [{
+        "block": int(r), "block_id": int(cap.blocks["block_id"][r]), "pid": int(cap.blocks["pid"][r]),
+        "size": int(bm.size[r]), "class": CLASSES[int(bm.cls[r])],
+        "lifetime_iterations": None if np.isnan(bm.lifetime_iters[r]) else _round(bm.lifetime_iters[r], 2),
+        "accesses": int(bm.n_accesses[r]),
+        "longest_idle_share": _round(longest[r] / ref) if ref else None,
+    } for r in order]
+    return {
+        "capture": {"path": cap.path, "complete": cap.complete, "ops": int(len(cap.ops)), "blocks": int(len(bm)),
+                    "accesses": int(len(cap.accesses))},
+        "drops": drops_dict(cap),
+        "pid": it.pid,
+        "iterations_found": it.count,
+        "message": None if main else NO_ITERATION,
+        "period_ops": main.period_ops if main else None,
+        "micro_period_ops": main.micro_period_ops if main else None,
+        "micro_steps": main.micro_steps if main else None,
+        "iteration_ns": int(it.iteration_ns) if main else None,
+        "regimes": regimes,
+        "iterations": iterations,
+        "properties": {
+            "iterative_blocks": _round(pr.iterative_blocks), "iterative_bytes": _round(pr.iterative_bytes),
+            "regular": _round(pr.regular), "regular_ops": _round(pr.regular_ops),
+            "extremal_top10_share": _round(pr.extremal_top), "extremal_gini": _round(pr.extremal_gini),
+            "intervals": pr.n_intervals,
+        },
+        "blocks_by_class": blocks_by_class(bm),
+        "peak_live_bytes": int(bm.peak_live_bytes),
+        "top_blocks": top_blocks,
+        "saving": None if a.saving is None else {
+            "bandwidth": a.saving.bandwidth, "iteration": a.saving.iteration, "peak_bytes": a.saving.peak_bytes,
+            "curve": [[r, b] for r, b in a.saving.points],
+        },
+    }
+
+
+# --- text --------------------------------------------------------------------------------------
+
+
+def human_bytes(n) -> str:
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def human_ns(ns) -> str:
+    ns = float(ns)
+    if ns >= 1e9:
+        return f"{ns / 1e9:.3f} s"
+    if ns >= 1e6:
+        return f"{ns / 1e6:.3f} ms"
+    if ns >= 1e3:
+        return f"{ns / 1e3:.1f} us"
+    return f"{ns:.0f} ns"
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def table(headers: list, rows: list) -> str:
+    """Plain text table, columns right-aligned except the first."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
+    w = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    fmt = lambda r: "  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r))  # noqa: E731
+    return "\n".join(["  " + fmt(cells[0]), "  " + "  ".join("-" * x for x in w)] + ["  " + fmt(r) for r in cells[1:]])
+
+
+def format_stats(d: dict) -> str:
+    out = [f"capture {d['capture']['path']}: {d['capture']['ops']} ops, {d['capture']['blocks']} blocks"
+           + ("" if d["capture"]["complete"] else " (cut short: no clean end)")]
+    dr = d["drops"]
+    if dr["dropped"]:
+        where = ""
+        if dr["records"]:
+            where = (f" between {human_ns(dr['first_ns'])} and {human_ns(dr['last_ns'])}"
+                     f" (around ops {dr['first_op']}..{dr['last_op']})")
+        out.append(f"warning: {dr['dropped']} events were dropped{where}; the model may miss accesses there")
+    out.append("")
+    if d["message"]:
+        out.append(f"iterations: {d['message']} in the launch stream"
+                   + (f" of pid {d['pid']}" if d["pid"] is not None else ""))
+    else:
+        micro = f", micro-step {d['micro_period_ops']} ops x {d['micro_steps']}" if d["micro_period_ops"] else ""
+        out.append(f"iterations: {d['iterations_found']} (main: {d['period_ops']} ops per iteration{micro}, "
+                   f"{human_ns(d['iteration_ns'])}, pid {d['pid']})")
+        out.append(table(
+            ["regime", "period", "micro-step", "iterations", "ops", "time", "iteration", "match", "phase"],
+            [[f"{i}{' *' if r['main'] else ''}", r["period_ops"],
+              f"{r['micro_period_ops']} x {r['micro_steps']}" if r["micro_period_ops"] else "-", r["iterations"],
+              f"{r['first_op']}..{r['end_op']}", f"{human_ns(r['start_ns'])}..{human_ns(r['end_ns'])}",
+              human_ns(r["iteration_ns"]), _pct(r["confidence"]), r["phase"]] for i, r in enumerate(d["regimes"])]))
+    p = d["properties"]
+    out += ["", "properties (main regime, arenas left out):"]
+    na = d["message"] is not None
+    out.append(table(["property", "value", "measure"], [
+        ["iterative", "n/a" if na else f"{_pct(p['iterative_blocks'])} of blocks, {_pct(p['iterative_bytes'])} of bytes",
+         "access signature repeats across iterations"],
+        ["regular", "n/a" if na or p["regular"] is None else f"{p['regular']:.3f} (ops {p['regular_ops']:.3f})",
+         "1 - mean CV of idle intervals"],
+        ["extremal", "n/a" if na or p["extremal_top10_share"] is None
+         else f"{_pct(p['extremal_top10_share'])} in top 10%, Gini {p['extremal_gini']:.3f}",
+         "idle time in the longest intervals"],
+    ]))
+    out += ["", f"blocks by class (peak live {human_bytes(d['peak_live_bytes'])}):"]
+    out.append(table(["class", "blocks", "bytes"], [[c, v["count"], human_bytes(v["bytes"])]
+                                                     for c, v in d["blocks_by_class"].items() if v["count"]]))
+    if d["top_blocks"]:
+        out += ["", f"largest {len(d['top_blocks'])} blocks:"]
+        out.append(table(["block", "size", "class", "lifetime", "accesses", "longest idle"], [
+            [f"{b['pid']}:{b['block_id']}", human_bytes(b["size"]), b["class"],
+             "n/a" if b["lifetime_iterations"] is None else f"{b['lifetime_iterations']} it", b["accesses"],
+             _pct(b["longest_idle_share"]) + (" of it" if b["longest_idle_share"] is not None else "")]
+            for b in d["top_blocks"]]))
+    s = d["saving"]
+    out.append("")
+    if s is None:
+        out.append("swap saving bound: n/a (no iteration)")
+    else:
+        out.append(f"swap saving bound (iteration {s['iteration']}, peak {human_bytes(s['peak_bytes'])}, "
+                   f"{s['bandwidth'] / 1e9:.1f} GB/s each way):")
+        out.append(table(["slowdown", "saved", "of peak"], [
+            [f"{r:.2f}x", human_bytes(b), _pct(b / s["peak_bytes"] if s["peak_bytes"] else 0)] for r, b in s["curve"]]))
+    return "\n".join(out)

@@ -1,0 +1,407 @@
+"""``pyobmem summary FILE``: what a capture holds, in one screen (``--json``: the same as a dict).
+
+``summarize(capture) -> dict`` does the computation (the run command and the tests reuse it);
+``format_summary`` and ``format_short`` turn the dict into text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+
+import numpy as np
+
+from .. import abi
+from ..capture import Capture, read_capture
+
+NAME = "summary"
+NO_ACTIVITY = "no CUDA activity was seen"
+MIN_PERIOD_SCORE = 0.9  # fraction of launches that must repeat at the period's lag
+PERIOD_CANDIDATES = 32  # most common repeat distances checked
+MAX_SCORED = 1 << 21  # launches compared per candidate (the tail of the sequence)
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        NAME,
+        help="summarise a capture: allocations, launches, iteration length, drops",
+        description="Summarise a capture: allocations, launches, copies, the iteration length, "
+        "dropped events, processes and environment.",
+    )
+    p.add_argument("capture", metavar="FILE", help="a .pyobmem capture")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    return p
+
+
+def run(args) -> int:
+    summary = summarize(read_capture(args.capture))
+    if args.json:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+    else:
+        print(format_summary(summary))
+    return 0
+
+
+# --- computation -----------------------------------------------------------------------------
+
+
+def summarize(cap: Capture) -> dict:
+    """Everything the summary shows, as plain JSON-serialisable values (sizes in bytes, times ns)."""
+    ops, blocks = cap.ops, cap.blocks
+    launches = ops[ops["type"] == abi.Ev.LAUNCH]
+    copies = ops[ops["type"] == abi.Ev.MEMCPY]
+    memsets = ops[ops["type"] == abi.Ev.MEMSET]
+    graphs = ops[ops["type"] == abi.Ev.GRAPH_LAUNCH]
+    return {
+        "capture": {
+            "path": cap.path,
+            "argv": cap.meta.get("argv"),
+            "command": cap.meta.get("command") or (shlex.join(cap.meta["argv"]) if cap.meta.get("argv") else None),
+            "complete": cap.complete,
+            "exit_status": cap.exit_status,
+            "dropped": cap.dropped,
+            "untracked_frees": int(np.count_nonzero(cap.untracked["kind"] == abi.UntrackedKind.FREE)),
+            "untracked_unmaps": int(np.count_nonzero(cap.untracked["kind"] == abi.UntrackedKind.UNMAP)),
+            "duration_ns": _duration(cap),
+        },
+        "cuda_activity": bool(len(blocks) or len(ops)),
+        "allocations": _allocations(blocks),
+        "launches": {
+            "count": len(launches),
+            "attributed_pct": _pct(np.count_nonzero(launches["n_touched"] > 0), len(launches)),
+            "opaque_pct": _pct(np.count_nonzero(launches["flags"] & abi.LaunchFlag.OPAQUE), len(launches)),
+            "graph_launches": len(graphs),
+            "blocks_touched": _stats(launches["n_touched"]),
+        },
+        "copies": _copies(copies),
+        "memsets": {"count": len(memsets), "bytes": int(memsets["bytes"].sum())},
+        "iteration": _iteration(ops),
+        "processes": [
+            {
+                "pid": int(p["pid"]),
+                "ppid": int(p["ppid"]),
+                "driver_version": int(p["driver_version"]),
+                "source": abi.LaunchSource(int(p["source"])).name.lower()
+                if int(p["source"]) in abi.LaunchSource._value2member_map_
+                else str(int(p["source"])),
+            }
+            for p in cap.processes
+        ],
+        "environment": {
+            "notes": {str(pid): dict(sorted(n.items())) for pid, n in sorted(cap.notes.items())},
+            "presets": cap.meta.get("presets", {}),
+            "env": cap.meta.get("env", {}),
+            "cupti": cap.meta.get("cupti"),
+            "hostname": cap.meta.get("hostname"),
+        },
+    }
+
+
+def _pct(n: int, total: int) -> float | None:
+    return round(100.0 * n / total, 2) if total else None
+
+
+def _stats(values: np.ndarray) -> dict:
+    if not len(values):
+        return {"mean": None, "median": None, "max": None}
+    v = values.astype(np.float64)
+    return {"mean": round(float(v.mean()), 3), "median": float(np.median(v)), "max": int(values.max())}
+
+
+def _duration(cap: Capture) -> int | None:
+    times = [a for a in (cap.ops["ts_ns"], cap.blocks["t_alloc"]) if len(a)]
+    if not times:
+        return None
+    t = np.concatenate(times)
+    return int(t.max() - t.min())
+
+
+def peak_live_bytes(blocks: np.ndarray) -> tuple[int, int | None]:
+    """(peak of the bytes allocated at once, time of the peak); frees at a tie count first."""
+    if not len(blocks):
+        return 0, None
+    freed = blocks["t_free"] >= 0
+    t = np.concatenate([blocks["t_alloc"], blocks["t_free"][freed]])
+    delta = np.concatenate([blocks["size"].astype(np.int64), -blocks["size"][freed].astype(np.int64)])
+    order = np.lexsort((delta, t))  # by time, frees (negative) before allocations
+    live = np.cumsum(delta[order])
+    i = int(np.argmax(live))
+    return int(live[i]), int(t[order][i])
+
+
+def size_histogram(sizes: np.ndarray) -> list[dict]:
+    """Power-of-two buckets [2^k, 2^(k+1)) with count and bytes; empty buckets left out."""
+    if not len(sizes):
+        return []
+    sizes = sizes.astype(np.uint64)
+    _, exp = np.frexp(sizes.astype(np.float64))  # size = m * 2^exp with m in [0.5, 1)
+    k = np.where(sizes > 0, exp - 1, -1)
+    out = []
+    for b in np.unique(k):
+        sel = k == b
+        lo = 0 if b < 0 else 1 << int(b)
+        out.append({"lo": lo, "hi": 1 if b < 0 else lo << 1, "count": int(sel.sum()), "bytes": int(sizes[sel].sum())})
+    return out
+
+
+def _allocations(blocks: np.ndarray) -> dict:
+    peak, t_peak = peak_live_bytes(blocks)
+    by_kind = {}
+    for kind in np.unique(blocks["kind"]):
+        sel = blocks["kind"] == kind
+        name = abi.AllocKind(int(kind)).name.lower() if int(kind) in abi.AllocKind._value2member_map_ else str(int(kind))
+        by_kind[name] = {"count": int(sel.sum()), "bytes": int(blocks["size"][sel].sum())}
+    never_freed = blocks["t_free"] < 0
+    return {
+        "count": len(blocks),
+        "bytes": int(blocks["size"].sum()),
+        "peak_live_bytes": peak,
+        "peak_ts_ns": t_peak,
+        "live_at_end": {"count": int(never_freed.sum()), "bytes": int(blocks["size"][never_freed].sum())},
+        "by_kind": by_kind,
+        "histogram": size_histogram(blocks["size"]),
+    }
+
+
+def _copies(copies: np.ndarray) -> dict:
+    kinds = copies["copy_kind"] & 0xFF
+    by_kind = {}
+    for kind in np.unique(kinds):
+        sel = kinds == kind
+        name = abi.CopyKind(int(kind)).name if int(kind) in abi.CopyKind._value2member_map_ else str(int(kind))
+        by_kind[name] = {"count": int(sel.sum()), "bytes": int(copies["bytes"][sel].sum())}
+    return {
+        "count": len(copies),
+        "bytes": int(copies["bytes"].sum()),
+        "async": int(np.count_nonzero(copies["copy_kind"] & abi.COPY_ASYNC)),
+        "by_kind": by_kind,
+    }
+
+
+def _iteration(ops: np.ndarray) -> dict | None:
+    """The period of the launch sequence of the process with the most launches, or None."""
+    launch = np.isin(ops["type"], [abi.Ev.LAUNCH, abi.Ev.GRAPH_LAUNCH])
+    if not launch.any():
+        return None
+    pids, counts = np.unique(ops["pid"][launch], return_counts=True)
+    pid = int(pids[np.argmax(counts)])
+    mine = ops[launch & (ops["pid"] == pid)]
+    mine = mine[np.argsort(mine["seq"], kind="stable")]  # program order of the process
+    keys = (mine["handle"].astype(np.uint64) << np.uint64(4)) ^ mine["type"].astype(np.uint64)
+    _, tokens = np.unique(keys, return_inverse=True)
+    found = find_period(tokens.ravel(), mine["ts_ns"])
+    if found is not None:
+        found["pid"] = pid
+    return found
+
+
+def find_period(tokens: np.ndarray, ts_ns: np.ndarray | None = None) -> dict | None:
+    """The dominant repeat lag of an integer sequence (warm-up at the start is tolerated).
+
+    Candidates are the most common distances between successive occurrences of the same
+    token (a kernel launched once per iteration repeats at exactly the period). Each is scored
+    by the fraction of positions in the steady part (the last three quarters) where
+    ``tokens[i] == tokens[i + lag]``; the smallest lag scoring within 0.5% of the best wins (a
+    multiple of the period scores as well as the period; a per-layer repeat scores lower).
+    Returns {"launches", "score", "repeats", "period_ns"} or None when nothing repeats.
+    """
+    tokens = np.asarray(tokens, dtype=np.int64)
+    n = len(tokens)
+    if n < 4:
+        return None
+    order = np.lexsort((np.arange(n), tokens))
+    same = tokens[order][1:] == tokens[order][:-1]
+    dist = (order[1:] - order[:-1])[same]
+    if not len(dist):
+        return None
+    start = max(n // 4, n - MAX_SCORED)
+    span = n - start
+    values, counts = np.unique(dist, return_counts=True)
+    ok = values <= span // 2  # at least two periods in the scored part
+    values, counts = values[ok], counts[ok]
+    if not len(values):
+        return None
+    candidates = values[np.argsort(-counts, kind="stable")[:PERIOD_CANDIDATES]]
+    scored = []
+    for lag in sorted(int(c) for c in candidates):
+        a = tokens[start : n - lag]
+        scored.append((lag, float(np.count_nonzero(a == tokens[start + lag :])) / len(a)))
+    best = max(s for _, s in scored)
+    if best < MIN_PERIOD_SCORE:
+        return None
+    lag, score = next((lag, s) for lag, s in scored if s >= best - 0.005)
+    out = {"launches": lag, "score": round(score, 4), "repeats": round(n / lag, 1), "period_ns": None}
+    if ts_ns is not None and len(ts_ns) == n:
+        t = np.asarray(ts_ns, dtype=np.int64)
+        out["period_ns"] = int(round(float(np.mean(t[start + lag :] - t[start : n - lag]))))
+    return out
+
+
+# --- text ------------------------------------------------------------------------------------
+
+
+def format_bytes(n: int | float | None) -> str:
+    if n is None:
+        return "-"
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{int(n)} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def format_duration(ns: int | None) -> str:
+    if ns is None:
+        return "-"
+    if ns >= 10**9:
+        return f"{ns / 1e9:.2f} s"
+    if ns >= 10**6:
+        return f"{ns / 1e6:.1f} ms"
+    return f"{ns / 1e3:.1f} µs"
+
+
+def _num(n) -> str:
+    return "-" if n is None else f"{n:,}"
+
+
+def _pct_text(p) -> str:
+    return "-" if p is None else f"{p:.1f}%"
+
+
+def table(rows: list[list], headers: list[str] | None = None, indent: int = 2, numeric: bool = True) -> str:
+    """Plain aligned columns: the first left-aligned, the others right-aligned (``numeric``) or
+    left-aligned (a list of names and values)."""
+    rows = [[str(c) for c in r] for r in rows]
+    if headers:
+        rows.insert(0, list(headers))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for r in rows:
+        cells = [r[0].ljust(widths[0])] + [c.rjust(w) if numeric else c.ljust(w) for c, w in zip(r[1:], widths[1:])]
+        lines.append(" " * indent + "  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _status_line(s: dict) -> str:
+    c = s["capture"]
+    if not c["complete"]:
+        state = "incomplete (the run or the daemon was cut short)"
+    elif c["exit_status"] is None:
+        state = "complete, exit status unknown"
+    elif c["exit_status"] < 0:
+        state = f"complete, command killed by signal {-c['exit_status']}"
+    else:
+        state = f"complete, exit status {c['exit_status']}"
+    return state
+
+
+def _iteration_line(s: dict) -> str:
+    it = s["iteration"]
+    if it is None:
+        return "no repeating pattern"
+    return (
+        f"{it['launches']:,} launches per period, {format_duration(it['period_ns'])} each "
+        f"(~{it['repeats']:g} periods, {100 * it['score']:.1f}% of launches repeat)"
+    )
+
+
+def format_short(s: dict) -> str:
+    """A few lines for the end of ``pyobmem run``."""
+    if not s["cuda_activity"]:
+        lines = [NO_ACTIVITY]
+    else:
+        a, la, c = s["allocations"], s["launches"], s["copies"]
+        lines = [
+            f"{_num(a['count'])} allocations, peak {format_bytes(a['peak_live_bytes'])} live; "
+            f"{_num(la['count'])} launches ({_pct_text(la['attributed_pct'])} attributed, "
+            f"{_pct_text(la['opaque_pct'])} opaque); {_num(c['count'])} copies ({format_bytes(c['bytes'])})",
+            f"iteration: {_iteration_line(s)}",
+        ]
+    cap = s["capture"]
+    drops = f"{_num(cap['dropped'])} events dropped" if cap["dropped"] else "no events dropped"
+    lines.append(f"{drops}; capture {_status_line(s)}")
+    return "\n".join(lines)
+
+
+def format_summary(s: dict) -> str:
+    """The full text of ``pyobmem summary``."""
+    c = s["capture"]
+    out = [f"Capture {c['path']}"]
+    if c["command"]:
+        out.append(f"  command   {c['command']}")
+    out.append(f"  status    {_status_line(s)}")
+    out.append(f"  duration  {format_duration(c['duration_ns'])}")
+    out.append(
+        f"  dropped   {_num(c['dropped'])} events; untracked frees {_num(c['untracked_frees'])}, "
+        f"unmaps {_num(c['untracked_unmaps'])}"
+    )
+    if not s["cuda_activity"]:
+        out += ["", NO_ACTIVITY]
+    else:
+        a = s["allocations"]
+        out += ["", "Allocations"]
+        out.append(
+            table(
+                [
+                    ["count", _num(a["count"])],
+                    ["total", format_bytes(a["bytes"])],
+                    ["peak live", format_bytes(a["peak_live_bytes"])],
+                    ["live at end", f"{format_bytes(a['live_at_end']['bytes'])} in {_num(a['live_at_end']['count'])} blocks"],
+                ],
+                numeric=False,
+            )
+        )
+        if a["by_kind"]:
+            out += ["", table([[k, _num(v["count"]), format_bytes(v["bytes"])] for k, v in a["by_kind"].items()], ["kind", "count", "bytes"])]
+        if a["histogram"]:
+            rows = [[f"{format_bytes(h['lo'])} - {format_bytes(h['hi'])}", _num(h["count"]), format_bytes(h["bytes"])] for h in a["histogram"]]
+            out += ["", table(rows, ["size", "count", "bytes"])]
+        la = s["launches"]
+        bt = la["blocks_touched"]
+        out += ["", "Launches"]
+        out.append(
+            table(
+                [
+                    ["kernel launches", _num(la["count"])],
+                    ["attributed", _pct_text(la["attributed_pct"])],
+                    ["opaque", _pct_text(la["opaque_pct"])],
+                    ["graph launches", _num(la["graph_launches"])],
+                    ["blocks touched", "-" if bt["mean"] is None else f"mean {bt['mean']:.2f}, median {bt['median']:g}, max {bt['max']}"],
+                ],
+                numeric=False,
+            )
+        )
+        cp, ms = s["copies"], s["memsets"]
+        out += ["", "Copies and sets"]
+        rows = [[f"memcpy {k}", _num(v["count"]), format_bytes(v["bytes"])] for k, v in cp["by_kind"].items()]
+        rows.append(["memcpy (all)", _num(cp["count"]), format_bytes(cp["bytes"])])
+        rows.append(["memset", _num(ms["count"]), format_bytes(ms["bytes"])])
+        out.append(table(rows, ["", "count", "bytes"]))
+        out += ["", "Iteration (first estimate)", f"  {_iteration_line(s)}"]
+    if s["processes"]:
+        out += ["", "Processes"]
+        rows = [[p["pid"], p["ppid"], _driver(p["driver_version"]), p["source"]] for p in s["processes"]]
+        out.append(table(rows, ["pid", "ppid", "driver", "launches from"], numeric=False))
+    env = s["environment"]
+    rows = []
+    seen = set()
+    for pid, notes in env["notes"].items():
+        for k, v in notes.items():
+            if (k, v) not in seen:
+                seen.add((k, v))
+                rows.append([k, v])
+    rows += [[k, v] for k, v in env["env"].items()]
+    rows += [[k, f"{v} (preset)"] for k, v in env["presets"].items()]
+    if env["cupti"]:
+        rows.append(["libcupti", "not used (--no-cupti)" if env["cupti"] == "0" else env["cupti"]])
+    if env["hostname"]:
+        rows.append(["host", env["hostname"]])
+    if rows:
+        out += ["", "Environment", table(rows, numeric=False)]
+    return "\n".join(out)
+
+
+def _driver(v: int) -> str:
+    return f"{v // 1000}.{v % 1000 // 10}" if v else "-"

@@ -1,0 +1,130 @@
+"""Exports of a capture to viewers users already have.
+
+One module per format, each with ``write(capture, path) -> None``:
+
+- ``memory_viz``: PyTorch's memory snapshot pickle (pytorch.org/memory_viz,
+  ``python -m torch.cuda._memory_viz stats|trace|segments``);
+- ``perfetto``: Chrome trace-event JSON (ui.perfetto.dev, chrome://tracing);
+- ``csv``: one row per event.
+
+``export(capture, fmt, path, force)`` picks the module and refuses an existing output without
+``force``. The helpers here (output files, time span, live bytes) are shared by the exports and
+the HTML report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import numpy as np
+
+from ..errors import PyobmemError
+
+FORMATS = ("memory-viz", "perfetto", "csv")
+SUFFIXES = {"memory-viz": ".pickle", "perfetto": ".json", "csv": ".csv"}
+
+
+def default_output(capture_path: str, fmt: str) -> str:
+    """``run.pyobmem`` -> ``run.pickle`` / ``run.json`` / ``run.csv`` beside the capture."""
+    stem = capture_path[: -len(".pyobmem")] if capture_path.endswith(".pyobmem") else capture_path
+    return stem + SUFFIXES[fmt]
+
+
+def check_output(path: str, force: bool) -> None:
+    """Refuse (PyobmemError) an existing ``path`` unless ``force``: called before any work."""
+    if os.path.lexists(path) and not force:
+        raise PyobmemError(f"{path} exists; use -f/--force to overwrite it")
+
+
+@contextlib.contextmanager
+def open_output(path: str, force: bool, binary: bool = False):
+    """Open ``path`` for writing; an existing file is refused (PyobmemError) unless ``force``.
+
+    Written to a temporary name beside it and renamed at the end, so an interrupted export never
+    leaves a half file under the final name.
+    """
+    check_output(path, force)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        f = open(tmp, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8", "newline": ""}))
+    except OSError as e:
+        raise PyobmemError(f"cannot write {path}: {e.strerror}") from None
+    try:
+        with f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def export(capture, fmt: str, path: str, force: bool = False) -> None:
+    """Write ``capture`` (a pyobmem.capture.Capture) to ``path`` in format ``fmt`` (FORMATS)."""
+    from . import csv, memory_viz, perfetto
+
+    writers = {"memory-viz": memory_viz.write, "perfetto": perfetto.write, "csv": csv.write}
+    if fmt not in writers:
+        raise PyobmemError(f"unknown export format {fmt!r} (choose from {', '.join(FORMATS)})")
+    with open_output(path, force, binary=(fmt == "memory-viz")) as f:
+        writers[fmt](capture, f)
+
+
+def time_span(capture) -> tuple[int, int]:
+    """(first, last) CLOCK_MONOTONIC ns seen in the capture: allocations, frees, ops, processes."""
+    times = [capture.blocks["t_alloc"], capture.blocks["t_free"][capture.blocks["t_free"] >= 0],
+             capture.ops["ts_ns"], capture.processes["ts_ns"], capture.untracked["ts_ns"]]
+    times = [np.asarray(t, np.int64) for t in times if len(t)]
+    if not times:
+        return 0, 0
+    allt = np.concatenate(times)
+    return int(allt.min()), int(allt.max())
+
+
+def block_end_times(capture) -> np.ndarray:
+    """Each block's free time, or the end of the capture for blocks never freed (int64 ns)."""
+    end = time_span(capture)[1]
+    t_free = capture.blocks["t_free"].astype(np.int64)
+    return np.where(t_free >= 0, t_free, end)
+
+
+def live_bytes(blocks: np.ndarray, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Live bytes as a step function: (times, bytes after the change at each time), int64.
+
+    Allocations add ``size`` at ``t_alloc``; frees subtract it at ``t_free``. Changes at one
+    instant are merged, so ``times`` is strictly increasing. ``mask`` selects blocks.
+    """
+    b = blocks if mask is None else blocks[mask]
+    freed = b["t_free"] >= 0
+    t = np.concatenate([b["t_alloc"].astype(np.int64), b["t_free"][freed].astype(np.int64)])
+    d = np.concatenate([b["size"].astype(np.int64), -b["size"][freed].astype(np.int64)])
+    if not len(t):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    order = np.argsort(t, kind="stable")
+    t, d = t[order], d[order]
+    times, first = np.unique(t, return_index=True)
+    last = np.r_[first[1:], len(t)] - 1
+    return times, np.cumsum(d)[last]
+
+
+def op_names(capture) -> list[str]:
+    """Readable name of every op row (``Capture.kernel_name``), computed once per distinct kind."""
+    ops = capture.ops
+    if not len(ops):
+        return []
+    keys = np.stack([ops["pid"].astype(np.uint64), ops["type"].astype(np.uint64), ops["handle"],
+                     ops["copy_kind"].astype(np.uint64)], axis=1)
+    _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    names = [capture.kernel_name(int(i)) for i in first]
+    return [names[i] for i in inverse.reshape(-1)]
+
+
+def fmt_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB'."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"

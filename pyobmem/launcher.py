@@ -1,0 +1,306 @@
+"""Run a command under the shim: ring, daemon, environment, signals, exit status.
+
+``launch(Options)`` does the whole run and returns the exit code to exit with; the pieces
+(``find_shim``, ``find_cupti``, ``child_environment``, ``resolve_command``) are separate so the
+CLI and the tests can use them. User errors raise ``PyobmemError`` before anything runs.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import select
+import shlex
+import shutil
+import signal
+import site
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from . import __version__, abi
+from .errors import PyobmemError
+from .ring import DEFAULT_CAPACITY, Ring
+
+ENV_SHIM = "PYOBMEM_SHIM"  # developers: use this shim instead of the one next to the package
+SHIM_NAME = "libpyobmem.so"
+DAEMON_START_S = 30.0  # the daemon imports numpy and opens the capture
+DAEMON_FINISH_S = 30.0  # the daemon drains what is left and closes the capture
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+SI_KERNEL = 0x80  # si_code of a signal sent by the kernel, e.g. the terminal's Ctrl-C / Ctrl-\
+# Variables that change how frameworks allocate device memory: recorded in the capture.
+RECORDED_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "TF_GPU_ALLOCATOR", "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING")
+RECORDED_ENV_PREFIXES = ("XLA_PYTHON_CLIENT_", "CUPY_")
+
+
+@dataclass(frozen=True)
+class Options:
+    """What ``pyobmem run`` was asked to do."""
+
+    command: list[str]
+    output: str | None = None
+    force: bool = False
+    capacity: int = DEFAULT_CAPACITY
+    cupti: bool = True
+    presets: bool = True
+    quiet: bool = False
+
+
+@dataclass
+class Outcome:
+    """How a run ended: the command's status (negative: killed by that signal), the capture."""
+
+    status: int
+    output: str
+    daemon_failed: str | None = None  # one line when the daemon stopped early
+
+    @property
+    def exit_code(self) -> int:
+        """The shell's convention: the exit code, or 128 + N when killed by signal N."""
+        return self.status if self.status >= 0 else 128 - self.status
+
+
+def find_shim() -> str:
+    """The shim library: $PYOBMEM_SHIM, else pyobmem/libpyobmem.so. Raises PyobmemError."""
+    path = os.environ.get(ENV_SHIM) or os.path.join(os.path.dirname(os.path.abspath(__file__)), SHIM_NAME)
+    if not os.path.isfile(path):
+        raise PyobmemError(f"the shim {path} is not built; run `make` in the pyobmem source tree")
+    path = os.path.abspath(path)
+    if any(c in path for c in " :\t\n"):
+        raise PyobmemError(f"the shim path {path!r} contains a space or colon, which LD_PRELOAD cannot express")
+    return path
+
+
+def find_cupti() -> str | None:
+    """Path of a libcupti for the shim to try first, or None.
+
+    Looks for the pip wheel (nvidia/cuda_cupti/lib) in this Python's site-packages, then
+    $CUDA_HOME/lib64, /usr/local/cuda/lib64 and /usr/local/cuda/extras/CUPTI/lib64.
+    """
+    sites = list(site.getsitepackages()) if hasattr(site, "getsitepackages") else []
+    try:
+        sites.append(site.getusersitepackages())
+    except AttributeError:
+        pass
+    sites += [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    dirs = [os.path.join(s, "nvidia", "cuda_cupti", "lib") for s in dict.fromkeys(sites)]
+    if os.environ.get("CUDA_HOME"):
+        dirs.append(os.path.join(os.environ["CUDA_HOME"], "lib64"))
+    dirs += ["/usr/local/cuda/lib64", "/usr/local/cuda/extras/CUPTI/lib64"]
+    for d in dirs:
+        found = [p for p in glob.glob(os.path.join(d, "libcupti.so*")) if os.path.isfile(p)]
+        if found:
+            return min(found, key=lambda p: (len(p), p))  # libcupti.so, else the soname link
+    return None
+
+
+def resolve_command(command: list[str]) -> str:
+    """The executable ``command[0]`` runs, as a shell would find it. Raises PyobmemError 127/126."""
+    name = command[0]
+    if "/" in name:
+        if not os.path.exists(name):
+            raise PyobmemError(f"{name}: No such file or directory", 127)
+        if os.path.isdir(name) or not os.access(name, os.X_OK):
+            raise PyobmemError(f"{name}: Permission denied", 126)
+        return name
+    path = shutil.which(name)
+    if path is None:
+        # A file of that name on PATH that is not executable: the shell says 126.
+        for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
+            candidate = os.path.join(d or ".", name)
+            if os.path.isfile(candidate):
+                raise PyobmemError(f"{name}: Permission denied", 126)
+        raise PyobmemError(f"{name}: command not found", 127)
+    return path
+
+
+def default_output(command: list[str]) -> str:
+    """``pyobmem-<cmdname>-<pid>.pyobmem`` in the current directory."""
+    return f"pyobmem-{os.path.basename(command[0]) or 'cmd'}-{os.getpid()}.pyobmem"
+
+
+def child_environment(base: dict, shim: str, ring: str, cupti: bool, presets: bool) -> tuple[dict, dict]:
+    """The traced command's environment and the presets applied (name -> value)."""
+    env = dict(base)
+    preload = base.get("LD_PRELOAD", "").strip()
+    env["LD_PRELOAD"] = f"{shim}:{preload}" if preload else shim
+    env[abi.ENV_RING] = ring
+    env.pop(abi.ENV_CUPTI, None)
+    if not cupti:
+        env[abi.ENV_CUPTI] = "0"
+    elif base.get(abi.ENV_CUPTI):
+        env[abi.ENV_CUPTI] = base[abi.ENV_CUPTI]  # the user's choice wins
+    else:
+        found = find_cupti()
+        if found:
+            env[abi.ENV_CUPTI] = found
+    applied = {}
+    if presets:
+        # JAX reserves most of the card in one allocation unless told otherwise.
+        if "XLA_PYTHON_CLIENT_ALLOCATOR" not in base and "XLA_PYTHON_CLIENT_PREALLOCATE" not in base:
+            applied["XLA_PYTHON_CLIENT_ALLOCATOR"] = "platform"
+    env.update(applied)
+    return env, applied
+
+
+def recorded_environment(env: dict) -> dict:
+    """The user's allocator-related variables, as set before the presets."""
+    return {
+        k: v for k, v in sorted(env.items()) if k in RECORDED_ENV or k.startswith(RECORDED_ENV_PREFIXES)
+    }
+
+
+def check_output(output: str, force: bool) -> None:
+    """Refuse an existing output without ``force``, and an output in a missing directory."""
+    if os.path.lexists(output) and not force:
+        raise PyobmemError(f"{output} exists; use -f/--force to overwrite it")
+    if os.path.isdir(output):
+        raise PyobmemError(f"{output} is a directory")
+    parent = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(parent):
+        raise PyobmemError(f"{parent}: no such directory")
+
+
+def launch(opts: Options) -> Outcome:
+    """Trace ``opts.command`` into a capture. Returns the Outcome; raises PyobmemError for user errors."""
+    if not opts.command:
+        raise PyobmemError("no command to run", 2)
+    executable = resolve_command(opts.command)
+    output = opts.output or default_output(opts.command)
+    check_output(output, opts.force)
+    shim = find_shim()
+    output = os.path.abspath(output)
+
+    try:
+        ring = Ring.create(opts.capacity)
+    except OSError as e:
+        raise PyobmemError(f"cannot create the event ring in /dev/shm: {e.strerror}") from None
+    daemon = None
+    try:
+        env, applied = child_environment(dict(os.environ), shim, ring.path, opts.cupti, opts.presets)
+        meta = {
+            "argv": list(opts.command),
+            "command": shlex.join(opts.command),
+            "executable": executable,
+            "cwd": os.getcwd(),
+            "pyobmem_version": __version__,
+            "start_time": time.time(),
+            "start_time_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "start_monotonic_ns": time.monotonic_ns(),
+            "presets": applied,
+            "env": recorded_environment(os.environ),
+            "hostname": socket.gethostname(),
+            "shim": shim,
+            "cupti": env.get(abi.ENV_CUPTI),
+            "ring_capacity": ring.capacity,
+            "launcher_pid": os.getpid(),
+        }
+        daemon = _start_daemon(ring.path, output, opts.force, meta)
+        status, daemon_failed = _run_child(executable, opts.command, env, daemon)
+        daemon_failed = _stop_daemon(daemon, status) or daemon_failed
+        return Outcome(status=status, output=output, daemon_failed=daemon_failed)
+    finally:
+        if daemon is not None and daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+        ring.close(unlink=True)
+
+
+def _start_daemon(ring_path: str, output: str, force: bool, meta: dict) -> subprocess.Popen:
+    """Start the daemon in its own session, hand it the metadata, wait for ``ready``."""
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    cmd = [sys.executable, "-m", "pyobmem.daemon", "--ring", ring_path, "--out", output]
+    if force:
+        cmd.append("--force")
+    daemon = subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True, bufsize=0
+    )
+    try:
+        daemon.stdin.write(json.dumps(meta).encode() + b"\n")
+        answer = _read_line(daemon.stdout, DAEMON_START_S)
+    except BrokenPipeError:
+        answer = b""
+    if answer.strip() != b"ready":
+        if daemon.poll() is None:
+            daemon.kill()
+        daemon.wait()
+        text = answer.decode(errors="replace").strip()
+        if text.startswith("error: "):
+            raise PyobmemError(text[len("error: "):])
+        raise PyobmemError("the capture daemon did not start" + (f": {text}" if text else ""))
+    return daemon
+
+
+def _read_line(stream, timeout_s: float) -> bytes:
+    fd, buf, deadline = stream.fileno(), b"", time.monotonic() + timeout_s
+    while not buf.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        buf += chunk
+    return buf
+
+
+def _run_child(executable: str, argv: list[str], env: dict, daemon: subprocess.Popen) -> tuple[int, str | None]:
+    """Run the command, forwarding signals; returns (status, one line if the daemon died)."""
+    waited = set(FORWARDED) | {signal.SIGCHLD}
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, waited)
+    daemon_failed = None
+    try:
+        # The child starts with an empty mask and the default dispositions Python changed.
+        try:
+            pid = os.posix_spawn(executable, argv, env, setsigmask=(), setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+        except OSError as e:
+            raise PyobmemError(f"{argv[0]}: {e.strerror}", 126) from None
+        while True:
+            info = signal.sigtimedwait(waited, 0.5)
+            if info is not None and info.si_signo != signal.SIGCHLD:
+                # Ctrl-C / Ctrl-\ at the terminal already reached the child (same process
+                # group): forward only what was sent to us alone, so the child gets it once.
+                if not (info.si_code == SI_KERNEL and info.si_signo in (signal.SIGINT, signal.SIGQUIT)):
+                    try:
+                        os.kill(pid, info.si_signo)
+                    except ProcessLookupError:
+                        pass
+            done, wstatus = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = os.waitstatus_to_exitcode(wstatus)
+                break
+            if daemon_failed is None and daemon.poll() is not None:
+                daemon_failed = f"the capture daemon stopped during the run (status {daemon.returncode}); the capture ends there"
+        if daemon_failed is None and daemon.poll() is not None:
+            daemon_failed = f"the capture daemon stopped during the run (status {daemon.returncode}); the capture ends there"
+        return status, daemon_failed
+    finally:
+        # Discard what was sent to us while we waited: it was forwarded, or it is the child's.
+        while signal.sigtimedwait(waited, 0) is not None:
+            pass
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+
+def _stop_daemon(daemon: subprocess.Popen, status: int) -> str | None:
+    """Tell the daemon the run ended with ``status``; wait for it to drain (bounded)."""
+    if daemon.poll() is not None:
+        return None
+    try:
+        daemon.stdin.write(f"end {status}\n".encode())
+        daemon.stdin.close()
+    except BrokenPipeError:
+        pass
+    try:
+        daemon.wait(DAEMON_FINISH_S)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+        daemon.wait()
+        return f"the capture daemon did not finish within {DAEMON_FINISH_S:.0f} s; the capture may be incomplete"
+    if daemon.returncode != 0:
+        return f"the capture daemon failed (status {daemon.returncode}); the capture may be incomplete"
+    return None

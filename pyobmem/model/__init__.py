@@ -1,0 +1,92 @@
+"""The pattern model of a capture: iterations, per-block model, properties, swap saving bound.
+
+    from pyobmem.model import analyse, patterns_json
+    a = analyse(capture)              # Analysis (frozen); a.iterations, a.blocks, a.properties, a.saving
+    patterns_json(capture)            # the per-workload figures (dict of JSON values)
+
+Modules: iterations (period and phase from the launch stream), blocks (classes, accesses, idle
+intervals), properties (iterative / regular / extremal), saving (the swap saving bound, shared
+with the planner), inefficiency (early allocation, late free, long idle, never accessed, leaked).
+Definitions and formulas: docs/model.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..progress import Progress
+from .blocks import CLASSES, BlockModel, build_blocks
+from .inefficiency import Finding, find_inefficiencies
+from .iterations import IterationModel, Regime, detect_iterations
+from .properties import Properties, compute_properties
+from .saving import DEFAULT_BANDWIDTH, TIME_RATIOS, SavingCurve, saving_curve
+
+__all__ = [
+    "Analysis", "BlockModel", "CLASSES", "DEFAULT_BANDWIDTH", "Finding", "IterationModel", "Properties",
+    "Regime", "SavingCurve", "TIME_RATIOS", "analyse", "build_blocks", "compute_properties",
+    "detect_iterations", "find_inefficiencies", "patterns_json", "saving_curve",
+]
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """Everything the model says about one capture (see each part's docstring for fields and
+    units). ``saving`` is None when no iteration was found."""
+
+    capture: object = field(repr=False)
+    iterations: IterationModel
+    blocks: BlockModel
+    properties: Properties
+    saving: SavingCurve | None
+
+    def findings(self, **kw) -> list:
+        """Inefficiencies, largest first (keyword arguments: slack_pct, idle_pct)."""
+        return find_inefficiencies(self.capture, self.iterations, self.blocks, **kw)
+
+
+def analyse(capture, *, bandwidth: float | None = None, ratios=TIME_RATIOS, progress: bool | None = None,
+            min_swap_bytes: int | None = None) -> Analysis:
+    """Run the whole model on a capture. ``bandwidth`` (B/s) overrides the capture's and the
+    default 55e9; ``progress`` draws a bar on stderr (default: when it is a terminal)."""
+    with Progress("analysing", 4, enabled=progress) as p:
+        p.step("iterations", 0)
+        it = detect_iterations(capture)
+        p.step("blocks")
+        bm = build_blocks(capture, it)
+        p.step("properties")
+        props = compute_properties(it, bm)
+        p.step("saving bound")
+        kw = {} if min_swap_bytes is None else {"min_bytes": min_swap_bytes}
+        sav = saving_curve(capture, it, bm, bandwidth=bandwidth, ratios=ratios, **kw)
+        p.step("done")
+    return Analysis(capture=capture, iterations=it, blocks=bm, properties=props, saving=sav)
+
+
+def blocks_by_class(bm: BlockModel) -> dict:
+    """class name -> {"count", "bytes"} for every class (zeros included)."""
+    cnt = np.bincount(bm.cls.astype(np.int64), minlength=len(CLASSES))
+    byt = np.bincount(bm.cls.astype(np.int64), weights=bm.size.astype(np.float64), minlength=len(CLASSES))
+    return {c: {"count": int(cnt[i]), "bytes": int(byt[i])} for i, c in enumerate(CLASSES)}
+
+
+def patterns_json(capture_or_analysis, **kw) -> dict:
+    """The figures committed per workload: iterations_detected, period_launches, iterative
+    ({blocks, bytes} shares), regular (0..1), extremal ({top10_share, gini}), blocks_by_class,
+    saving_curve ([[time_ratio, bytes_saved], ...]), peak_live_bytes. None where not measurable."""
+    a = capture_or_analysis if isinstance(capture_or_analysis, Analysis) else analyse(capture_or_analysis, **kw)
+    it, pr = a.iterations, a.properties
+    main = it.main_regime
+    return {
+        "iterations_detected": int(main.count) if main else 0,
+        "period_launches": int(main.period_ops) if main else None,
+        "iterative": None if pr.iterative_bytes is None else {
+            "blocks": round(pr.iterative_blocks, 4), "bytes": round(pr.iterative_bytes, 4)},
+        "regular": None if pr.regular is None else round(pr.regular, 4),
+        "extremal": None if pr.extremal_top is None else {
+            "top10_share": round(pr.extremal_top, 4), "gini": round(pr.extremal_gini, 4)},
+        "blocks_by_class": blocks_by_class(a.blocks),
+        "saving_curve": [[r, b] for r, b in a.saving.points] if a.saving else [],
+        "peak_live_bytes": int(a.blocks.peak_live_bytes),
+    }

@@ -1,0 +1,446 @@
+"""Iteration detection from the launch stream alone (no framework hooks).
+
+The stream is the main process's kernel launches, graph launches and copies (the process with the
+most launches), each mapped to a small int "kernel id" (same type, handle and copy direction ->
+same id). Training repeats one sequence of kernels per iteration, so the stream is periodic over
+long stretches. ``detect_iterations`` finds those stretches (regimes), the period of each, its
+phase and every iteration in it; docs/model.md describes the method and its limits. Everything
+is O(n log n) in the stream length n (FFT autocorrelation, runs of matches, anchored alignment).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.fft
+
+from .. import abi
+
+MIN_COPIES = 3  # a stretch is periodic with lag L when it holds at least 3 copies of L ops
+MIN_ITERATIONS = 2  # a regime needs at least this many aligned iterations
+MATCH = 0.8  # fraction of template positions an iteration must match (start of a stretch)
+MATCH_CONTIGUOUS = 0.6  # ... when it starts where the previous iteration ended
+SUB_REGIME_MIN_RATIO = 0.125  # a regime found between iterations needs period >= this x main
+MAX_DEPTH = 4  # recursion into the stretches no regime explained
+N_CANDIDATES = 24  # lags kept from the autocorrelation
+EXACT_WORK = 30_000_000  # below n * max_lag, match counts are computed exactly (no FFT)
+_SEQ_TYPES = (abi.Ev.LAUNCH, abi.Ev.GRAPH_LAUNCH, abi.Ev.MEMCPY)
+
+
+@dataclass(frozen=True)
+class Regime:
+    """A stretch of the stream that repeats one template of ``period_ops`` kernels.
+
+    ``period_ops``: ops (of the main sequence) per iteration. ``micro_period_ops`` and
+    ``micro_steps``: the repeated micro-step inside the iteration (gradient accumulation), or None
+    and 1. ``template``: the kernel ids of one iteration, shape (period_ops,), int32 (see
+    ``IterationModel.kernel_rows``). ``first`` and ``count``: its iterations are rows
+    ``first .. first+count-1`` of the IterationModel arrays. ``confidence``: mean over its
+    iterations of the fraction of positions whose kernel equals the template's (0..1).
+    ``phase``: how the start was chosen: "gap" (the longest pause between launches), "htod" (the
+    input copy) or "stream" (where the repetition starts).
+    """
+
+    period_ops: int
+    micro_period_ops: int | None
+    micro_steps: int
+    template: np.ndarray = field(repr=False)
+    first: int
+    count: int
+    confidence: float
+    phase: str
+
+
+@dataclass(frozen=True)
+class IterationModel:
+    """Iterations found in a capture. Arrays have one row per iteration, sorted by start.
+
+    ``pid``: the process analysed (None: no launches). ``seq_rows``: capture op rows of its
+    sequence (launches, graph launches, copies), int64 (n_seq,). ``seq_ids``: their kernel ids,
+    int32 (n_seq,). ``kernel_rows``: an example op row per kernel id (name it with
+    ``capture.kernel_name``). ``start_seq``/``end_seq``: [start, end) positions in the sequence.
+    ``start_op``/``end_op``: [start, end) capture op rows (end: the op row of the sequence op after
+    the iteration, or len(ops)). ``t_start``/``t_end``: ns (t_end: the time of ``end_op``, or of
+    the last op when the stream ends there). ``regime``: index into ``regimes`` (int32).
+    ``match``: fraction of template positions matched (float64). ``main``: index of the regime
+    covering the most ops, -1 when no iteration was found.
+    """
+
+    pid: int | None
+    seq_rows: np.ndarray = field(repr=False)
+    seq_ids: np.ndarray = field(repr=False)
+    kernel_rows: np.ndarray = field(repr=False)
+    regimes: tuple
+    main: int
+    start_seq: np.ndarray = field(repr=False)
+    end_seq: np.ndarray = field(repr=False)
+    start_op: np.ndarray = field(repr=False)
+    end_op: np.ndarray = field(repr=False)
+    t_start: np.ndarray = field(repr=False)
+    t_end: np.ndarray = field(repr=False)
+    regime: np.ndarray = field(repr=False)
+    match: np.ndarray = field(repr=False)
+
+    @property
+    def count(self) -> int:
+        """Iterations found in all regimes."""
+        return len(self.start_seq)
+
+    @property
+    def main_regime(self) -> Regime | None:
+        return self.regimes[self.main] if self.main >= 0 else None
+
+    def main_rows(self) -> np.ndarray:
+        """Iteration rows of the main regime (int64), empty when none."""
+        if self.main < 0:
+            return np.zeros(0, np.int64)
+        return np.flatnonzero(self.regime == self.main)
+
+    @property
+    def iteration_ns(self) -> float | None:
+        """Median duration (ns) of the main regime's iterations; None when none."""
+        rows = self.main_rows()
+        if not len(rows):
+            return None
+        return float(np.median(self.t_end[rows] - self.t_start[rows]))
+
+
+def kernel_sequence(capture) -> tuple:
+    """(pid, seq_rows, seq_ids, kernel_rows) of the process with the most launches."""
+    ops = capture.ops
+    is_launch = np.isin(ops["type"], [int(abi.Ev.LAUNCH), int(abi.Ev.GRAPH_LAUNCH)])
+    if not np.any(is_launch):
+        return None, np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int64)
+    pids, counts = np.unique(ops["pid"][is_launch], return_counts=True)
+    pid = int(pids[np.argmax(counts)])
+    sel = np.isin(ops["type"], [int(t) for t in _SEQ_TYPES]) & (ops["pid"] == pid)
+    rows = np.flatnonzero(sel)
+    o = ops[rows]
+    key = (
+        (o["handle"].astype(np.uint64) & np.uint64((1 << 48) - 1))
+        | (o["type"].astype(np.uint64) << np.uint64(56))
+        | ((o["copy_kind"].astype(np.uint64) & np.uint64(0xFF)) << np.uint64(48))
+    )
+    uniq, first, ids = np.unique(key, return_index=True, return_inverse=True)
+    return pid, rows.astype(np.int64), ids.astype(np.int32).ravel(), rows[first].astype(np.int64)
+
+
+def detect_iterations(capture) -> IterationModel:
+    """Find the iterations of a capture from its launch stream (see the module docstring)."""
+    pid, rows, ids, kernel_rows = kernel_sequence(capture)
+    ts = capture.ops["ts_ns"][rows]
+    htod = np.zeros(len(kernel_rows), bool)
+    if len(kernel_rows):
+        ko = capture.ops[kernel_rows]
+        htod = (ko["type"] == abi.Ev.MEMCPY) & ((ko["copy_kind"] & 0xFF) == abi.CopyKind.HTOD)
+    found = detect_in_sequence(ids, ts, htod)
+    return _model(capture, pid, rows, ids, kernel_rows, ts, found)
+
+
+def detect_in_sequence(ids: np.ndarray, ts: np.ndarray | None = None, htod_ids: np.ndarray | None = None) -> list:
+    """Regimes of an int sequence: a list of dicts with period, template, starts, scores, phase.
+
+    ``ts`` (ns per position) lets the phase follow the longest pause; ``htod_ids`` (bool per id)
+    marks host-to-device copies. The regimes come in the order they were found (largest first).
+    """
+    s = np.ascontiguousarray(ids, dtype=np.int32)
+    if ts is None:
+        ts = np.arange(len(s), dtype=np.int64)
+    claimed = np.zeros(len(s), bool)
+    out: list = []
+    _process(s, ts, htod_ids, 0, len(s), 0, 1, claimed, out)
+    return out
+
+
+def _process(s, ts, htod_ids, a, b, depth, min_period, claimed, out) -> None:
+    if b - a < MIN_COPIES * max(min_period, 1) or depth > MAX_DEPTH:
+        return
+    loc = s[a:b]
+    lags = _candidate_lags(loc)
+    pick = _pick_lag(loc, lags)
+    if pick is not None and pick[0] < min_period:
+        pick = None  # a local feature (layers) in a stretch between iterations, not a regime
+    if pick is not None:
+        period, run_start = pick
+        t0 = loc[run_start : run_start + period]
+        phi, how = _phase(loc, ts[a:b], run_start, period, htod_ids)
+        template = np.roll(t0, -phi)
+        starts, scores = _align(loc, template)
+        if len(starts) >= MIN_ITERATIONS:
+            starts = starts + a
+            out.append({"period": period, "template": template, "starts": starts, "scores": scores, "phase": how})
+            for st in starts:
+                claimed[st : st + period] = True
+            if depth == 0:
+                min_period = max(1, int(period * SUB_REGIME_MIN_RATIO))
+        else:
+            pick = None
+    if pick is None and depth > 0:
+        return
+    # Recurse into the unexplained stretches of [a, b).
+    free = ~claimed[a:b]
+    edges = np.diff(np.concatenate(([0], free.view(np.int8), [0])))
+    for ga, gb in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)):
+        if pick is None:
+            break
+        _process(s, ts, htod_ids, a + ga, a + gb, depth + 1, min_period, claimed, out)
+
+
+def _candidate_lags(s: np.ndarray) -> np.ndarray:
+    """Lags worth testing: peaks of the match-rate autocorrelation and the commonest repeat
+    distances of rare kernels (ints in [1, n // 2])."""
+    n = len(s)
+    max_lag = n // 2
+    if max_lag < 1:
+        return np.zeros(0, np.int64)
+    lags = np.arange(max_lag + 1)
+    if n * max_lag <= EXACT_WORK:
+        matches = np.array([n] + [np.count_nonzero(s[:-L] == s[L:]) for L in range(1, max_lag + 1)], np.float64)
+    else:
+        # Random unit phase per id: E[z_i conj(z_j)] = [id_i == id_j], so the autocorrelation of z
+        # estimates the number of matches at every lag at once (noise ~ sqrt(n)).
+        rng = np.random.default_rng(0x5EED)
+        z = np.exp(2j * np.pi * rng.random(int(s.max()) + 1)).astype(np.complex64)[s]
+        nfft = scipy.fft.next_fast_len(2 * n)
+        f = scipy.fft.fft(z, nfft)
+        del z
+        f = (f * np.conj(f)).astype(np.complex64)
+        matches = scipy.fft.ifft(f)[: max_lag + 1].real.astype(np.float64)
+        del f
+    rate = matches / (n - lags)
+    rate[0] = -1
+    chosen: list = []
+    top = np.argsort(-rate, kind="stable")[: N_CANDIDATES * 16]
+    for L in top:
+        if rate[L] < 0.05 or len(chosen) >= N_CANDIDATES:
+            break
+        if any(L % c == 0 and rate[c] >= rate[L] - 0.02 for c in chosen):
+            continue
+        chosen.append(int(L))
+    # Repeat distances: each id's consecutive distances weigh 1 in total, so kernels seen once per
+    # iteration (embedding, loss, optimizer) vote for the period.
+    order = np.argsort(s, kind="stable")
+    ss = s[order]
+    same = ss[1:] == ss[:-1]
+    d = np.diff(order)[same]
+    if len(d):
+        cnt = np.bincount(s)
+        w = 1.0 / (cnt[ss[1:][same]] - 1)
+        ok = d <= max_lag
+        hist = np.bincount(d[ok], weights=w[ok], minlength=max_lag + 1)
+        for L in np.argsort(-hist, kind="stable")[:8]:
+            if hist[L] > 0 and int(L) not in chosen:
+                chosen.append(int(L))
+    return np.array(sorted(chosen), np.int64)
+
+
+def _runs(s: np.ndarray, L: int) -> tuple[np.ndarray, np.ndarray]:
+    """Stretches [start, end) made of at least two back-to-back copies of L ops."""
+    m = s[:-L] == s[L:]
+    e = np.diff(np.concatenate(([0], m.view(np.int8), [0])))
+    st, en = np.flatnonzero(e == 1), np.flatnonzero(e == -1) + L
+    keep = en - st >= 2 * L
+    return st[keep], en[keep]
+
+
+def _pick_lag(s: np.ndarray, lags: np.ndarray):
+    """The period of the largest periodic stretch: (period, start of its longest run) or None.
+
+    A run of lag L inside one period of a larger lag L' (shorter than L'+L) is a local feature
+    (transformer layers, repeated optimizer kernels) and does not count, even when L' repeats
+    only twice; a run of lag L that spans L'+L ops of a run of L' > L explains it (L' is a
+    multiple or a mix of periods). Only runs of MIN_COPIES copies or more can be picked.
+    """
+    if not len(lags):
+        return None
+    runs = {int(L): _runs(s, int(L)) for L in lags}
+    lags = [L for L in sorted(runs) if len(runs[L][0])]
+    alive = {L: np.ones(len(runs[L][0]), bool) for L in lags}
+    n = len(s)
+    for bi, Lb in enumerate(lags):
+        stb, enb = runs[Lb]
+        cov = np.zeros(n + 1, np.int32)
+        np.add.at(cov, stb, 1)
+        np.add.at(cov, enb, -1)
+        pref = np.concatenate(([0], np.cumsum(np.cumsum(cov)[:-1], dtype=np.int64)))
+        for La in lags[:bi]:
+            sta, ena = runs[La]
+            ln = ena - sta
+            ov = pref[ena] - pref[sta]
+            alive[La] &= ~((ov >= 0.9 * ln) & (ln < Lb + La))
+            strong = ov >= Lb + La
+            if np.any(strong):
+                lo = np.searchsorted(enb, sta[strong], side="right")
+                hi = np.searchsorted(stb, ena[strong], side="left")
+                mark = np.zeros(len(stb) + 1, np.int32)
+                np.add.at(mark, lo, 1)
+                np.add.at(mark, hi, -1)
+                alive[Lb] &= np.cumsum(mark)[:-1] == 0
+    best, best_cov = None, 0
+    for L in lags:
+        st, en = runs[L]
+        a = alive[L] & (en - st >= MIN_COPIES * L)
+        c = int((en[a] - st[a]).sum())
+        if c > best_cov:
+            longest = int(np.argmax(np.where(a, en - st, -1)))
+            best, best_cov = (L, int(st[longest])), c
+    return best
+
+
+def _phase(s, ts, run_start, period, htod_ids) -> tuple[int, str]:
+    """Where an iteration starts, as an offset into s[run_start : run_start+period]."""
+    copies = (len(s) - run_start) // period
+    if copies >= 2 and period > 1:
+        block = s[run_start : run_start + copies * period].reshape(copies, period)
+        ok = np.all(block == block[0], axis=1)
+        pos = run_start + np.arange(copies * period)
+        g = np.where(pos > 0, ts[pos] - ts[np.maximum(pos - 1, 0)], -1).reshape(copies, period)[ok]
+        if len(g) >= 2:
+            med = np.median(g[1:] if len(g) > 2 else g, axis=0)
+            j = int(np.argmax(med))
+            if med[j] > 4 * max(np.median(med), 1) and np.count_nonzero(med >= med[j] * 0.999) == 1:
+                return j, "gap"
+    if htod_ids is not None and len(htod_ids):
+        t0 = s[run_start : run_start + period]
+        h = htod_ids[t0]
+        first = np.flatnonzero(h & ~np.roll(h, 1))
+        if len(first) == 1 and not np.all(h):
+            return int(first[0]), "htod"
+    return 0, "stream"
+
+
+def _align(s: np.ndarray, template: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Starts of the iterations that match ``template`` (anchored on its first kernels)."""
+    P = len(template)
+    n = len(s)
+    if n < P:
+        return np.zeros(0, np.int64), np.zeros(0)
+    q = min(P, 8)
+    ext = np.concatenate((template, template[: min(P, 64)]))
+    while q < min(P, 64):
+        occ = sum(np.array_equal(ext[i : i + q], template[:q]) for i in range(P))
+        if occ <= 1:
+            break
+        q = min(P, q * 2)
+    last = n - P
+    m = np.ones(last + 1, bool)
+    for j in range(q):
+        m &= s[j : last + 1 + j] == template[j]
+    cands = np.flatnonzero(m)
+
+    def score(c: int) -> float:
+        return np.count_nonzero(s[c : c + P] == template) / P
+
+    starts, scores = [], []
+    pos, ptr = 0, 0
+    while True:
+        if starts and pos <= last:
+            sc = score(pos)
+            if sc >= MATCH_CONTIGUOUS:
+                starts.append(pos)
+                scores.append(sc)
+                pos += P
+                continue
+        ptr = int(np.searchsorted(cands, pos))
+        found = None
+        while ptr < len(cands):
+            c = int(cands[ptr])
+            sc = score(c)
+            if sc >= MATCH:
+                hi = int(np.searchsorted(cands, c + max(P // 2, 1)))
+                best_c, best_sc = c, sc
+                for c2 in cands[ptr + 1 : hi]:
+                    sc2 = score(int(c2))
+                    if sc2 > best_sc:
+                        best_c, best_sc = int(c2), sc2
+                found = (best_c, best_sc)
+                break
+            ptr += 1
+        if found is None:
+            break
+        starts.append(found[0])
+        scores.append(found[1])
+        pos = found[0] + P
+    return np.array(starts, np.int64), np.array(scores, np.float64)
+
+
+def micro_step(template: np.ndarray) -> tuple[int | None, int]:
+    """(micro period, micro steps) when the iteration is k >= 2 copies of one micro-step followed
+    by a shorter tail (gradient accumulation then the optimizer step), else (None, 1)."""
+    P = len(template)
+    if P < 4:
+        return None, 1
+    for p in range(1, P // 2 + 1):
+        k = P // p
+        c = template == np.roll(template, -p)
+        if np.count_nonzero(c) < 0.9 * (k - 1) * p:
+            continue
+        run = _longest_cyclic_run(c)
+        if run >= 0.9 * (k - 1) * p and run >= p:
+            return p, int(round(run / p)) + 1
+    return None, 1
+
+
+def _longest_cyclic_run(c: np.ndarray) -> int:
+    if np.all(c):
+        return len(c)
+    c2 = np.roll(c, -int(np.argmin(c)))
+    e = np.diff(np.concatenate(([0], c2.view(np.int8), [0])))
+    return int((np.flatnonzero(e == -1) - np.flatnonzero(e == 1)).max(initial=0))
+
+
+def _model(capture, pid, rows, ids, kernel_rows, ts, found) -> IterationModel:
+    n_ops = len(capture.ops)
+    regimes, st_all, per_all, rg_all, sc_all = [], [], [], [], []
+    order = sorted(range(len(found)), key=lambda i: int(found[i]["starts"][0]))
+    first = 0
+    for ri, i in enumerate(order):
+        f = found[i]
+        k = len(f["starts"])
+        mp, ms = micro_step(f["template"])
+        regimes.append(
+            Regime(
+                period_ops=int(f["period"]), micro_period_ops=mp, micro_steps=ms, template=f["template"],
+                first=0, count=k, confidence=float(np.mean(f["scores"])), phase=f["phase"],
+            )
+        )
+        st_all.append(f["starts"])
+        per_all.append(np.full(k, f["period"], np.int64))
+        rg_all.append(np.full(k, ri, np.int32))
+        sc_all.append(f["scores"])
+    if regimes:
+        start_seq = np.concatenate(st_all)
+        end_seq = start_seq + np.concatenate(per_all)
+        regime = np.concatenate(rg_all)
+        match = np.concatenate(sc_all)
+        o = np.argsort(start_seq, kind="stable")
+        start_seq, end_seq, regime, match = start_seq[o], end_seq[o], regime[o], match[o]
+        fixed = []
+        for ri, r in enumerate(regimes):
+            w = np.flatnonzero(regime == ri)
+            fixed.append(Regime(**{**r.__dict__, "first": int(w[0]), "count": len(w)}))
+        regimes = fixed
+        ops_per = [r.period_ops * r.count for r in regimes]
+        main = int(np.argmax(ops_per))
+    else:
+        start_seq = end_seq = np.zeros(0, np.int64)
+        regime = np.zeros(0, np.int32)
+        match = np.zeros(0)
+        main = -1
+    start_op = rows[start_seq] if len(start_seq) else np.zeros(0, np.int64)
+    nxt = end_seq < len(rows)
+    end_op = np.where(nxt, rows[np.minimum(end_seq, len(rows) - 1)], n_ops) if len(end_seq) else np.zeros(0, np.int64)
+    op_ts = capture.ops["ts_ns"]
+    t_start = op_ts[start_op] if len(start_op) else np.zeros(0, np.int64)
+    t_end = (
+        np.where(nxt, op_ts[np.minimum(end_op, n_ops - 1)], ts[np.maximum(end_seq - 1, 0)])
+        if len(end_seq)
+        else np.zeros(0, np.int64)
+    )
+    return IterationModel(
+        pid=pid, seq_rows=rows, seq_ids=ids, kernel_rows=kernel_rows, regimes=tuple(regimes), main=main,
+        start_seq=start_seq.astype(np.int64), end_seq=end_seq.astype(np.int64), start_op=np.asarray(start_op, np.int64),
+        end_op=np.asarray(end_op, np.int64), t_start=np.asarray(t_start, np.int64), t_end=np.asarray(t_end, np.int64),
+        regime=regime, match=match,
+    )

@@ -1,0 +1,114 @@
+"""The three properties of the access pattern: iterative, regular, extremal (docs/model.md gives
+the formulas). All are computed over the main regime's iterations, on blocks that are not arenas;
+None means "not measurable" (no iteration, or nothing to measure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .blocks import ARENA, BlockModel
+from .iterations import IterationModel
+
+TOP_SHARE = 0.1  # extremal: share of idle time in the longest 10% of intervals
+
+
+@dataclass(frozen=True)
+class Properties:
+    """``iterative_blocks``/``iterative_bytes``: share (0..1) of the blocks (of their bytes)
+    accessed in an iteration whose access signature repeats across iterations. ``regular``:
+    1 - mean coefficient of variation of idle interval lengths (ns) per (role, interval index),
+    clipped to [0, 1]; ``regular_ops``: the same on lengths in ops. ``extremal_top``: share of the
+    total idle time in the longest 10% of the idle intervals; ``extremal_gini``: Gini coefficient
+    of idle interval lengths. ``n_intervals``: intervals measured; ``n_groups``: (role, index)
+    groups with at least two intervals."""
+
+    iterative_blocks: float | None
+    iterative_bytes: float | None
+    regular: float | None
+    regular_ops: float | None
+    extremal_top: float | None
+    extremal_gini: float | None
+    n_intervals: int
+    n_groups: int
+
+
+NONE = Properties(None, None, None, None, None, None, 0, 0)
+
+
+def gini(x: np.ndarray) -> float:
+    """Gini coefficient of non-negative values (0: all equal, -> 1: one value holds everything)."""
+    x = np.sort(np.asarray(x, np.float64))
+    n, s = len(x), x.sum()
+    if n == 0 or s <= 0:
+        return 0.0
+    return float(2.0 * np.sum(np.arange(1, n + 1) * x) / (n * s) - (n + 1) / n)
+
+
+def top_share(x: np.ndarray, share: float = TOP_SHARE) -> float:
+    """Share of sum(x) held by the largest ceil(share * n) values."""
+    x = np.asarray(x, np.float64)
+    if not len(x) or x.sum() <= 0:
+        return 0.0
+    k = int(np.ceil(share * len(x)))
+    return float(np.sort(x)[::-1][:k].sum() / x.sum())
+
+
+def in_iteration_intervals(it: IterationModel, bm: BlockModel) -> np.ndarray:
+    """Mask of the idle intervals measured by the properties: both accesses in one iteration of
+    the main regime, or the wrap into the next one when the two iterations are contiguous, and
+    the block is not an arena."""
+    iv = bm.intervals
+    main = it.main_rows()
+    if not len(main) or not len(iv):
+        return np.zeros(len(iv), bool)
+    contiguous = np.zeros(len(main), bool)
+    contiguous[:-1] = it.end_op[main][:-1] == it.start_op[main][1:]
+    i = iv.iteration
+    ok = (i >= 0) & (iv.end_iteration >= 0)
+    same = iv.end_iteration == i
+    wrap = iv.wrap & contiguous[np.clip(i, 0, len(main) - 1)]
+    return ok & (same | wrap) & (bm.cls[iv.block] != ARENA)
+
+
+def _regularity(key: np.ndarray, x: np.ndarray) -> tuple[float | None, int]:
+    if not len(x):
+        return None, 0
+    _, inv, cnt = np.unique(key, return_inverse=True, return_counts=True)
+    inv = inv.ravel()
+    x = x.astype(np.float64)
+    s1 = np.bincount(inv, weights=x)
+    s2 = np.bincount(inv, weights=x * x)
+    mean = s1 / cnt
+    var = np.maximum(s2 / cnt - mean * mean, 0.0)
+    g = (cnt >= 2) & (mean > 0)
+    if not np.any(g):
+        return None, 0
+    cv = np.sqrt(var[g]) / mean[g]
+    return float(np.clip(1.0 - cv.mean(), 0.0, 1.0)), int(np.count_nonzero(g))
+
+
+def compute_properties(it: IterationModel, bm: BlockModel) -> Properties:
+    """The three properties (see Properties); NONE when the capture has no iteration."""
+    if it.main < 0:
+        return NONE
+    touched = (bm.n_iterations > 0) & (bm.cls != ARENA)
+    if np.any(touched):
+        it_blocks = float(np.count_nonzero(bm.iterative & touched) / np.count_nonzero(touched))
+        it_bytes = float(bm.size[bm.iterative & touched].sum() / max(bm.size[touched].sum(), 1))
+    else:
+        it_blocks = it_bytes = None
+    iv = bm.intervals
+    m = in_iteration_intervals(it, bm)
+    role = bm.role[iv.block[m]]
+    index = iv.index[m].astype(np.int64)
+    key = (role - role.min(initial=0)) * (int(index.max(initial=0)) + 1) + index
+    regular, groups = _regularity(key, iv.ns[m])
+    regular_ops, _ = _regularity(key, iv.ops[m])
+    ns = iv.ns[m]
+    return Properties(
+        iterative_blocks=it_blocks, iterative_bytes=it_bytes, regular=regular, regular_ops=regular_ops,
+        extremal_top=top_share(ns) if len(ns) else None, extremal_gini=gini(ns) if len(ns) else None,
+        n_intervals=int(len(ns)), n_groups=groups,
+    )

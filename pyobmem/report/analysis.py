@@ -1,0 +1,148 @@
+"""What the report and the exports show from the pattern model (pyobmem.model), in one object.
+
+``analyse(capture) -> Analysis`` (cached on the capture) runs ``pyobmem.model.analyse`` once and
+lays out what the report draws: the main regime's iterations, each block's class and accesses,
+the properties with their definitions and verdicts, the saving curve and the swap candidates.
+Definitions and formulas are the model's (docs/model.md); this module adds only the thresholds
+at which the report says a property holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import model
+
+CLASSES = model.CLASSES
+COPY_BANDWIDTH = model.DEFAULT_BANDWIDTH
+
+DEFINITIONS = {
+    "iterative": "Blocks are accessed the same way in every iteration. Value: share of the bytes of the blocks "
+                 "accessed in an iteration whose access signature repeats across iterations (blocks allocated "
+                 "anew each iteration are matched by their role: same size, same place in the iteration). "
+                 "Holds at 0.9 or more.",
+    "regular": "The idle intervals of a block have the same length every iteration. Value: 1 - the mean "
+               "coefficient of variation of the length of each (block role, interval) across iterations. "
+               "Holds at 0.9 or more.",
+    "extremal": "A few long idle intervals hold most of the idle time (while most intervals are short), so "
+                "swapping in those few windows saves nearly all there is. Value: share of all idle time in "
+                "the longest 10% of the intervals. Holds at 0.5 or more.",
+}
+THRESHOLD = {"iterative": 0.9, "regular": 0.9, "extremal": 0.5}
+
+
+@dataclass(frozen=True)
+class Property:
+    """One property of the access pattern: whether it holds, its measured value, its definition."""
+
+    name: str
+    holds: bool | None  # None: not measurable (no iteration found)
+    value: float | None
+    definition: str
+    detail: str = ""
+
+
+@dataclass
+class Analysis:
+    """The model's view of a capture, as the report uses it."""
+
+    model: object = field(repr=False)  # pyobmem.model.Analysis
+    iterations: np.ndarray  # (k, 2) int64 [start, end) ns of the main regime; empty when none
+    iteration_ops: int | None  # ops of the main sequence per iteration
+    block_class: np.ndarray  # one class name per block row
+    access_start: np.ndarray  # per block row: first index into access_times (n_blocks + 1)
+    access_times: np.ndarray  # access times (ns) grouped by block row, in op order
+    properties: list[Property]
+    curve_ratio: np.ndarray  # time ratio (iteration time with swapping / without)
+    curve_saved: np.ndarray  # bytes of peak saved at that ratio
+    peak_bytes: int  # peak resident bytes of the analysed iteration, without swapping
+    window: tuple[int, int] | None  # the analysed iteration [start, end) ns
+    candidates: list[dict] = field(default_factory=list)
+    source: str = "pyobmem.model"
+
+    def accesses_of(self, row: int) -> np.ndarray:
+        """Access times (ns) of block ``row``, in op order."""
+        return self.access_times[self.access_start[row]: self.access_start[row + 1]]
+
+    def idle_intervals(self, row: int) -> list[tuple[int, int]]:
+        """(start, end) ns between consecutive accesses of block ``row`` (gaps of zero left out)."""
+        t = self.accesses_of(row)
+        keep = np.diff(t) > 0
+        return list(zip(t[:-1][keep].tolist(), t[1:][keep].tolist()))
+
+
+def analyse(capture) -> Analysis:
+    """The Analysis of ``capture``, computed once and cached on it."""
+    cached = getattr(capture, "_pyobmem_report_analysis", None)
+    if cached is None:
+        cached = _analyse(capture)
+        capture._pyobmem_report_analysis = cached
+    return cached
+
+
+def _analyse(capture) -> Analysis:
+    m = model.analyse(capture, progress=False)
+    it, bm, pr, sav = m.iterations, m.blocks, m.properties, m.saving
+    rows = it.main_rows()
+    iters = np.stack([it.t_start[rows], it.t_end[rows]], axis=1).astype(np.int64) if len(rows) else \
+        np.zeros((0, 2), np.int64)
+    main = it.main_regime
+    a = Analysis(model=m, iterations=iters, iteration_ops=main.period_ops if main else None,
+                 block_class=np.array(bm.class_names(), dtype=object), access_start=bm.acc_ptr,
+                 access_times=bm.acc_t, properties=properties(pr),
+                 curve_ratio=np.zeros(0), curve_saved=np.zeros(0, np.int64), peak_bytes=0, window=None)
+    if sav is not None:
+        pts = np.array(sav.points, dtype=np.float64).reshape(-1, 2)
+        a.curve_ratio, a.curve_saved = pts[:, 0], pts[:, 1].astype(np.int64)
+        a.peak_bytes, a.window = int(sav.peak_bytes), (int(sav.t_start), int(sav.t_end))
+        a.candidates = candidates(capture, a, sav)
+    return a
+
+
+def properties(pr) -> list[Property]:
+    """The model's Properties as the report's rows (None values: not measurable)."""
+    values = {
+        "iterative": (pr.iterative_bytes, f"share of blocks: {_f(pr.iterative_blocks)}"),
+        "regular": (pr.regular, f"on lengths in ops: {_f(pr.regular_ops)}; {pr.n_groups} interval groups"),
+        "extremal": (pr.extremal_top, f"Gini of idle interval lengths: {_f(pr.extremal_gini)}; "
+                                      f"{pr.n_intervals} intervals"),
+    }
+    out = []
+    for name, (v, detail) in values.items():
+        holds = None if v is None else bool(v >= THRESHOLD[name])
+        out.append(Property(name, holds, None if v is None else float(v), DEFINITIONS[name], detail))
+    return out
+
+
+def _f(v) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def candidates(capture, a: Analysis, sav, top: int = 15) -> list[dict]:
+    """The blocks the saving bound swaps, in the order its greedy takes them (the first ones give
+    the most peak per stall): size, class, accesses in the iteration, longest idle interval there,
+    copy time out + in, total stall."""
+    blocks = capture.blocks
+    w0, w1 = a.window
+    out: dict[int, dict] = {}
+    for b, copy, stall, (s, e) in zip(sav.step_block.tolist(), sav.step_copy_ns.tolist(),
+                                      sav.step_stall_ns.tolist(), sav.step_out.tolist()):
+        c = out.get(b)
+        if c is None:
+            if len(out) >= top:
+                continue
+            t = a.accesses_of(b)
+            inside = t[(t >= w0) & (t < w1)]
+            gaps = np.diff(np.r_[t[(t < w0)][-1:], inside, t[t >= w1][:1]])
+            c = out[b] = {"row": b, "block_id": int(blocks["block_id"][b]), "size": int(blocks["size"][b]),
+                          "class": str(a.block_class[b]), "accesses": int(len(inside)),
+                          "longest_idle_ns": int(gaps.max()) if len(gaps) else 0, "copy_ns": 0, "stall_ns": 0,
+                          "out_ns": 0}
+        c["copy_ns"] += int(2 * copy)
+        c["stall_ns"] += int(stall)
+        c["out_ns"] += int(e - s)
+    for c in out.values():
+        c["fits"] = c["stall_ns"] == 0
+    return list(out.values())

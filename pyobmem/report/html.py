@@ -1,0 +1,288 @@
+"""The HTML report: one self-contained file (inline CSS and SVG, no script, nothing fetched).
+
+Sections: summary and warnings, memory over time stacked by block class, iterations, the access
+map of one iteration, the idle-interval histogram, the swap saving curve, the top swap
+candidates, the properties with their definitions, the environment.
+"""
+
+from __future__ import annotations
+
+import time
+from html import escape
+
+import numpy as np
+
+from .. import abi
+from ..export import block_end_times, fmt_bytes, live_bytes, time_span
+from . import svg
+from .analysis import CLASSES, Analysis, analyse
+
+CLASS_COLOURS = {"persistent": "#4e79a7", "iteration-scoped": "#f28e2c", "transient": "#59a14f",
+                 "arena": "#af7aa1", "never-accessed": "#bab0ab", "other": "#edc949"}
+MAX_POINTS = 1200  # memory series samples
+MAX_ROWS = 160  # access map rows
+MAP_WIDTH = 1100
+
+CSS = """
+body{font-family:system-ui,sans-serif;margin:24px auto;max-width:1160px;color:#222;line-height:1.4}
+h1{font-size:22px;margin-bottom:4px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:13px}td,th{padding:3px 10px;border-bottom:1px solid #eee;text-align:left}
+th{background:#f6f6f6}td.n{text-align:right;font-variant-numeric:tabular-nums}
+.warn{background:#fff1f0;border:1px solid #e15759;padding:8px 12px;margin:8px 0;border-radius:4px}
+.ok{color:#2d7d2d}.bad{color:#b3261e}.muted{color:#777}.grid{display:flex;gap:24px;flex-wrap:wrap}
+.legend span{display:inline-block;margin-right:14px;font-size:13px}
+.legend i{display:inline-block;width:11px;height:11px;margin-right:4px;vertical-align:-1px}
+code{background:#f3f3f3;padding:1px 4px;border-radius:3px}
+"""
+
+
+_dur = svg._dur
+
+
+def _table(head: list[str], rows: list[list], numeric: set[int] = frozenset()) -> str:
+    h = "".join(f"<th>{escape(c)}</th>" for c in head)
+    body = "".join("<tr>" + "".join(f'<td{" class=n" if i in numeric else ""}>{escape(str(c))}</td>'
+                                    for i, c in enumerate(r)) + "</tr>" for r in rows)
+    return f"<table><tr>{h}</tr>{body}</table>"
+
+
+def _legend(names) -> str:
+    return '<div class="legend">' + "".join(
+        f'<span><i style="background:{CLASS_COLOURS.get(n, "#999")}"></i>{escape(n)}</span>' for n in names) + "</div>"
+
+
+def memory_series(capture, a: Analysis, max_points: int = MAX_POINTS):
+    """(times, [(class, values)]) of live bytes per class, downsampled to at most ``max_points``
+    samples: in each time bin, the instant of the highest total is kept, so peaks survive."""
+    blocks = capture.blocks
+    times, total = live_bytes(blocks)
+    if not len(times):
+        return times, []
+    if len(times) > max_points:
+        edges = np.linspace(times[0], times[-1], max_points + 1)
+        bin_of = np.clip(np.searchsorted(edges, times, side="right") - 1, 0, max_points - 1)
+        pick = []
+        for b in np.unique(bin_of):
+            idx = np.flatnonzero(bin_of == b)
+            pick.append(idx[np.argmax(total[idx])])
+        times = times[np.array(pick)]
+    layers = []
+    for cls in CLASSES:
+        mask = a.block_class == cls
+        if not mask.any():
+            continue
+        t, v = live_bytes(blocks, mask)
+        pos = np.searchsorted(t, times, side="right") - 1
+        layers.append((cls, np.where(pos >= 0, v[np.maximum(pos, 0)], 0)))
+    return times, layers
+
+
+def access_map(capture, a: Analysis, width: int = MAP_WIDTH) -> str:
+    """Blocks as rows (sorted by first access in the window), accesses as ticks, idle spans shaded."""
+    w0, w1 = a.window
+    T = w1 - w0
+    blocks = capture.blocks
+    end = block_end_times(capture)
+    rows = []
+    for r in np.flatnonzero((blocks["t_alloc"] < w1) & (end > w0)).tolist():
+        t = a.accesses_of(r)
+        t = t[(t >= w0) & (t < w1)]
+        if len(t):
+            rows.append((r, t))
+    shown = len(rows)
+    if len(rows) > MAX_ROWS:
+        rows = sorted(rows, key=lambda rt: -int(blocks["size"][rt[0]]))[:MAX_ROWS]
+    rows.sort(key=lambda rt: (int(rt[1][0]), rt[0]))
+    rh = max(3, min(14, 640 // max(len(rows), 1)))
+    left, top = 200, 8
+    height = top + rh * len(rows) + 40
+    f = svg.Frame(width, height, 0, T, 0, 1, left=left, top=top, bottom=40)
+    tu, tname = svg.time_unit(T)
+    xt = svg.nice_ticks(0, T / tu)
+    f.axes([x * tu for x in xt], [f"{x:g}" for x in xt], [], [], f"time in iteration ({tname})")
+    for i, (r, t) in enumerate(rows):
+        y = top + i * rh
+        colour = CLASS_COLOURS.get(a.block_class[r], "#999")
+        la, le = max(int(blocks["t_alloc"][r]), w0) - w0, min(int(end[r]), w1) - w0
+        x0, x1 = float(f.px(la)), float(f.px(le))
+        label = f"block {int(blocks['block_id'][r])} {fmt_bytes(int(blocks['size'][r]))} {a.block_class[r]}"
+        f.add(f'<rect x="{x0:.1f}" y="{y}" width="{max(x1 - x0, 0.5):.1f}" height="{rh - 1}" fill="#f0f0f0">'
+              f'<title>{escape(label)}</title></rect>')
+        full = a.accesses_of(r)
+        k0 = np.searchsorted(full, w0)
+        prev = full[k0 - 1] if k0 > 0 else None
+        pts = np.r_[[prev] if prev is not None else [], t, [full[k0 + len(t)]] if k0 + len(t) < len(full) else []]
+        for s, e in zip(pts[:-1], pts[1:]):  # idle spans, clipped to the window
+            s, e = max(s, w0) - w0, min(e, w1) - w0
+            if e > s:
+                xs, xe = float(f.px(s)), float(f.px(e))
+                if xe - xs >= 1:
+                    f.add(f'<rect x="{xs:.1f}" y="{y}" width="{xe - xs:.1f}" height="{rh - 1}" fill="{colour}" '
+                          f'opacity="0.22"><title>idle {escape(_dur(e - s))}</title></rect>')
+        xs = np.unique(np.round(f.px(t - w0)).astype(int))
+        f.add(f'<path d="{"".join(f"M{x} {y}v{rh - 1}" for x in xs.tolist())}" stroke="{colour}" stroke-width="1.5"/>')
+        if rh >= 9:
+            f.add(f'<text x="{left - 4}" y="{y + rh - 2}" text-anchor="end" font-size="{min(rh - 1, 11)}" '
+                  f'font-family="system-ui,sans-serif">{escape(label[: 34])}</text>')
+    note = (f"<p class=muted>{len(rows)} of {shown} blocks accessed in this iteration shown (the largest).</p>"
+            if shown > len(rows) else "")
+    return f.svg("access map") + note
+
+
+def _section(title: str, body: str, anchor: str) -> str:
+    return f'<section id="{anchor}"><h2>{escape(title)}</h2>{body}</section>'
+
+
+def _environment(capture) -> str:
+    meta = capture.meta
+    rows = []
+    for pid in sorted(capture.notes):
+        notes = capture.notes[pid]
+        n_dev = int(notes.get("device_count", "0") or 0)
+        for d in range(max(n_dev, 1)):
+            name = notes.get(f"device{d}.name")
+            if name:
+                total = notes.get(f"device{d}.total_bytes")
+                cc = notes.get(f"device{d}.cc", "?")
+                mem = fmt_bytes(int(total)) if total and total.isdigit() else "?"
+                rows.append([f"pid {pid}: GPU {d}", f"{name}, {mem}, compute capability {cc}"])
+        for key in ("driver_version", "cupti"):
+            if key in notes:
+                rows.append([f"pid {pid}: {key}", notes[key]])
+        unhooked = [k for k in notes if k.startswith("unhooked")]
+        if unhooked:
+            rows.append([f"pid {pid}: unhooked", ", ".join(notes[k] for k in unhooked)])
+    for p in capture.processes:
+        if not any(str(int(p["pid"])) in r[0] and "driver" in r[0] for r in rows):
+            rows.append([f"pid {int(p['pid'])}: driver (process record)", str(int(p["driver_version"]))])
+        rows.append([f"pid {int(p['pid'])}: launches attributed from",
+                     "CUPTI" if int(p["source"]) == abi.LaunchSource.CUPTI else "shim hooks"])
+    env = meta.get("env") or {}
+    rows.append(["allocator settings", ", ".join(f"{k}={v}" for k, v in env.items()) or "none set"])
+    presets = meta.get("presets") or {}
+    rows.append(["presets applied", ", ".join(f"{k}={v}" for k, v in presets.items()) or "none"])
+    for key in ("hostname", "pyobmem_version", "start_time_iso", "cwd"):
+        if key in meta:
+            rows.append([key, str(meta[key])])
+    return _table(["what", "value"], rows)
+
+
+def render(capture, generated: str | None = None) -> str:
+    """The report of ``capture`` as one HTML string."""
+    a = analyse(capture)
+    blocks, ops = capture.blocks, capture.ops
+    t0, t1 = time_span(capture)
+    times, total = live_bytes(blocks)
+    peak = int(total.max()) if len(total) else 0
+    n_opaque = int((ops["flags"][ops["type"] == abi.Ev.LAUNCH] & abi.LaunchFlag.OPAQUE != 0).sum())
+    command = capture.meta.get("command") or " ".join(capture.meta.get("argv", [])) or "?"
+    parts = [f"<h1>pyobmem report</h1><p class=muted>{escape(capture.path)} · {escape(command)} · "
+             f"generated {escape(generated or time.strftime('%Y-%m-%d %H:%M:%S'))}</p>"]
+
+    warnings = []
+    if capture.dropped:
+        warnings.append(f"{capture.dropped} events were dropped (the ring was full): allocations, frees or "
+                        f"accesses are missing, and what follows undercounts them.")
+    if not capture.complete:
+        warnings.append("The capture has no end record: the traced process or the daemon was killed; "
+                        "it is read up to its last whole record.")
+    if len(capture.untracked):
+        warnings.append(f"{len(capture.untracked)} frees or unmaps of addresses never seen allocated "
+                        f"(allocated before tracing, or outside the hooked calls).")
+    if n_opaque:
+        warnings.append(f"{n_opaque} launches are opaque (their touched blocks may be incomplete); "
+                        f"the blocks they may touch are never swapped.")
+    parts += [f'<div class="warn">{escape(w)}</div>' for w in warnings]
+
+    n_iter = len(a.iterations)
+    stats = [
+        ["duration", _dur(t1 - t0)], ["processes", len(capture.processes)], ["blocks", len(blocks)],
+        ["kernel launches, copies, sets", len(ops)], ["accesses", len(capture.accesses)],
+        ["peak live bytes", fmt_bytes(peak)], ["bytes never freed", fmt_bytes(int(blocks["size"][blocks["t_free"] < 0].sum()))],
+        ["dropped events", capture.dropped], ["complete", "yes" if capture.complete else "no"],
+        ["exit status", "?" if capture.exit_status is None else capture.exit_status],
+        ["iterations found", n_iter],
+    ]
+    for cls in CLASSES:
+        m = a.block_class == cls
+        if m.any():
+            stats.append([f"{cls} blocks", f"{int(m.sum())} ({fmt_bytes(int(blocks['size'][m].sum()))})"])
+    parts.append(_section("Summary", _table(["", ""], stats, {1}), "summary"))
+
+    t_s, layers = memory_series(capture, a)
+    if len(t_s):
+        marks = [tuple(x) for x in a.iterations.tolist()][:: max(1, n_iter // 50)][:50] if n_iter else []
+        plot = svg.stacked_area(t_s, [(c, CLASS_COLOURS[c], v) for c, v in layers], marks=marks)
+        body = _legend([c for c, _ in layers]) + plot
+        if n_iter:
+            body += "<p class=muted>Shaded: detected iterations (every one up to 50).</p>"
+    else:
+        body = "<p>No allocation was recorded.</p>"
+    parts.append(_section("Memory over time, by block class", body, "memory"))
+
+    if n_iter:
+        lens = a.iterations[:, 1] - a.iterations[:, 0]
+        it_body = _table(["", ""], [
+            ["iterations", n_iter], ["ops per iteration", a.iteration_ops],
+            ["iteration time (median)", _dur(float(np.median(lens)))],
+            ["iteration time (min / max)", f"{_dur(float(lens.min()))} / {_dur(float(lens.max()))}"],
+            ["first iteration starts", f"{_dur(int(a.iterations[0, 0]) - t0)} after the first event"],
+            ["analysed iteration", "-" if a.window is None else f"number {int(np.searchsorted(a.iterations[:, 0], a.window[0])) + 1}, "
+                                   f"{_dur(a.window[1] - a.window[0])}, peak {fmt_bytes(a.peak_bytes)} resident"],
+        ], {1})
+    else:
+        it_body = ("<p class=bad><b>No iteration was found</b>: the sequence of kernel launches does not repeat "
+                   "(too short a run, or not a training loop). The access map, the saving curve and the swap "
+                   "candidates need iterations; memory over time and the statistics above do not.</p>")
+    parts.append(_section("Iterations", it_body, "iterations"))
+
+    if a.window is not None:
+        parts.append(_section("Access map of one iteration", _legend(
+            [c for c in CLASSES if (a.block_class == c).any()]) + access_map(capture, a)
+            + "<p class=muted>Rows: blocks, in order of first access. Ticks: accesses. Shaded: idle "
+              "intervals. Grey: the block is allocated.</p>", "access-map"))
+
+    idle = np.diff(a.access_times)
+    same_block = np.ones(len(idle), bool)
+    if len(idle):
+        starts = a.access_start[1:-1]
+        same_block[starts[(starts > 0) & (starts <= len(idle))] - 1] = False
+    idle = idle[same_block & (idle > 0)].astype(np.float64)
+    hist = svg.histogram_log(idle, width=1100, xtitle="idle interval (time between consecutive accesses of a block)")
+    parts.append(_section("Idle intervals", hist + f"<p class=muted>{len(idle)} idle intervals over all blocks, "
+                          f"log-spaced bins, log counts.</p>", "idle"))
+
+    if a.window is not None:
+        curve = svg.line_plot(a.curve_ratio, a.curve_saved.astype(np.float64), width=600,
+                              xtitle="time ratio (iteration time with swapping / without)")
+        rows = [[f"{r:g}x", fmt_bytes(int(s)), f"{100 * s / a.peak_bytes:.1f}%" if a.peak_bytes else "-"]
+                for r, s in zip(a.curve_ratio.tolist(), a.curve_saved.tolist())]
+        body = (f'<div class=grid><div>{curve}</div><div>{_table(["time ratio", "peak saved", "of peak"], rows, {1, 2})}'
+                f"</div></div><p class=muted>Peak device memory of the analysed iteration that swapping idle blocks "
+                f"to host memory could save, if the iteration may run that much longer (pyobmem.model's saving "
+                f"bound, copies at {a.model.saving.bandwidth / 1e9:g} GB/s each way).</p>")
+        parts.append(_section("Saving curve", body, "saving"))
+        cand = [[c["block_id"], fmt_bytes(c["size"]), c["class"], c["accesses"], _dur(c["longest_idle_ns"]),
+                 _dur(c["out_ns"]), _dur(c["copy_ns"]), _dur(c["stall_ns"]) if c["stall_ns"] else "none"]
+                for c in a.candidates]
+        body = (_table(["block", "size", "class", "accesses / iteration", "longest idle", "out of device",
+                        "copy out + in", "stall"], cand, {1, 3, 4, 5, 6, 7}) if cand
+                else "<p>No block is worth swapping in this iteration.</p>")
+        parts.append(_section("Top swap candidates", body + "<p class=muted>The blocks the saving bound swaps, in "
+                              "the order it takes them (most peak saved per stall first); times within the "
+                              "analysed iteration.</p>", "candidates"))
+
+    prow = []
+    for p in a.properties:
+        state = "not measured" if p.holds is None else ("holds" if p.holds else "does not hold")
+        cls = "muted" if p.holds is None else ("ok" if p.holds else "bad")
+        val = "-" if p.value is None else f"{p.value:.3f}"
+        prow.append(f'<tr><td><b>{escape(p.name)}</b></td><td class="{cls}">{state}</td><td class=n>{val}</td>'
+                    f"<td>{escape(p.definition)}<br><span class=muted>{escape(p.detail)}</span></td></tr>")
+    body = ("<table><tr><th>property</th><th></th><th>value</th><th>definition</th></tr>" + "".join(prow) + "</table>")
+    if not n_iter:
+        body += "<p class=muted>The properties are measured over iterations; none was found.</p>"
+    parts.append(_section("Properties", body, "properties"))
+    parts.append(_section("Environment", _environment(capture), "environment"))
+    return ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>pyobmem report</title>"
+            f"<style>{CSS}</style></head><body>" + "".join(parts) + "</body></html>")

@@ -1,0 +1,364 @@
+"""The command line: `pyobmem run` / `pyobmem-run` end to end (no GPU), errors, help.
+
+The run tests use the real shim (`make native`). Where it cannot be built on this machine they
+use an empty stand-in library through $PYOBMEM_SHIM, which is enough for everything the launcher
+does (environment, ring, daemon, signals, exit codes, metadata) but traces nothing.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pty
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pyobmem import __version__
+from pyobmem.capture import read_capture
+from pyobmem.launcher import find_cupti
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+
+def _build_stub(directory: Path, name: str) -> str:
+    src = directory / f"{name}.c"
+    src.write_text("int pyobmem_stub_%s;\n" % name.replace("-", "_"))
+    so = directory / f"lib{name}.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    return str(so)
+
+
+@pytest.fixture(scope="session")
+def shim(tmp_path_factory) -> dict:
+    """{"path": the shim the launcher will preload, "env": variables to add for that}."""
+    real = ROOT / "pyobmem" / "libpyobmem.so"
+    try:
+        built = subprocess.run(["make", "-s", "native"], cwd=ROOT, capture_output=True, timeout=300).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        built = False
+    if built and real.is_file():
+        return {"path": str(real), "env": {}}
+    if shutil.which("gcc") is None:
+        pytest.skip("the shim cannot be built (make native failed) and there is no gcc for a stand-in")
+    stub = _build_stub(tmp_path_factory.mktemp("stub"), "stub-shim")
+    return {"path": stub, "env": {"PYOBMEM_SHIM": stub}}
+
+
+def _env(extra: dict | None = None, drop=()) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYOBMEM_", "XLA_", "PYTORCH_", "CUPY_"))}
+    env.pop("LD_PRELOAD", None)
+    env["PYTHONPATH"] = str(ROOT)
+    for k in drop:
+        env.pop(k, None)
+    env.update(extra or {})
+    return env
+
+
+def pyobmem(*args, cwd, env=None, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PY, "-m", "pyobmem", *args], cwd=cwd, env=env or _env(), capture_output=True, text=True, timeout=120, **kw
+    )
+
+
+def pyobmem_run(*args, cwd, env=None) -> subprocess.CompletedProcess:
+    """The `pyobmem-run` entry point (the package is not installed: call run_main)."""
+    code = "import sys; from pyobmem.cli import run_main; sys.exit(run_main())"
+    return subprocess.run(
+        [PY, "-c", code, *args], cwd=cwd, env=env or _env(), capture_output=True, text=True, timeout=120
+    )
+
+
+def _one_error_line(proc, text: str) -> None:
+    assert proc.stderr.splitlines() == [f"pyobmem: error: {text}"], proc.stderr
+
+
+# --- help and usage ------------------------------------------------------------------------------
+
+
+def test_help(tmp_path):
+    top = pyobmem("--help", cwd=tmp_path)
+    assert top.returncode == 0 and "run" in top.stdout and "summary" in top.stdout
+    run = pyobmem("run", "--help", cwd=tmp_path)
+    assert run.returncode == 0
+    for flag in ("--output", "--force", "--capacity", "--no-cupti", "--no-presets", "--quiet"):
+        assert flag in run.stdout
+    short = pyobmem_run("--help", cwd=tmp_path)
+    assert short.returncode == 0 and short.stdout.startswith("usage: pyobmem-run [-o FILE]")
+    version = pyobmem("--version", cwd=tmp_path)
+    assert version.returncode == 0 and version.stdout.strip() == f"pyobmem {__version__}"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [[], ["frobnicate"], ["run"], ["run", "--"], ["run", "--capacity", "0", "true"], ["summary"]],
+)
+def test_usage_errors_exit_2(tmp_path, args):
+    proc = pyobmem(*args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith("pyobmem")
+    assert "Traceback" not in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- errors before anything runs -----------------------------------------------------------------
+
+
+def test_unknown_command_exits_127(tmp_path):
+    proc = pyobmem_run("no-such-command-pyobmem", "x", cwd=tmp_path)
+    assert proc.returncode == 127
+    _one_error_line(proc, "no-such-command-pyobmem: command not found")
+    assert list(tmp_path.iterdir()) == []  # no capture, nothing run
+
+
+def test_not_executable_exits_126(tmp_path):
+    script = tmp_path / "script.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    proc = pyobmem("run", "./script.sh", cwd=tmp_path)
+    assert proc.returncode == 126
+    _one_error_line(proc, "./script.sh: Permission denied")
+    proc = pyobmem("run", "./missing.sh", cwd=tmp_path)
+    assert proc.returncode == 127
+    _one_error_line(proc, "./missing.sh: No such file or directory")
+
+
+def test_existing_output_refused_before_running(tmp_path):
+    out = tmp_path / "out.pyobmem"
+    out.write_bytes(b"keep me")
+    proc = pyobmem("run", "-o", "out.pyobmem", PY, "-c", "open('ran', 'w')", cwd=tmp_path)
+    assert proc.returncode == 1
+    _one_error_line(proc, "out.pyobmem exists; use -f/--force to overwrite it")
+    assert not (tmp_path / "ran").exists()
+    assert out.read_bytes() == b"keep me"
+
+
+def test_missing_shim_says_to_run_make(tmp_path):
+    proc = pyobmem("run", "true", cwd=tmp_path, env=_env({"PYOBMEM_SHIM": str(tmp_path / "nope.so")}))
+    assert proc.returncode == 1
+    _one_error_line(proc, f"the shim {tmp_path / 'nope.so'} is not built; run `make` in the pyobmem source tree")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [(b"GIF89a and more", "not a pyobmem capture"), (b"PYOB", "truncated capture (header incomplete)")],
+)
+def test_bad_capture_one_line_exit_2(tmp_path, content, message):
+    (tmp_path / "bad.pyobmem").write_bytes(content)
+    proc = pyobmem("summary", "bad.pyobmem", cwd=tmp_path)
+    assert proc.returncode == 2
+    _one_error_line(proc, f"bad.pyobmem: {message}")
+
+
+def test_missing_capture_exit_2(tmp_path):
+    proc = pyobmem("summary", "nope.pyobmem", cwd=tmp_path)
+    assert proc.returncode == 2
+    _one_error_line(proc, "nope.pyobmem: cannot read capture: No such file or directory")
+
+
+# --- runs ----------------------------------------------------------------------------------------
+
+
+def test_print_1_on_a_machine_without_gpu(tmp_path, shim):
+    proc = pyobmem_run(PY, "-c", "print(1)", cwd=tmp_path, env=_env(shim["env"]))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "1\n"  # the child's output, untouched; ours goes to stderr
+    captures = glob.glob(str(tmp_path / "pyobmem-*.pyobmem"))
+    assert len(captures) == 1
+    name = os.path.basename(captures[0])
+    assert name.startswith(f"pyobmem-{os.path.basename(PY)}-") and name[len("pyobmem-") :].split("-")[-1][:-8].isdigit()
+    lines = proc.stderr.splitlines()
+    assert "pyobmem: no CUDA activity was seen" in lines
+    assert f"pyobmem: capture written to {captures[0]}" in lines
+    assert any(line.startswith("pyobmem: next: pyobmem summary ") for line in lines)
+    cap = read_capture(captures[0])
+    assert cap.complete and cap.exit_status == 0 and len(cap.ops) == 0 and len(cap.blocks) == 0
+    summary = pyobmem("summary", captures[0], cwd=tmp_path)
+    assert summary.returncode == 0 and "no CUDA activity was seen" in summary.stdout.splitlines()
+
+
+def test_exit_code_preserved(tmp_path, shim):
+    proc = pyobmem("run", "-q", "-o", "c.pyobmem", PY, "-c", "import sys; sys.exit(3)", cwd=tmp_path, env=_env(shim["env"]))
+    assert proc.returncode == 3 and proc.stderr == ""
+    cap = read_capture(str(tmp_path / "c.pyobmem"))
+    assert cap.complete and cap.exit_status == 3
+
+
+def test_force_overwrites(tmp_path, shim):
+    out = tmp_path / "c.pyobmem"
+    out.write_bytes(b"old")
+    proc = pyobmem("run", "-f", "-q", "-o", str(out), "--", PY, "-c", "pass", cwd=tmp_path, env=_env(shim["env"]))
+    assert proc.returncode == 0, proc.stderr
+    assert read_capture(str(out)).complete
+
+
+def test_killed_by_signal_exits_128_plus_n(tmp_path, shim):
+    code = "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"
+    proc = pyobmem("run", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path, env=_env(shim["env"]))
+    assert proc.returncode == 143
+    cap = read_capture(str(tmp_path / "c.pyobmem"))
+    assert cap.complete and cap.exit_status == -15
+    assert "pyobmem: no events dropped; capture complete, command killed by signal 15" in proc.stderr.splitlines()
+
+
+SLEEPER = "import sys, time; print('ready', flush=True); time.sleep(60)"
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
+def test_signals_to_the_launcher_reach_the_child(tmp_path, shim, sig, code):
+    launcher = subprocess.Popen(
+        [PY, "-m", "pyobmem", "run", "-q", "-o", "c.pyobmem", PY, "-c", SLEEPER],
+        cwd=tmp_path, env=_env(shim["env"]), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    assert launcher.stdout.readline() == b"ready\n"
+    t0 = time.monotonic()
+    launcher.send_signal(sig)
+    assert launcher.wait(30) == code
+    assert time.monotonic() - t0 < 10
+    cap = read_capture(str(tmp_path / "c.pyobmem"))
+    assert cap.complete and cap.exit_status == -sig
+
+
+def test_ctrl_c_at_the_terminal_reaches_the_child_once(tmp_path, shim):
+    """The terminal sends Ctrl-C to the whole foreground group: the launcher must not add a second."""
+    child = (  # takes SIGINTs synchronously, so a second one a moment later is not merged
+        "import signal, time\n"
+        "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\n"
+        "print('ready', flush=True)\n"
+        "got = [signal.sigwaitinfo({signal.SIGINT})]\n"
+        "end = time.monotonic() + 1.0\n"
+        "while end > time.monotonic():\n"
+        "    info = signal.sigtimedwait({signal.SIGINT}, max(0.0, end - time.monotonic()))\n"
+        "    if info: got.append(info)\n"
+        "print('sigints', len(got), [(i.si_code, i.si_pid) for i in got], flush=True)\n"
+    )
+    argv = [PY, "-m", "pyobmem", "run", "-q", "-o", str(tmp_path / "c.pyobmem"), PY, "-c", child]
+    env = _env(shim["env"])
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover (the child execs)
+        os.chdir(tmp_path)
+        os.execve(PY, argv, env)
+    out = b""
+    deadline = time.monotonic() + 60
+    sent = False
+    while time.monotonic() < deadline:
+        if not sent and b"ready" in out:
+            os.write(fd, b"\x03")
+            sent = True
+        if select.select([fd], [], [], 0.1)[0]:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # EIO: the other side closed
+                break
+            if not chunk:
+                break
+            out += chunk
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    assert b"sigints 1 [(128, 0)]" in out, out  # once, from the terminal (SI_KERNEL)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_environment_of_the_child(tmp_path, shim):
+    other = _build_stub(tmp_path, "other")
+    code = (
+        "import os, stat\n"
+        "ring = os.environ['PYOBMEM_RING']\n"
+        "print(os.environ['LD_PRELOAD'])\n"
+        "print(ring)\n"
+        "print(oct(stat.S_IMODE(os.stat(ring).st_mode)))\n"
+        "print(os.environ.get('XLA_PYTHON_CLIENT_ALLOCATOR'))\n"
+        "print(os.environ.get('PYOBMEM_CUPTI'))\n"
+    )
+    proc = pyobmem("run", "-q", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path, env=_env({**shim["env"], "LD_PRELOAD": other}))
+    assert proc.returncode == 0, proc.stderr
+    preload, ring, mode, xla, cupti = proc.stdout.splitlines()
+    assert preload == f"{shim['path']}:{other}"  # prepended, never replaced
+    assert ring.startswith("/dev/shm/pyobmem-") and mode == "0o600"
+    assert not os.path.exists(ring)  # removed after the run
+    assert xla == "platform"
+    assert cupti == str(find_cupti())  # None when this machine has no libcupti
+
+    proc = pyobmem("run", "-f", "-q", "--no-cupti", "--no-presets", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path, env=_env(shim["env"]))
+    preload, _, _, xla, cupti = proc.stdout.splitlines()
+    assert preload == shim["path"] and xla == "None" and cupti == "0"
+    cap = read_capture(str(tmp_path / "c.pyobmem"))
+    assert cap.meta["presets"] == {} and cap.meta["cupti"] == "0"
+
+
+def test_metadata_records_the_run(tmp_path, shim):
+    user_env = {
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        "CUPY_GPU_MEMORY_LIMIT": "50%",
+        "CUDA_VISIBLE_DEVICES": "0",
+        "UNRELATED": "not recorded",
+    }
+    before = time.monotonic_ns()
+    t0 = time.time()
+    proc = pyobmem("run", "-q", "-o", "c.pyobmem", PY, "-c", "pass", cwd=tmp_path, env=_env({**shim["env"], **user_env}))
+    assert proc.returncode == 0, proc.stderr
+    meta = read_capture(str(tmp_path / "c.pyobmem")).meta
+    assert meta["argv"] == [PY, "-c", "pass"]
+    assert meta["cwd"] == str(tmp_path)
+    assert meta["pyobmem_version"] == __version__
+    assert before <= meta["start_monotonic_ns"] <= time.monotonic_ns()
+    assert t0 <= meta["start_time"] <= time.time()
+    assert meta["presets"] == {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}
+    assert meta["env"] == {k: v for k, v in user_env.items() if k != "UNRELATED"}
+    assert meta["hostname"] == os.uname().nodename
+    assert meta["shim"] == shim["path"]
+
+    # The user's own JAX setting wins over the preset, and is recorded.
+    env = _env({**shim["env"], "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+    code = "import os; print(os.environ.get('XLA_PYTHON_CLIENT_ALLOCATOR'))"
+    proc = pyobmem("run", "-f", "-q", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path, env=env)
+    assert proc.stdout == "None\n"
+    meta = read_capture(str(tmp_path / "c.pyobmem")).meta
+    assert meta["presets"] == {} and meta["env"] == {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+
+
+def test_daemon_death_is_reported_and_exit_code_kept(tmp_path, shim):
+    """The app carries on when the daemon dies; the launcher says so and keeps the exit code."""
+    code = (
+        "import os, signal, sys, time\n"
+        "ring = os.environ['PYOBMEM_RING']\n"
+        "for pid in os.listdir('/proc'):\n"
+        "    try:\n"
+        "        cmd = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')\n"
+        "    except OSError:\n"
+        "        continue\n"
+        "    if b'pyobmem.daemon' in cmd and ring.encode() in cmd:\n"
+        "        os.kill(int(pid), signal.SIGKILL)\n"
+        "        break\n"
+        "else:\n"
+        "    sys.exit(99)\n"
+        "time.sleep(0.3)\n"
+        "print('still running', flush=True)\n"
+        "sys.exit(5)\n"
+    )
+    proc = pyobmem("run", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path, env=_env(shim["env"]))
+    assert proc.returncode == 5 and proc.stdout == "still running\n"
+    lines = proc.stderr.splitlines()
+    assert lines[0] == "pyobmem: the capture daemon stopped during the run (status -9); the capture ends there"
+    assert "pyobmem: no CUDA activity was seen" in lines
+    cap = read_capture(str(tmp_path / "c.pyobmem"))
+    assert not cap.complete
+
+
+def test_descendants_get_the_same_ring(tmp_path, shim):
+    code = (
+        "import os, subprocess, sys\n"
+        "print(os.environ['PYOBMEM_RING'])\n"
+        "sys.stdout.flush()\n"
+        "subprocess.run(['sh', '-c', 'echo $PYOBMEM_RING; echo $LD_PRELOAD'])\n"
+    )
+    proc = pyobmem("run", "-q", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path, env=_env(shim["env"]))
+    mine, child, preload = proc.stdout.splitlines()
+    assert mine == child and preload == shim["path"]
