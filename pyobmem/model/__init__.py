@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..progress import Progress
-from .blocks import CLASSES, BlockModel, build_blocks
+from .blocks import CLASSES, BlockModel, build_blocks, segment_subranges
 from .inefficiency import Finding, find_inefficiencies
 from .iterations import IterationModel, Regime, detect_iterations
 from .properties import Properties, compute_properties
@@ -26,7 +26,7 @@ from .saving import DEFAULT_BANDWIDTH, TIME_RATIOS, SavingCurve, saving_curve
 __all__ = [
     "Analysis", "BlockModel", "CLASSES", "DEFAULT_BANDWIDTH", "Finding", "IterationModel", "Properties",
     "Regime", "SavingCurve", "TIME_RATIOS", "analyse", "build_blocks", "compute_properties",
-    "detect_iterations", "find_inefficiencies", "patterns_json", "saving_curve",
+    "detect_iterations", "find_inefficiencies", "patterns_json", "saving_curve", "segment_subranges",
 ]
 
 

@@ -302,3 +302,31 @@ def build_blocks(capture, it: IterationModel) -> BlockModel:
         role=role, iterative=iterative, opaque=opaque, acc_ptr=acc_ptr, acc_op=ao, acc_t=at, acc_iter=acc_iter,
         acc_pos=acc_pos, intervals=intervals, peak_live_bytes=peak, peak_live_t=peak_t, capture_end=end,
     )
+
+
+SUBRANGE_DTYPE = np.dtype([("start", "<i8"), ("end", "<i8"), ("ops", "<i8"), ("first_op", "<i8"), ("last_op", "<i8")])
+
+
+def segment_subranges(capture, row: int) -> np.ndarray:
+    """Tensor-level refinement of block ``row`` (a segment): the distinct offsets kernel
+    arguments and copies pointed at inside it, each taken as the start of a sub-range that ends
+    at the next offset (the last at the block's end). Structured array (SUBRANGE_DTYPE): start,
+    end (bytes, end exclusive), ops (distinct ops pointing at the start), first_op, last_op (op
+    rows). One row [0, size) when only offset 0 is seen. It is a refinement, not ground truth:
+    a kernel given a pointer into the middle of a tensor (a view) splits it too."""
+    acc = capture.accesses
+    sel = np.flatnonzero(acc["block"] == row)
+    size = int(capture.blocks["size"][row])
+    if not len(sel):
+        return np.zeros(0, SUBRANGE_DTYPE)
+    off = acc["offset"][sel].astype(np.int64)
+    op = acc["op"][sel].astype(np.int64)
+    pairs = np.unique(np.stack((off, op), axis=1), axis=0)  # distinct (offset, op)
+    starts, first, counts = np.unique(pairs[:, 0], return_index=True, return_counts=True)
+    out = np.zeros(len(starts), SUBRANGE_DTYPE)
+    out["start"] = starts
+    out["end"] = np.append(starts[1:], max(size, int(starts[-1]) + 1))
+    out["ops"] = counts
+    out["first_op"] = pairs[first, 1]
+    out["last_op"] = pairs[first + counts - 1, 1]
+    return out

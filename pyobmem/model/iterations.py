@@ -394,7 +394,6 @@ def _model(capture, pid, rows, ids, kernel_rows, ts, found) -> IterationModel:
     n_ops = len(capture.ops)
     regimes, st_all, per_all, rg_all, sc_all = [], [], [], [], []
     order = sorted(range(len(found)), key=lambda i: int(found[i]["starts"][0]))
-    first = 0
     for ri, i in enumerate(order):
         f = found[i]
         k = len(f["starts"])
