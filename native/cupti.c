@@ -1,7 +1,7 @@
 /*
  * The CUPTI subscriber (optional). After the first successful cuInit, libcupti is dlopen'ed and
- * subscribed to exactly the launch callback ids; the API_ENTER callback runs the same
- * record_launch() as the hooks, flagged VIA_CUPTI, and the launch hooks stop recording (no
+ * subscribed to exactly the launch callback ids; the API_EXIT callback of a launch that
+ * succeeded runs the same record_launch() as the hooks, flagged VIA_CUPTI, and the launch hooks stop recording (no
  * double count). Graph launches stay with their hook. CUPTI allows one subscriber per process:
  * when it is taken (Nsight, compute-sanitizer, a profiler) or libcupti is missing, the shim
  * says so once in a NOTE and keeps recording from its hooks (C05).
@@ -42,7 +42,9 @@ static void CUPTIAPI on_callback(void *userdata, CUpti_CallbackDomain domain, CU
 {
     (void)userdata;
     const CUpti_CallbackData *d = cbdata;
-    if (domain != CUPTI_CB_DOMAIN_DRIVER_API || !d || d->callbackSite != CUPTI_API_ENTER || !d->functionParams)
+    /* At exit, so that a launch the driver refused is not recorded (as the hooks do). */
+    if (domain != CUPTI_CB_DOMAIN_DRIVER_API || !d || d->callbackSite != CUPTI_API_EXIT || !d->functionParams ||
+        !d->functionReturnValue || *(const CUresult *)d->functionReturnValue != CUDA_SUCCESS)
         return;
     if (!shim_begin())
         return;

@@ -177,6 +177,11 @@ CUresult CUDAAPI cuInit(unsigned int Flags)
         shim_tls_guard++;
         notes_after_cuinit();
         cupti_start();
+        if (__atomic_load_n(&g_shim.cupti_active, __ATOMIC_ACQUIRE)) {
+            /* The first PROCESS record said HOOKS: CUPTI only starts after cuInit. */
+            __atomic_store_n(&g_shim.need_process, 1, __ATOMIC_RELEASE);
+            shim_emit_process();
+        }
         shim_tls_guard--;
     }
     return r;

@@ -248,9 +248,15 @@ def read_capture(path: str) -> Capture:
     kernel_names = _texts(recs[rtype == abi.Ev.KERNEL_NAME], "a")
 
     p = recs[rtype == abi.Ev.PROCESS]
-    processes = np.zeros(len(p), dtype=PROCESSES_DTYPE)
-    processes["pid"], processes["ppid"], processes["ts_ns"] = p["pid"], p["a"], p["ts_ns"]
-    processes["driver_version"], processes["source"] = p["b"], p["c"]
+    # A pid writes PROCESS again when its launch source changes (abi.h): one row per pid, the
+    # first record's time and the last record's source.
+    _, first = np.unique(p["pid"], return_index=True)
+    _, last_reversed = np.unique(p["pid"][::-1], return_index=True)
+    order = np.argsort(first)  # processes in order of appearance
+    first, last = first[order], (len(p) - 1 - last_reversed)[order]
+    processes = np.zeros(len(first), dtype=PROCESSES_DTYPE)
+    processes["pid"], processes["ppid"], processes["ts_ns"] = p["pid"][first], p["a"][first], p["ts_ns"][first]
+    processes["driver_version"], processes["source"] = p["b"][first], p["c"][last]
 
     blocks, block_index = _blocks(recs)
     ops, accesses = _ops(recs, blocks, block_index)

@@ -485,8 +485,10 @@ def test_c05_cupti_active_records_via_callback_once(fake, tmp_path):
     # exactly the launch callback ids, nothing else
     assert {tuple(map(int, l.split())) for l in log.read_text().splitlines()} == {(c, 1) for c in CUPTI_LAUNCH_CBIDS}
     launches = run.of(Ev.LAUNCH)
-    # CUPTI sees launches at API entry, the failed one (handle 0) too; the hooks record none
-    assert launches["b"].tolist() == [FUNC_A, FUNC_A, KERN_B, FUNC_C, FUNC_A, 0]
+    # CUPTI records successful launches at API exit (not the failed one, handle 0); the hooks none
+    assert launches["b"].tolist() == [FUNC_A, FUNC_A, KERN_B, FUNC_C, FUNC_A]
+    # PROCESS said HOOKS at the first hook, then CUPTI once the subscription started
+    assert run.of(Ev.PROCESS)["c"].tolist() == [LaunchSource.HOOKS, LaunchSource.CUPTI]
     assert all(int(f) & LaunchFlag.VIA_CUPTI for f in launches["flags"])
     assert int(launches[2]["flags"]) == LaunchFlag.VIA_CUPTI | LaunchFlag.EX | LaunchFlag.COOPERATIVE
     assert int(launches[4]["flags"]) == LaunchFlag.VIA_CUPTI | LaunchFlag.COOPERATIVE

@@ -208,50 +208,47 @@ API CUresult cuKernelGetName(const char **name, CUkernel k)
 
 static CUresult launch(CUfunction f) { return f ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE; }
 
-/* The fake libcupti registers here; launches call it at API entry, as CUPTI would. */
+/* The fake libcupti registers here; launches call it with their result, as CUPTI calls its
+ * subscriber at API entry and exit. */
 static fake_api_callback api_cb;
 API void fakeSetApiCallback(fake_api_callback cb) { __atomic_store_n(&api_cb, cb, __ATOMIC_RELEASE); }
-static void api_enter(unsigned cbid, const void *params)
+static CUresult api_callback(unsigned cbid, const void *params, CUresult r)
 {
     fake_api_callback cb = __atomic_load_n(&api_cb, __ATOMIC_ACQUIRE);
     if (cb)
-        cb(cbid, params);
+        cb(cbid, params, &r);
+    return r;
 }
-#define ENTER_LAUNCH(CBID)                                                                    \
+#define LAUNCH_WITH_CALLBACK(CBID)                                                            \
     do {                                                                                      \
         cuLaunchKernel_params p_ = {f, gx, gy, gz, bx, by, bz, sh, s, kp, extra};            \
-        api_enter(CBID, &p_);                                                                 \
+        return api_callback(CBID, &p_, launch(f));                                            \
     } while (0)
 
 #define LAUNCH_PARAMS CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, \
                       unsigned sh, CUstream s, void **kp
 API CUresult cuLaunchKernel(LAUNCH_PARAMS, void **extra)
 {
-    ENTER_LAUNCH(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel);
-    return launch(f);
+    LAUNCH_WITH_CALLBACK(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel);
 }
 API CUresult cuLaunchKernel_ptsz(LAUNCH_PARAMS, void **extra)
 {
-    ENTER_LAUNCH(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz);
-    return launch(f);
+    LAUNCH_WITH_CALLBACK(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz);
 }
 API CUresult cuLaunchCooperativeKernel(LAUNCH_PARAMS)
 {
     cuLaunchCooperativeKernel_params p = {f, gx, gy, gz, bx, by, bz, sh, s, kp};
-    api_enter(CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel, &p);
-    return launch(f);
+    return api_callback(CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel, &p, launch(f));
 }
 API CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **kp, void **extra)
 {
     cuLaunchKernelEx_params p = {c, f, kp, extra};
-    api_enter(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx, &p);
-    return c ? launch(f) : CUDA_ERROR_INVALID_VALUE;
+    return api_callback(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx, &p, c ? launch(f) : CUDA_ERROR_INVALID_VALUE);
 }
 API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **kp, void **extra)
 {
     cuLaunchKernelEx_params p = {c, f, kp, extra};
-    api_enter(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz, &p);
-    return c ? launch(f) : CUDA_ERROR_INVALID_VALUE;
+    return api_callback(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz, &p, c ? launch(f) : CUDA_ERROR_INVALID_VALUE);
 }
 
 /* ---- graphs ---- */

@@ -28,7 +28,7 @@ struct fake_graph {
 };
 
 /* Exported by the fake only (not driver API). */
-typedef void (*fake_api_callback)(unsigned cbid, const void *params);
+typedef void (*fake_api_callback)(unsigned cbid, const void *params, const CUresult *result);
 void fakeSetApiCallback(fake_api_callback cb);                /* for the fake libcupti */
 CUresult fakeAllocHidden(CUdeviceptr *dptr, size_t bytesize); /* memory the shim never sees allocated */
 int fakeParamQueries(void);                                   /* cu*GetParamInfo calls so far */

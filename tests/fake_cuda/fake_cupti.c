@@ -20,7 +20,7 @@ static CUpti_CallbackFunc sub_cb;
 static void *sub_ud;
 static int enabled[MAX_CBID];
 
-static void dispatch(unsigned cbid, const void *params)
+static void dispatch(unsigned cbid, const void *params, const CUresult *result)
 {
     if (cbid >= MAX_CBID || !enabled[cbid] || !sub_cb)
         return;
@@ -29,7 +29,8 @@ static void dispatch(unsigned cbid, const void *params)
     d.functionParams = params;
     d.callbackSite = CUPTI_API_ENTER;
     sub_cb(sub_ud, CUPTI_CB_DOMAIN_DRIVER_API, cbid, &d);
-    d.callbackSite = CUPTI_API_EXIT; /* (the fake calls it right away; the shim ignores exits) */
+    d.functionReturnValue = (void *)result; /* CUPTI declares it non-const */
+    d.callbackSite = CUPTI_API_EXIT;
     sub_cb(sub_ud, CUPTI_CB_DOMAIN_DRIVER_API, cbid, &d);
 }
 

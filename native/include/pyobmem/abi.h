@@ -33,7 +33,9 @@
 enum pyobmem_event_type {
     PYOBMEM_EV_NONE = 0,
     /* A traced process started (first hook). a = ppid, b = driver version (cuDriverGetVersion,
-     * 0 if unknown), c = launch source (pyobmem_launch_source of this process). */
+     * 0 if unknown), c = launch source (pyobmem_launch_source of this process). The record is
+     * written at the first hook, with c = HOOKS; when the CUPTI subscription starts (after
+     * cuInit) the process writes PROCESS again with c = CUPTI: the last one of a pid holds. */
     PYOBMEM_EV_PROCESS = 1,
     /* A block appeared. a = block id, b = device address, c = size (bytes),
      * d = stream (async kinds, else 0), e = pyobmem_alloc_kind. flags = device ordinal. */
