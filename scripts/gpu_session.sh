@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one script a device call runs on the GPU machine, from the repository root:
 #
-#     scripts/gpu_session.sh [build] [tests] [fixtures] [trace] [overhead] [collect]
+#     scripts/gpu_session.sh [build] [tests] [fixtures] [trace] [overhead] [captures] [collect]
 #
 # Default: build tests trace overhead (collect always runs at the end, and after trace/overhead).
 #   build     pip-install the carried wheels (.whl/*.whl, e.g. cffi) into /tmp/site, `make native`
@@ -9,6 +9,8 @@
 #   fixtures  trace gpt.py --size tiny --steps 10 into $CAPS      (also done by `trace`)
 #   trace     fixtures + scripts/bench_trace.py --capture-dir $CAPS -> $OUT/trace.txt
 #   overhead  scripts/bench_trace_overhead.py --repeats $REPEATS  -> $OUT/overhead.txt
+#   captures  trace GPT medium (12 steps) and the CNN (20 steps) into $CAPS for the pattern
+#             analysis (done on the dev machine), and run the export tests that need torch
 #   collect   bench/results/*.json -> $OUT/results.tar.gz; captures under 4 MiB (with their
 #             workload JSON and stdout) -> $OUT/captures.tar.gz
 # Every step is logged with timestamps and its exit status in $OUT/log.txt; a failing step does not
@@ -23,6 +25,7 @@ CAPS=${CAPS:-/tmp/caps}
 REPEATS=${REPEATS:-3}
 SESSION_BUDGET=${SESSION_BUDGET:-540}
 COLLECT_RESERVE=${COLLECT_RESERVE:-20}
+CAPTURE_MAX=${CAPTURE_MAX:-$((12 * 1024 * 1024))}
 SITE=/tmp/site
 mkdir -p "$OUT" "$CAPS"
 LOG=$OUT/log.txt
@@ -120,6 +123,15 @@ step_overhead() {
     step_collect
 }
 
+step_captures() {
+    run_step gpt_medium 150 "$CAPS/gpt_medium.stdout.txt" python3 -m pyobmem run -f -o "$CAPS/gpt_medium.pyobmem" -- \
+        python3 scripts/workloads/gpt.py --size medium --steps 12 --deterministic --seed 0 --json "$CAPS/gpt_medium.json"
+    run_step cnn 120 "$CAPS/cnn.stdout.txt" python3 -m pyobmem run -f -o "$CAPS/cnn.pyobmem" -- \
+        python3 scripts/workloads/cnn.py --steps 20 --deterministic --seed 0 --json "$CAPS/cnn.json"
+    run_step export_tests 120 "$OUT/gpu_tests.txt" python3 -m pytest -q -p no:cacheprovider tests/test_export_memory_viz.py
+    step_collect
+}
+
 COLLECTED=0
 step_collect() {
     COLLECTED=1
@@ -133,7 +145,7 @@ step_collect() {
         [[ -f $f ]] || continue
         size=$(stat -c %s "$f")
         base=${f%.pyobmem}
-        if (( size < 4 * 1024 * 1024 )); then
+        if (( size < CAPTURE_MAX )); then
             keep+=("$(basename "$f")")
             for c in "$base.json" "$base.stdout.txt"; do [[ -f $c ]] && keep+=("$(basename "$c")"); done
         else
@@ -145,15 +157,15 @@ step_collect() {
         size=$(stat -c %s "$OUT/captures.tar.gz")
         (( size > 16 * 1024 * 1024 )) && log "collect: WARNING captures.tar.gz is $size bytes (> 16 MiB limit)"
     else
-        log "collect: no capture under 4 MiB in $CAPS"
+        log "collect: no capture under $CAPTURE_MAX bytes in $CAPS"
     fi
 }
 
 STEPS=("$@")
 (( ${#STEPS[@]} )) || STEPS=(build tests trace overhead)
 for s in "${STEPS[@]}"; do
-    case $s in build|tests|fixtures|trace|overhead|collect) ;;
-        *) echo "gpu_session.sh: error: unknown step '$s' (build tests fixtures trace overhead collect)" >&2; exit 2 ;;
+    case $s in build|tests|fixtures|trace|overhead|captures|collect) ;;
+        *) echo "gpu_session.sh: error: unknown step '$s' (build tests fixtures trace overhead captures collect)" >&2; exit 2 ;;
     esac
 done
 
