@@ -74,10 +74,10 @@ def child_env(extra: dict | None = None) -> dict:
     return env
 
 
-def launcher(capture: Path) -> list[str]:
+def launcher(capture: Path, options: tuple[str, ...] = ()) -> list[str]:
     custom = os.environ.get("PYOBMEM_BENCH_LAUNCHER")
     base = shlex.split(custom) if custom else [sys.executable, "-m", "pyobmem", "run"]
-    return [*base, "-f", "-o", str(capture), "--"]
+    return [*base, *options, "-f", "-o", str(capture), "--"]
 
 
 # ------------------------------------------------------------------------------------ runs
@@ -110,11 +110,18 @@ def steady_median(step_ms: list[float], warmup: int = WARMUP) -> float | None:
 
 
 def run_workload(script: str, args: list[str], json_path: Path, capture: Path | None = None,
-                 env: dict | None = None, timeout: float = 600) -> Run:
-    """Run one workload (traced when ``capture`` is given) and collect its step lines and JSON."""
+                 env: dict | None = None, timeout: float = 600, launcher_options: tuple[str, ...] = (),
+                 pin_cpu: int | None = None) -> Run:
+    """Run one workload (traced when ``capture`` is given) and collect its step lines and JSON.
+
+    ``pin_cpu`` pins the workload process (not the daemon) to that CPU with taskset, which
+    removes most of the run-to-run spread of launch-bound step times on a many-core VM.
+    """
     cmd = [sys.executable, str(WORKLOADS / script), *args, "--json", str(json_path)]
+    if pin_cpu is not None:
+        cmd = ["taskset", "-c", str(pin_cpu), *cmd]
     if capture is not None:
-        cmd = launcher(capture) + cmd
+        cmd = launcher(capture, launcher_options) + cmd
     if json_path.exists():
         json_path.unlink()
     t0 = time.monotonic()

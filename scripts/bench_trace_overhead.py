@@ -35,18 +35,25 @@ def launches_in(capture: Path) -> tuple[int | None, str | None]:
         return None, f"reading capture: {type(e).__name__}: {e}"
 
 
+# Modes: untraced; traced with CUPTI launch callbacks (the default); traced from the shim's own
+# launch hooks only (--no-cupti), which shows what the CUPTI callback itself costs.
+MODES = {"untraced": None, "traced": (), "traced_hooks": ("--no-cupti",)}
+
+
 def bench(name: str, script: str, args: list[str], steps: int, repeats: int, warmup: int, work: Path,
-          timeout: float) -> dict:
+          timeout: float, pin_cpu: int | None) -> dict:
     runs = []
     errors = []
     ref_losses = None
     identical = True
     for r in range(repeats):
-        order = ("untraced", "traced") if r % 2 == 0 else ("traced", "untraced")
+        order = list(MODES) if r % 2 == 0 else list(reversed(MODES))
         for mode in order:
-            cap = work / f"{name}.{r}.pyobmem" if mode == "traced" else None
+            options = MODES[mode]
+            cap = work / f"{name}.{r}.{mode}.pyobmem" if options is not None else None
             bt.log(f"{name}: repeat {r + 1}/{repeats} {mode}")
-            run = bt.run_workload(script, args, work / f"{name}.{r}.{mode}.json", capture=cap, timeout=timeout)
+            run = bt.run_workload(script, args, work / f"{name}.{r}.{mode}.json", capture=cap, timeout=timeout,
+                                  launcher_options=options or (), pin_cpu=pin_cpu)
             med = bt.steady_median(run.step_ms, warmup)
             row = {"repeat": r, "mode": mode, "rc": run.rc, "wall_s": round(run.wall_s, 2), "steps": len(run.step_ms),
                    "step_ms_median": med}
@@ -70,16 +77,22 @@ def bench(name: str, script: str, args: list[str], steps: int, repeats: int, war
         xs = [x[key] for x in runs if x["mode"] == mode and x.get(key) is not None]
         return statistics.median(xs) if xs else None
 
-    mu, mt = med_of("untraced"), med_of("traced")
+    mu, mt, mh = med_of("untraced"), med_of("traced"), med_of("traced_hooks")
     lps = med_of("traced", "launches_per_step")
     res = {
         "steps_per_run": steps,
         "warmup_steps_skipped": warmup,
+        "pinned_cpu": pin_cpu,
         "untraced_step_ms": mu,
         "traced_step_ms": mt,
         "time_ratio": (mt / mu) if (mu and mt) else None,
         "launches_per_step": lps,
         "added_us_per_launch": ((mt - mu) * 1000.0 / lps) if (mu and mt and lps) else None,
+        "hooks_only": {
+            "traced_step_ms": mh,
+            "time_ratio": (mh / mu) if (mu and mh) else None,
+            "added_us_per_launch": ((mh - mu) * 1000.0 / lps) if (mu and mh and lps) else None,
+        },
         "loss_identical_all_runs": identical if ref_losses else None,
         "runs": runs,
         "errors": errors,
@@ -98,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mlp-steps", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=bt.WARMUP)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cpu", type=int, default=2, help="pin the workload to this CPU (-1: do not pin; default 2)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per workload run")
     ap.add_argument("--deterministic", action="store_true",
                     help="run the workloads with --deterministic (slower: the MLP went from ~3.3 to 6-9 ms "
@@ -107,16 +121,17 @@ def main(argv: list[str] | None = None) -> int:
         bt.die("--repeats must be at least 1")
     only = set(a.only or ("gpt", "mlp"))
     bt.require_gpu()
+    pin = None if a.cpu < 0 else a.cpu
     common = ["--seed", str(a.seed)] + (["--deterministic"] if a.deterministic else [])
     out: dict = {}
     with tempfile.TemporaryDirectory(prefix="pyobmem-overhead-") as tmp:
         work = Path(tmp)
         if "gpt" in only:
             out["gpt_small"] = bench("gpt_small", "gpt.py", ["--size", "small", "--steps", str(a.gpt_steps), *common],
-                                     a.gpt_steps, a.repeats, a.warmup, work, a.timeout)
+                                     a.gpt_steps, a.repeats, a.warmup, work, a.timeout, pin)
         if "mlp" in only:
             out["launch_bound_mlp"] = bench("launch_bound_mlp", "mlp.py", ["--steps", str(a.mlp_steps), *common],
-                                            a.mlp_steps, a.repeats, a.warmup, work, a.timeout)
+                                            a.mlp_steps, a.repeats, a.warmup, work, a.timeout, pin)
     g, m = out.get("gpt_small", {}), out.get("launch_bound_mlp", {})
     out["targets"] = TARGETS
     out["meets_targets"] = {
