@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """What tracing costs: step time traced versus untraced, and the added time per kernel launch.
 
-Runs GPT-2 small and the launch-bound MLP several times (--repeats), alternating untraced and traced
-runs in one invocation (the order flips every repeat so that drift cancels). Per run the figure is
-the median step time after the warm-up steps; the result is the ratio of the medians over runs,
-and for the MLP the added microseconds per launch: (traced - untraced step ms) * 1000 / launches per
-step, with launches per step taken from the capture (launches / steps).
+Runs GPT-2 small and the launch-bound MLP in rounds (--repeats) of three adjacent runs: untraced,
+traced (CUPTI launch callbacks) and traced from the shim's hooks only (--no-cupti); the order flips
+every round and the workload is pinned to one CPU. Per run the figure is the median step time after
+the warm-up steps; the ratio is the median over rounds of traced / untraced within the round, and
+the added microseconds per launch the median of (traced - untraced step ms) * 1000 / launches per
+step, launches per step taken from the capture.
 
-    python3 scripts/bench_trace_overhead.py [--repeats 3] [--out-dir bench/results]
+    python3 scripts/bench_trace_overhead.py [--repeats 5] [--cpu 2] [--out-dir bench/results]
 
 Writes bench/results/trace_overhead.json.
 """
@@ -46,6 +47,10 @@ def bench(name: str, script: str, args: list[str], steps: int, repeats: int, war
     errors = []
     ref_losses = None
     identical = True
+    # One discarded run first: on the H200 VM the first runs of a session were up to 1.6x slower
+    # (clocks ramping), which swamps a ~1 us/launch effect.
+    bt.log(f"{name}: warm-up run (discarded)")
+    bt.run_workload(script, args, work / f"{name}.warmup.json", timeout=timeout, pin_cpu=pin_cpu)
     for r in range(repeats):
         order = list(MODES) if r % 2 == 0 else list(reversed(MODES))
         for mode in order:
@@ -77,21 +82,31 @@ def bench(name: str, script: str, args: list[str], steps: int, repeats: int, war
         xs = [x[key] for x in runs if x["mode"] == mode and x.get(key) is not None]
         return statistics.median(xs) if xs else None
 
+    def paired(mode: str):
+        """Median over repeats of (mode's step time / untraced step time) and of the difference
+        (ms): each repeat's runs are adjacent in time, so drift between repeats cancels."""
+        by = {(x["repeat"], x["mode"]): x["step_ms_median"] for x in runs if x.get("step_ms_median") is not None}
+        pairs = [(by[r, mode], by[r, "untraced"]) for r in range(repeats) if (r, mode) in by and (r, "untraced") in by]
+        if not pairs:
+            return None, None
+        return statistics.median(t / u for t, u in pairs), statistics.median(t - u for t, u in pairs)
+
     mu, mt, mh = med_of("untraced"), med_of("traced"), med_of("traced_hooks")
     lps = med_of("traced", "launches_per_step")
+    (rt, dt), (rh, dh) = paired("traced"), paired("traced_hooks")
     res = {
         "steps_per_run": steps,
         "warmup_steps_skipped": warmup,
         "pinned_cpu": pin_cpu,
         "untraced_step_ms": mu,
         "traced_step_ms": mt,
-        "time_ratio": (mt / mu) if (mu and mt) else None,
+        "time_ratio": rt,
         "launches_per_step": lps,
-        "added_us_per_launch": ((mt - mu) * 1000.0 / lps) if (mu and mt and lps) else None,
+        "added_us_per_launch": (dt * 1000.0 / lps) if (dt is not None and lps) else None,
         "hooks_only": {
             "traced_step_ms": mh,
-            "time_ratio": (mh / mu) if (mu and mh) else None,
-            "added_us_per_launch": ((mh - mu) * 1000.0 / lps) if (mu and mh and lps) else None,
+            "time_ratio": rh,
+            "added_us_per_launch": (dh * 1000.0 / lps) if (dh is not None and lps) else None,
         },
         "loss_identical_all_runs": identical if ref_losses else None,
         "runs": runs,
@@ -104,7 +119,7 @@ def bench(name: str, script: str, args: list[str], steps: int, repeats: int, war
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=3, help="traced/untraced pairs per workload (default 3)")
+    ap.add_argument("--repeats", type=int, default=5, help="untraced/traced/hooks-only rounds per workload (default 5)")
     ap.add_argument("--out-dir", type=Path, default=bt.REPO / "bench" / "results")
     ap.add_argument("--only", choices=("gpt", "mlp"), action="append", help="default: both")
     ap.add_argument("--gpt-steps", type=int, default=15)
