@@ -119,7 +119,11 @@ def test_properties(model):
     # every block but the leak L (one iteration) repeats its signature; arena A is left out
     # touched outside A: W1 W2 M L + 6 X + 6 WS = 16 blocks, 89 MiB; only L (3 MiB) does not repeat
     assert (p.iterative_blocks, p.iterative_bytes) == (15 / 16, pytest.approx(86 / 89))
-    assert p.regular == 1.0 and p.regular_ops == 1.0
+    assert p.regular == 1.0 and p.segment.regular_ops == 1.0 and p.segment.regular == 1.0
+    # tensor level: every block holds one tensor (offset 0), so nothing is split and every reuse
+    # interval recurs at the same positions
+    assert p.level == "tensor" and p.iterative_intervals == 1.0 and p.regular_ops is None
+    assert (p.segment.iterative_blocks, p.segment.iterative_bytes) == (p.iterative_blocks, p.iterative_bytes)
     # intervals per iteration: W1 40,10,50  W2 20,20,60  M 100  X 10,10 (L has none); the last
     # iteration has no wrap
     ns = np.array([40, 10, 50, 20, 20, 60, 100, 10, 10] * 5 + [40, 10, 20, 20, 10, 10], float)
@@ -178,7 +182,7 @@ def test_no_iteration_capture(tmp_path):
     assert j["iterations_detected"] == 0 and j["period_launches"] is None and j["iterative"] is None
     assert j["saving_curve"] == [] and j["peak_live_bytes"] == MiB
     assert set(j) == {"iterations_detected", "period_launches", "iterative", "regular", "extremal",
-                      "blocks_by_class", "saving_curve", "peak_live_bytes"}
+                      "blocks_by_class", "saving_curve", "peak_live_bytes", "level", "segment_level"}
     assert j["blocks_by_class"]["arena"]["count"] == 1 and CLASSES[-1] == "other"  # touched by every op
 
 

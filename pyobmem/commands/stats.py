@@ -84,6 +84,17 @@ def _round(x, n=4):
     return None if x is None else round(float(x), n)
 
 
+def _props(pr) -> dict:
+    return {
+        "level": pr.level,
+        "iterative_blocks": _round(pr.iterative_blocks), "iterative_bytes": _round(pr.iterative_bytes),
+        "iterative_intervals": _round(pr.iterative_intervals),
+        "regular": _round(pr.regular), "regular_ops": _round(pr.regular_ops),
+        "extremal_top10_share": _round(pr.extremal_top), "extremal_gini": _round(pr.extremal_gini),
+        "intervals": pr.n_intervals,
+    }
+
+
 def stats_dict(a, top: int = 10) -> dict:
     """Everything ``stats`` shows, as JSON values (sizes B, times ns from the capture's origin)."""
     cap, it, bm, pr = a.capture, a.iterations, a.blocks, a.properties
@@ -133,13 +144,11 @@ def stats_dict(a, top: int = 10) -> dict:
         "iteration_ns": int(it.iteration_ns) if main else None,
         "regimes": regimes,
         "iterations": iterations,
-        "properties": {
-            "iterative_blocks": _round(pr.iterative_blocks), "iterative_bytes": _round(pr.iterative_bytes),
-            "regular": _round(pr.regular), "regular_ops": _round(pr.regular_ops),
-            "extremal_top10_share": _round(pr.extremal_top), "extremal_gini": _round(pr.extremal_gini),
-            "intervals": pr.n_intervals,
-        },
-        "blocks_by_class": blocks_by_class(bm),
+        "properties": _props(pr),
+        "segment_properties": _props(pr.segment) if pr.segment is not None else None,
+        "blocks_by_class": blocks_by_class(a.tensors if a.tensors is not None else bm),
+        "segments_by_class": blocks_by_class(bm),
+        "sub_blocks": int(len(a.tensors)) if a.tensors is not None else None,
         "peak_live_bytes": int(bm.peak_live_bytes),
         "top_blocks": top_blocks,
         "saving": None if a.saving is None else {
@@ -208,21 +217,29 @@ def format_stats(d: dict) -> str:
               f"{r['micro_period_ops']} x {r['micro_steps']}" if r["micro_period_ops"] else "-", r["iterations"],
               f"{r['first_op']}..{r['end_op']}", f"{human_ns(r['start_ns'])}..{human_ns(r['end_ns'])}",
               human_ns(r["iteration_ns"]), _pct(r["confidence"]), r["phase"]] for i, r in enumerate(d["regimes"])]))
-    p = d["properties"]
-    out += ["", "properties (main regime, arenas left out):"]
     na = d["message"] is not None
-    out.append(table(["property", "value", "measure"], [
-        ["iterative", "n/a" if na else f"{_pct(p['iterative_blocks'])} of blocks, {_pct(p['iterative_bytes'])} of bytes",
-         "access signature repeats across iterations"],
-        ["regular", "n/a" if na or p["regular"] is None else f"{p['regular']:.3f} (ops {p['regular_ops']:.3f})",
-         "1 - mean CV of idle intervals"],
-        ["extremal", "n/a" if na or p["extremal_top10_share"] is None
-         else f"{_pct(p['extremal_top10_share'])} in top 10%, Gini {p['extremal_gini']:.3f}",
-         "idle time in the longest intervals"],
-    ]))
-    out += ["", f"blocks by class (peak live {human_bytes(d['peak_live_bytes'])}):"]
-    out.append(table(["class", "blocks", "bytes"], [[c, v["count"], human_bytes(v["bytes"])]
-                                                     for c, v in d["blocks_by_class"].items() if v["count"]]))
+    for key, title in (("properties", "tensor level: sub-blocks at the offsets kernels point at"),
+                       ("segment_properties", "block level: whole allocations / segments")):
+        p = d.get(key)
+        if p is None:
+            continue
+        out += ["", f"properties, {title} (main regime, arenas left out):"]
+        iv = f", {_pct(p['iterative_intervals'])} of reuse intervals" if p.get("iterative_intervals") is not None else ""
+        ops = f" (ops {p['regular_ops']:.3f})" if p.get("regular_ops") is not None else ""
+        out.append(table(["property", "value", "measure"], [
+            ["iterative", "n/a" if na else f"{_pct(p['iterative_blocks'])} of blocks, {_pct(p['iterative_bytes'])} of bytes{iv}",
+             "access pattern repeats across iterations"],
+            ["regular", "n/a" if na or p["regular"] is None else f"{p['regular']:.3f}{ops}",
+             "mean of 1 - min(CV, 1) of idle intervals"],
+            ["extremal", "n/a" if na or p["extremal_top10_share"] is None
+             else f"{_pct(p['extremal_top10_share'])} in top 10%, Gini {p['extremal_gini']:.3f}",
+             "idle time in the longest intervals"],
+        ]))
+    for key, title in (("blocks_by_class", f"sub-blocks by class ({d.get('sub_blocks')} sub-blocks"),
+                       ("segments_by_class", "blocks by class (whole allocations")):
+        out += ["", f"{title}; peak live {human_bytes(d['peak_live_bytes'])}):"]
+        out.append(table(["class", "count", "bytes"], [[c, v["count"], human_bytes(v["bytes"])]
+                                                        for c, v in d[key].items() if v["count"]]))
     if d["top_blocks"]:
         out += ["", f"largest {len(d['top_blocks'])} blocks:"]
         out.append(table(["block", "size", "class", "lifetime", "accesses", "longest idle"], [

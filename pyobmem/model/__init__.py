@@ -20,13 +20,14 @@ from ..progress import Progress
 from .blocks import CLASSES, BlockModel, build_blocks, segment_subranges
 from .inefficiency import Finding, find_inefficiencies
 from .iterations import IterationModel, Regime, detect_iterations
-from .properties import Properties, compute_properties
+from .properties import Properties, compute_properties, compute_tensor_properties
 from .saving import DEFAULT_BANDWIDTH, TIME_RATIOS, SavingCurve, saving_curve
+from .tensors import TensorModel, build_tensors
 
 __all__ = [
     "Analysis", "BlockModel", "CLASSES", "DEFAULT_BANDWIDTH", "Finding", "IterationModel", "Properties",
     "Regime", "SavingCurve", "TIME_RATIOS", "analyse", "build_blocks", "compute_properties",
-    "detect_iterations", "find_inefficiencies", "patterns_json", "saving_curve", "segment_subranges",
+    "TensorModel", "build_tensors", "detect_iterations", "find_inefficiencies", "patterns_json", "saving_curve", "segment_subranges",
 ]
 
 
@@ -40,6 +41,7 @@ class Analysis:
     blocks: BlockModel
     properties: Properties
     saving: SavingCurve | None
+    tensors: TensorModel | None = None
 
     def findings(self, **kw) -> list:
         """Inefficiencies, largest first (keyword arguments: slack_pct, idle_pct)."""
@@ -50,22 +52,25 @@ def analyse(capture, *, bandwidth: float | None = None, ratios=TIME_RATIOS, prog
             min_swap_bytes: int | None = None) -> Analysis:
     """Run the whole model on a capture. ``bandwidth`` (B/s) overrides the capture's and the
     default 55e9; ``progress`` draws a bar on stderr (default: when it is a terminal)."""
-    with Progress("analysing", 4, enabled=progress) as p:
+    with Progress("analysing", 5, enabled=progress) as p:
         p.step("iterations", 0)
         it = detect_iterations(capture)
         p.step("blocks")
         bm = build_blocks(capture, it)
+        p.step("tensors")
+        tm = build_tensors(capture, it, bm)
         p.step("properties")
-        props = compute_properties(it, bm)
+        props = compute_tensor_properties(it, bm, tm)
         p.step("saving bound")
         kw = {} if min_swap_bytes is None else {"min_bytes": min_swap_bytes}
-        sav = saving_curve(capture, it, bm, bandwidth=bandwidth, ratios=ratios, **kw)
+        sav = saving_curve(capture, it, bm, bandwidth=bandwidth, ratios=ratios, tm=tm, **kw)
         p.step("done")
-    return Analysis(capture=capture, iterations=it, blocks=bm, properties=props, saving=sav)
+    return Analysis(capture=capture, iterations=it, blocks=bm, properties=props, saving=sav, tensors=tm)
 
 
-def blocks_by_class(bm: BlockModel) -> dict:
-    """class name -> {"count", "bytes"} for every class (zeros included)."""
+def blocks_by_class(bm) -> dict:
+    """class name -> {"count", "bytes"} for every class (zeros included), of a BlockModel or a
+    TensorModel (sub-blocks)."""
     cnt = np.bincount(bm.cls.astype(np.int64), minlength=len(CLASSES))
     byt = np.bincount(bm.cls.astype(np.int64), weights=bm.size.astype(np.float64), minlength=len(CLASSES))
     return {c: {"count": int(cnt[i]), "bytes": int(byt[i])} for i, c in enumerate(CLASSES)}
@@ -78,15 +83,26 @@ def patterns_json(capture_or_analysis, **kw) -> dict:
     a = capture_or_analysis if isinstance(capture_or_analysis, Analysis) else analyse(capture_or_analysis, **kw)
     it, pr = a.iterations, a.properties
     main = it.main_regime
+    seg = pr.segment if pr.segment is not None else pr
     return {
         "iterations_detected": int(main.count) if main else 0,
         "period_launches": int(main.period_ops) if main else None,
         "iterative": None if pr.iterative_bytes is None else {
-            "blocks": round(pr.iterative_blocks, 4), "bytes": round(pr.iterative_bytes, 4)},
+            "blocks": round(pr.iterative_blocks, 4), "bytes": round(pr.iterative_bytes, 4),
+            "intervals": None if pr.iterative_intervals is None else round(pr.iterative_intervals, 4)},
         "regular": None if pr.regular is None else round(pr.regular, 4),
         "extremal": None if pr.extremal_top is None else {
             "top10_share": round(pr.extremal_top, 4), "gini": round(pr.extremal_gini, 4)},
-        "blocks_by_class": blocks_by_class(a.blocks),
+        "level": pr.level,
+        "blocks_by_class": blocks_by_class(a.tensors if a.tensors is not None else a.blocks),
+        "segment_level": {
+            "iterative": None if seg.iterative_bytes is None else {
+                "blocks": round(seg.iterative_blocks, 4), "bytes": round(seg.iterative_bytes, 4)},
+            "regular": None if seg.regular is None else round(seg.regular, 4),
+            "extremal": None if seg.extremal_top is None else {
+                "top10_share": round(seg.extremal_top, 4), "gini": round(seg.extremal_gini, 4)},
+            "blocks_by_class": blocks_by_class(a.blocks),
+        },
         "saving_curve": [[r, b] for r, b in a.saving.points] if a.saving else [],
         "peak_live_bytes": int(a.blocks.peak_live_bytes),
     }

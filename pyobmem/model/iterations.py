@@ -22,6 +22,10 @@ MIN_ITERATIONS = 2  # a regime needs at least this many aligned iterations
 MATCH = 0.8  # fraction of template positions an iteration must match (start of a stretch)
 MATCH_CONTIGUOUS = 0.6  # ... when it starts where the previous iteration ended
 SUB_REGIME_MIN_RATIO = 0.125  # a regime found between iterations needs period >= this x main
+SUB_REGIME_MIN_PERIOD = 2  # ... and at least 2 ops (a kernel repeated back to back is no iteration)
+SUB_REGIME_MAX_SLOWDOWN = 10.0  # ... and ops no more than 10x slower than the main regime's
+# (a repeat interleaved with compilation or autotuning, e.g. JAX initialising layer by layer
+# while it compiles, runs at host speed: warm-up, not training)
 MAX_DEPTH = 4  # recursion into the stretches no regime explained
 N_CANDIDATES = 24  # lags kept from the autocorrelation
 EXACT_WORK = 30_000_000  # below n * max_lag, match counts are computed exactly (no FFT)
@@ -153,7 +157,14 @@ def detect_in_sequence(ids: np.ndarray, ts: np.ndarray | None = None, htod_ids: 
     return out
 
 
-def _process(s, ts, htod_ids, a, b, depth, min_period, claimed, out) -> None:
+def _ns_per_op(ts, starts, period) -> float:
+    """Median over iterations of (time of the last op - time of the first) / (period - 1)."""
+    if period < 2 or not len(starts):
+        return 0.0
+    return float(np.median((ts[starts + period - 1] - ts[starts]) / (period - 1)))
+
+
+def _process(s, ts, htod_ids, a, b, depth, min_period, claimed, out, main_ns=None) -> None:
     if b - a < MIN_COPIES * max(min_period, 1) or depth > MAX_DEPTH:
         return
     loc = s[a:b]
@@ -167,13 +178,19 @@ def _process(s, ts, htod_ids, a, b, depth, min_period, claimed, out) -> None:
         phi, how = _phase(loc, ts[a:b], run_start, period, htod_ids)
         template = np.roll(t0, -phi)
         starts, scores = _align(loc, template)
-        if len(starts) >= MIN_ITERATIONS:
+        slow = (
+            depth > 0 and main_ns is not None and len(starts) >= MIN_ITERATIONS
+            and (period < SUB_REGIME_MIN_PERIOD
+                 or _ns_per_op(ts, starts + a, period) > SUB_REGIME_MAX_SLOWDOWN * max(main_ns, 1.0))
+        )
+        if len(starts) >= MIN_ITERATIONS and not slow:
             starts = starts + a
             out.append({"period": period, "template": template, "starts": starts, "scores": scores, "phase": how})
             for st in starts:
                 claimed[st : st + period] = True
             if depth == 0:
                 min_period = max(1, int(period * SUB_REGIME_MIN_RATIO))
+                main_ns = _ns_per_op(ts, starts, period)
         else:
             pick = None
     if pick is None and depth > 0:
@@ -184,7 +201,7 @@ def _process(s, ts, htod_ids, a, b, depth, min_period, claimed, out) -> None:
     for ga, gb in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)):
         if pick is None:
             break
-        _process(s, ts, htod_ids, a + ga, a + gb, depth + 1, min_period, claimed, out)
+        _process(s, ts, htod_ids, a + ga, a + gb, depth + 1, min_period, claimed, out, main_ns)
 
 
 def _candidate_lags(s: np.ndarray) -> np.ndarray:

@@ -10,6 +10,7 @@ import numpy as np
 
 from .blocks import ARENA, BlockModel
 from .iterations import IterationModel
+from .tensors import TensorModel
 
 TOP_SHARE = 0.1  # extremal: share of idle time in the longest 10% of intervals
 
@@ -32,6 +33,9 @@ class Properties:
     extremal_gini: float | None
     n_intervals: int
     n_groups: int
+    iterative_intervals: float | None = None
+    level: str = "block"
+    segment: "Properties | None" = None
 
 
 NONE = Properties(None, None, None, None, None, None, 0, 0)
@@ -86,7 +90,9 @@ def _regularity(key: np.ndarray, x: np.ndarray) -> tuple[float | None, int]:
     if not np.any(g):
         return None, 0
     cv = np.sqrt(var[g]) / mean[g]
-    return float(np.clip(1.0 - cv.mean(), 0.0, 1.0)), int(np.count_nonzero(g))
+    # Each group scores 1 - min(CV, 1): a few groups with CV >> 1 (an interval that once spans a
+    # host sync) must not drive the whole measure to 0, as 1 - mean(CV) did.
+    return float(np.mean(1.0 - np.minimum(cv, 1.0))), int(np.count_nonzero(g))
 
 
 def compute_properties(it: IterationModel, bm: BlockModel) -> Properties:
@@ -111,4 +117,30 @@ def compute_properties(it: IterationModel, bm: BlockModel) -> Properties:
         iterative_blocks=it_blocks, iterative_bytes=it_bytes, regular=regular, regular_ops=regular_ops,
         extremal_top=top_share(ns) if len(ns) else None, extremal_gini=gini(ns) if len(ns) else None,
         n_intervals=int(len(ns)), n_groups=groups,
+    )
+
+
+def compute_tensor_properties(it: IterationModel, bm: BlockModel, tm: TensorModel) -> Properties:
+    """The three properties at tensor level (sub-blocks and their reuse intervals), with the
+    block-level ones in ``segment``; NONE when the capture has no iteration."""
+    seg = compute_properties(it, bm)
+    if it.main < 0:
+        return NONE
+    touched = (tm.n_iterations > 0) & (tm.cls != ARENA)
+    if np.any(touched):
+        it_blocks = float(np.count_nonzero(tm.iterative & touched) / np.count_nonzero(touched))
+        it_bytes = float(tm.size[tm.iterative & touched].sum() / max(tm.size[touched].sum(), 1))
+    else:
+        it_blocks = it_bytes = None
+    iv = tm.intervals
+    m = iv.measured & (tm.cls[iv.sub] != ARENA) if len(iv) else np.zeros(0, bool)
+    n_meas = int(np.count_nonzero(m))
+    it_iv = float(np.count_nonzero(iv.recurring & m) / n_meas) if n_meas else None
+    r = m & iv.recurring
+    regular, groups = _regularity(iv.key[r], iv.ns[r])
+    ns = iv.ns[m]
+    return Properties(
+        iterative_blocks=it_blocks, iterative_bytes=it_bytes, regular=regular, regular_ops=None,
+        extremal_top=top_share(ns) if len(ns) else None, extremal_gini=gini(ns) if len(ns) else None,
+        n_intervals=n_meas, n_groups=groups, iterative_intervals=it_iv, level="tensor", segment=seg,
     )

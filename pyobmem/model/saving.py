@@ -5,6 +5,8 @@ sizes B, bandwidth B/s); ``saving_curve`` feeds it one iteration of a capture's 
 
 Model (docs/model.md, "Swap saving bound"):
 
+- One iteration [t0, t1) of length T, on an estimated execution clock (``saving_curve``: an op
+  runs at max(its launch time, t0 + T * position / P)), since launch times run ahead of the GPU.
 - One iteration [t0, t1) of length T. Resident bytes R(t) = sizes of the live blocks at t,
   evaluated at every op time and allocation/free time in the iteration (the grid).
 - A block may leave the device during an idle window (a, b) between two accesses (the launch
@@ -36,6 +38,7 @@ DEFAULT_BANDWIDTH = 55e9  # B/s, pinned host<->device each way on the H200 (meas
 TIME_RATIOS = (1.0, 1.05, 1.1, 1.2, 1.3, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0)
 MIN_SWAP_BYTES = 1 << 20  # smaller blocks are not worth a copy (VMM granularity is 2 MiB)
 MAX_STEPS = 200_000
+HOST_AHEAD = 0.5  # launches all done in the first half of the iteration: the host runs ahead
 META_BANDWIDTH_KEYS = ("copy_bandwidth", "copy_bandwidth_Bps", "bandwidth_Bps")
 
 
@@ -48,7 +51,9 @@ class SavingCurve:
     iterations (``IterationModel.main_rows()``), ``t_start``/``t_end``/``iteration_ns``: its span
     (ns). ``peak_bytes``: peak resident bytes in it without swapping. ``free_bytes``: the saving at
     ratio 1.00. The greedy steps, in order, as arrays: ``step_block`` (block row),
-    ``step_window`` (row of ``BlockModel.intervals``; -1 for direct calls of saving_bound),
+    ``step_window`` (row of ``BlockModel.intervals``, or of ``TensorModel.intervals`` when
+    ``step_sub`` >= 0), ``step_sub`` (sub-block row of the tensor model, -1: the whole block),
+    ``step_size`` (bytes taken out),
     ``step_out`` (int64 (k, 2): ns span the block is out), ``step_stall_ns`` (stall of the step),
     ``step_copy_ns`` (copy time of the step, each way), ``step_peak`` (peak resident bytes after
     the step).
@@ -68,6 +73,8 @@ class SavingCurve:
     step_stall_ns: np.ndarray = field(repr=False)
     step_copy_ns: np.ndarray = field(repr=False)
     step_peak: np.ndarray = field(repr=False)
+    step_sub: np.ndarray = field(default=None, repr=False)
+    step_size: np.ndarray = field(default=None, repr=False)
 
     def saved_at(self, ratio: float) -> int:
         """Bytes saved at a slowdown ``ratio`` (>= 1; ratios above the curve's last are capped
@@ -164,9 +171,16 @@ def _saved(stall, copy, peaks, peak0, iteration_ns, ratio) -> float:
     return 0.0 if n == 0 else float(peak0 - peaks[n - 1])
 
 
+def tm_refined_block(tm, nb: int) -> np.ndarray:
+    """Bool per block row: the tensor model split it (its sub-blocks are the swap units)."""
+    out = np.zeros(nb, bool)
+    out[tm.block[tm.refined]] = True
+    return out
+
+
 def saving_curve(
     capture, it: IterationModel, bm: BlockModel, *, bandwidth: float | None = None, ratios=TIME_RATIOS,
-    iteration: int | None = None, min_bytes: int = MIN_SWAP_BYTES,
+    iteration: int | None = None, min_bytes: int = MIN_SWAP_BYTES, tm=None,
 ) -> SavingCurve | None:
     """The saving curve of one iteration of the main regime (default: the middle one); None when
     the capture has no iteration. Blocks touched by opaque launches, managed blocks and blocks
@@ -179,36 +193,74 @@ def saving_curve(
     row = main[i]
     t0, t1 = int(it.t_start[row]), int(it.t_end[row])
     T = max(t1 - t0, 1)
-    ops_ts = capture.ops["ts_ns"]
+    launch_ts = capture.ops["ts_ns"].astype(np.int64)
+    # Execution clock: the host launches ahead of the GPU (PyTorch enqueues a whole GPT-2 step in
+    # the first ~30% of it, then waits on loss.item()), so launch times squeeze every idle window
+    # into the start of the iteration. Estimate when each op of the iteration runs as
+    # max(its launch time, t0 + T * position / P): the GPU busy over the whole iteration, ops
+    # spread evenly, never before their launch; only when the host is that far ahead (its last
+    # launch in the first HOST_AHEAD of the iteration). Times outside [t0, t1) are kept.
+    seq = it.seq_rows[it.start_seq[row] : it.end_seq[row]]
+    P = max(len(seq), 1)
+    L = np.append(launch_ts[seq], t1).astype(np.float64)
+    if len(seq) and L[-2] - t0 < HOST_AHEAD * T:
+        E = np.maximum(L, t0 + T * np.arange(len(L)) / P)
+    else:  # launches spread over the iteration: they are the best clock there is
+        E = L.copy()
+    E[-1] = t1
+
+    def clock(t):
+        t = np.asarray(t, np.int64)
+        inside = (t >= t0) & (t < t1)
+        return np.where(inside, np.round(np.interp(t, L, E)).astype(np.int64), t)
+
+    ops_ts = clock(launch_ts) if len(launch_ts) else launch_ts
     grid = [ops_ts[it.start_op[row] : it.end_op[row]], np.array([t0])]
-    for t in (bm.t_alloc, bm.t_free):
+    b_alloc, b_free = clock(bm.t_alloc), np.where(bm.t_free >= 0, clock(bm.t_free), -1)
+    for t in (b_alloc, b_free):
         grid.append(t[(t >= t0) & (t < t1)])
     grid = np.unique(np.concatenate(grid).astype(np.int64))
     # Resident bytes: blocks live over [t_alloc, t_end).
-    oa = np.argsort(bm.t_alloc, kind="stable")
+    oa = np.argsort(b_alloc, kind="stable")
     ca = np.concatenate(([0], np.cumsum(bm.size[oa])))
     freed = bm.t_free >= 0
-    fr_t = bm.t_free[freed]
+    fr_t = b_free[freed]
     of = np.argsort(fr_t, kind="stable")
     cf = np.concatenate(([0], np.cumsum(bm.size[freed][of])))
-    res = ca[np.searchsorted(bm.t_alloc[oa], grid, side="right")] - cf[np.searchsorted(fr_t[of], grid, side="right")]
+    res = ca[np.searchsorted(b_alloc[oa], grid, side="right")] - cf[np.searchsorted(fr_t[of], grid, side="right")]
 
     iv = bm.intervals
-    blk = iv.block
-    kind = capture.blocks["kind"][blk] if len(blk) else np.zeros(0)
+    blk = iv.block.astype(np.int64)
     a = ops_ts[iv.start_op] if len(blk) else np.zeros(0, np.int64)
     b = ops_ts[iv.end_op] if len(blk) else np.zeros(0, np.int64)
+    wsize = bm.size[blk]
+    wsub = np.full(len(blk), -1, np.int64)
+    win_row = np.arange(len(blk), dtype=np.int64)
+    if tm is not None:
+        # Refined blocks (segments) leave through their sub-blocks' reuse intervals; the others
+        # through their own idle intervals.
+        tv = tm.intervals
+        keep_b = ~tm_refined_block(tm, len(bm))[blk]
+        t_ok = tm.refined[tv.sub] if len(tv) else np.zeros(0, bool)
+        blk = np.concatenate((blk[keep_b], tm.block[tv.sub[t_ok]]))
+        a = np.concatenate((a[keep_b], ops_ts[tv.start_op[t_ok]]))
+        b = np.concatenate((b[keep_b], ops_ts[tv.end_op[t_ok]]))
+        wsize = np.concatenate((wsize[keep_b], tm.size[tv.sub[t_ok]]))
+        wsub = np.concatenate((wsub[keep_b], tv.sub[t_ok]))
+        win_row = np.concatenate((win_row[keep_b], np.flatnonzero(t_ok)))
+    kind = capture.blocks["kind"][blk] if len(blk) else np.zeros(0)
     ok = (
         (a < t1) & (b > t0) & (b > a) & ~bm.opaque[blk] & (kind != abi.AllocKind.MANAGED)
-        & (bm.size[blk] >= min_bytes) & (bm.cls[blk] != NEVER)
+        & (wsize >= min_bytes) & (bm.cls[blk] != NEVER)
     )
     w = np.flatnonzero(ok)
-    r = saving_bound(grid, res, a[w], b[w], bm.size[blk[w]], T, bw, ratios)
+    r = saving_bound(grid, res, a[w], b[w], wsize[w], T, bw, ratios)
     steps = w[r["order"]] if len(r["order"]) else np.zeros(0, np.int64)
     return SavingCurve(
         points=tuple(tuple(p) for p in r["points"]), bandwidth=bw, iteration=i, t_start=t0, t_end=t1,
         iteration_ns=T, peak_bytes=int(r["peak"]), free_bytes=int(r["points"][0][1]) if r["points"] and r["points"][0][0] == 1.0 else 0,
-        step_block=blk[steps].astype(np.int64), step_window=steps.astype(np.int64),
+        step_block=blk[steps].astype(np.int64), step_window=win_row[steps].astype(np.int64),
+        step_sub=wsub[steps].astype(np.int64), step_size=wsize[steps].astype(np.int64),
         step_out=np.round(r["out"]).astype(np.int64), step_stall_ns=r["stall"], step_copy_ns=r["copy"],
         step_peak=r["peaks"],
     )
