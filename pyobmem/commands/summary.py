@@ -17,9 +17,6 @@ from ..capture import Capture, read_capture
 
 NAME = "summary"
 NO_ACTIVITY = "no CUDA activity was seen"
-MIN_PERIOD_SCORE = 0.9  # fraction of launches that must repeat at the period's lag
-PERIOD_CANDIDATES = 32  # most common repeat distances checked
-MAX_SCORED = 1 << 21  # launches compared per candidate (the tail of the sequence)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -76,7 +73,7 @@ def summarize(cap: Capture) -> dict:
         },
         "copies": _copies(copies),
         "memsets": {"count": len(memsets), "bytes": int(memsets["bytes"].sum())},
-        "iteration": _iteration(ops),
+        "iteration": _iteration(cap),
         "processes": [
             {
                 "pid": int(p["pid"]),
@@ -179,63 +176,19 @@ def _copies(copies: np.ndarray) -> dict:
     }
 
 
-def _iteration(ops: np.ndarray) -> dict | None:
-    """The period of the launch sequence of the process with the most launches, or None."""
-    launch = np.isin(ops["type"], [abi.Ev.LAUNCH, abi.Ev.GRAPH_LAUNCH])
-    if not launch.any():
-        return None
-    pids, counts = np.unique(ops["pid"][launch], return_counts=True)
-    pid = int(pids[np.argmax(counts)])
-    mine = ops[launch & (ops["pid"] == pid)]
-    mine = mine[np.argsort(mine["seq"], kind="stable")]  # program order of the process
-    keys = (mine["handle"].astype(np.uint64) << np.uint64(4)) ^ mine["type"].astype(np.uint64)
-    _, tokens = np.unique(keys, return_inverse=True)
-    found = find_period(tokens.ravel(), mine["ts_ns"])
-    if found is not None:
-        found["pid"] = pid
-    return found
+def _iteration(cap: Capture) -> dict | None:
+    """The iteration of the main process, from the model's detection (pyobmem.model.iterations,
+    the one period detector): ops per iteration of the main regime (launches, graph launches and
+    copies), mean template match, iterations found and the median iteration time; None when no
+    iteration repeats."""
+    from ..model.iterations import detect_iterations  # scipy: loaded only when needed
 
-
-def find_period(tokens: np.ndarray, ts_ns: np.ndarray | None = None) -> dict | None:
-    """The dominant repeat lag of an integer sequence (warm-up at the start is tolerated).
-
-    Candidates are the most common distances between successive occurrences of the same
-    token (a kernel launched once per iteration repeats at exactly the period). Each is scored
-    by the fraction of positions in the steady part (the last three quarters) where
-    ``tokens[i] == tokens[i + lag]``; the smallest lag scoring within 0.5% of the best wins (a
-    multiple of the period scores as well as the period; a per-layer repeat scores lower).
-    Returns {"launches", "score", "repeats", "period_ns"} or None when nothing repeats.
-    """
-    tokens = np.asarray(tokens, dtype=np.int64)
-    n = len(tokens)
-    if n < 4:
+    it = detect_iterations(cap)
+    main = it.main_regime
+    if main is None:
         return None
-    order = np.lexsort((np.arange(n), tokens))
-    same = tokens[order][1:] == tokens[order][:-1]
-    dist = (order[1:] - order[:-1])[same]
-    if not len(dist):
-        return None
-    start = max(n // 4, n - MAX_SCORED)
-    span = n - start
-    values, counts = np.unique(dist, return_counts=True)
-    ok = values <= span // 2  # at least two periods in the scored part
-    values, counts = values[ok], counts[ok]
-    if not len(values):
-        return None
-    candidates = values[np.argsort(-counts, kind="stable")[:PERIOD_CANDIDATES]]
-    scored = []
-    for lag in sorted(int(c) for c in candidates):
-        a = tokens[start : n - lag]
-        scored.append((lag, float(np.count_nonzero(a == tokens[start + lag :])) / len(a)))
-    best = max(s for _, s in scored)
-    if best < MIN_PERIOD_SCORE:
-        return None
-    lag, score = next((lag, s) for lag, s in scored if s >= best - 0.005)
-    out = {"launches": lag, "score": round(score, 4), "repeats": round(n / lag, 1), "period_ns": None}
-    if ts_ns is not None and len(ts_ns) == n:
-        t = np.asarray(ts_ns, dtype=np.int64)
-        out["period_ns"] = int(round(float(np.mean(t[start + lag :] - t[start : n - lag]))))
-    return out
+    return {"launches": int(main.period_ops), "score": round(float(main.confidence), 4),
+            "repeats": int(main.count), "period_ns": int(round(it.iteration_ns)), "pid": int(it.pid)}
 
 
 # --- text ------------------------------------------------------------------------------------
@@ -302,8 +255,8 @@ def _iteration_line(s: dict) -> str:
     if it is None:
         return "no repeating pattern"
     return (
-        f"{it['launches']:,} launches per period, {format_duration(it['period_ns'])} each "
-        f"(~{it['repeats']:g} periods, {100 * it['score']:.1f}% of launches repeat)"
+        f"{it['launches']:,} ops per iteration, {format_duration(it['period_ns'])} each "
+        f"({it['repeats']:,} iterations, {100 * it['score']:.1f}% template match)"
     )
 
 
