@@ -310,6 +310,28 @@ static int in_self(void *p)
     return p && dladdr(p, &a) && dladdr((void *)&in_self, &b) && a.dli_fbase == b.dli_fbase;
 }
 
+/* Return NULL for `name` with dlerror() saying so, as the real dlsym does. The lookups above end
+ * with a successful dlclose, which clears dlerror(): a program following dlsym(3) (clear
+ * dlerror, dlsym, check dlerror) would take the NULL for a found symbol's value. A lookup after
+ * our own library fails with the real "undefined symbol" message; in the rare case it finds the
+ * name (an object between us and the caller defines it), a lookup of a version that cannot
+ * exist fails instead. */
+/* dlsym(RTLD_NEXT, name) as asked by this library: never a tail call, or the real dlsym would
+ * take our caller for the asker and could find our own export again. */
+static __attribute__((noinline)) void *next_after_self(dlsym_fn ds, const char *name)
+{
+    void *p = ds(RTLD_NEXT, name);
+    __asm__ volatile("" : "+r"(p));
+    return p;
+}
+
+static void *not_found(dlsym_fn ds, const char *name)
+{
+    if (next_after_self(ds, name) != NULL)
+        (void)dlvsym(RTLD_NEXT, name, "PYOBMEM_NO_SUCH_VERSION");
+    return NULL;
+}
+
 /* dlsym(RTLD_NEXT, ...) from the application: glibc would search after *our* library, since
  * we are the caller it sees. Search the objects after the real caller instead: the first one
  * that defines the symbol itself. */
@@ -330,9 +352,9 @@ static void *dlsym_next(dlsym_fn ds, const char *name, void *caller)
         dlclose(h);
         struct link_map *owner = NULL;
         if (p && dladdr1(p, &info, (void **)&owner, RTLD_DL_LINKMAP) && owner == l)
-            return p;
+            return p; /* the successful dlclose left dlerror() clear, as a found symbol should */
     }
-    return NULL;
+    return not_found(ds, name);
 }
 
 SHIM_EXPORT void *dlsym(void *handle, const char *name)
@@ -352,13 +374,15 @@ SHIM_EXPORT void *dlsym(void *handle, const char *name)
         return e->hook;
     }
     /* RTLD_DEFAULT found our own export: only say so if there is a libcuda behind it, so that
-     * a process probing for CUDA without a driver still finds none. */
+     * a process probing for CUDA without a driver still finds none. Without libcuda the answer
+     * is what the lookup would have found without us: the next definition after our library,
+     * or NULL with the real "undefined symbol" in dlerror() (not our failed probe's message). */
     if (in_self(p)) {
         void *cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
         if (!cu)
             cu = dlopen("libcuda.so", RTLD_NOW | RTLD_NOLOAD);
         if (!cu)
-            return NULL;
+            return next_after_self(ds, name);
         dlclose(cu);
     }
     return p;
