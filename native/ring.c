@@ -112,7 +112,13 @@ static void publish(uint64_t pos, const struct pyobmem_record *recs, unsigned n,
         slot->c = recs[i].c;
         slot->d = recs[i].d;
         slot->e = recs[i].e;
-        __atomic_store_n(&slot->seq, pos + i + 1, __ATOMIC_RELEASE);
+        /* Publish only if the slot is still ours: a consumer that gave up on it (we were stopped
+         * or preempted between reserve and publish for longer than its stuck timeout) moved its
+         * seq on to the next lap, pos + cap. A plain store would set it back to pos + 1 and no
+         * producer could ever reserve that slot again: the ring would drop everything from then
+         * on. The record is lost either way; the consumer counted it as skipped. */
+        uint64_t expect = pos + i;
+        __atomic_compare_exchange_n(&slot->seq, &expect, pos + i + 1, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
     }
 }
 
