@@ -7,6 +7,7 @@ CLI and the tests can use them. User errors raise ``PyobmemError`` before anythi
 
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import os
@@ -25,6 +26,7 @@ from . import __version__, abi
 from .errors import PyobmemError
 from .ring import DEFAULT_CAPACITY, Ring
 
+ENV_RING_DIR = "PYOBMEM_RING_DIR"  # directory of the ring file (default /dev/shm; a tmpfs)
 ENV_SHIM = "PYOBMEM_SHIM"  # developers: use this shim instead of the one next to the package
 SHIM_NAME = "libpyobmem.so"
 DAEMON_START_S = 30.0  # the daemon imports numpy and opens the capture
@@ -126,6 +128,9 @@ def child_environment(base: dict, shim: str, ring: str, cupti: bool, presets: bo
     """The traced command's environment and the presets applied (name -> value)."""
     env = dict(base)
     preload = base.get("LD_PRELOAD", "").strip()
+    entries = preload.replace(" ", ":").split(":")
+    if shim in entries:  # a nested run, or the user's own preload of the shim: keep it once, first
+        preload = ":".join(e for e in entries if e and e != shim)
     env["LD_PRELOAD"] = f"{shim}:{preload}" if preload else shim
     env[abi.ENV_RING] = ring
     env.pop(abi.ENV_CUPTI, None)
@@ -174,10 +179,16 @@ def launch(opts: Options) -> Outcome:
     shim = find_shim()
     output = os.path.abspath(output)
 
+    ring_dir = os.environ.get(ENV_RING_DIR) or "/dev/shm"
     try:
-        ring = Ring.create(opts.capacity)
+        ring = Ring.create(opts.capacity, directory=ring_dir)
     except OSError as e:
-        raise PyobmemError(f"cannot create the event ring in /dev/shm: {e.strerror}") from None
+        # The command is not run: a trace was asked for, and a long job run untraced by surprise
+        # wastes more than a clear refusal (docs/internals.md, "Faults").
+        records = 1 << max(4, (opts.capacity - 1).bit_length())  # as Ring.create rounds it
+        mib = (abi.RING_HEADER_SIZE + records * abi.RECORD_SIZE + (1 << 20) - 1) >> 20
+        hint = f" (the ring needs {mib} MiB: free space there, or use a smaller --capacity)" if e.errno == errno.ENOSPC else ""
+        raise PyobmemError(f"cannot create the event ring in {ring_dir}: {e.strerror}{hint}") from None
     daemon = None
     try:
         env, applied = child_environment(dict(os.environ), shim, ring.path, opts.cupti, opts.presets)

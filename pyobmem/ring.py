@@ -6,6 +6,7 @@ run), mapped by the daemon and by every traced process. The daemon is the single
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import secrets
@@ -42,7 +43,10 @@ class Ring:
     def create(cls, capacity: int = DEFAULT_CAPACITY, directory: str = "/dev/shm") -> "Ring":
         """Create a ring of ``capacity`` records (rounded up to a power of two) in ``directory``.
 
-        Raises OSError when the file cannot be created or sized (e.g. /dev/shm full).
+        Raises OSError when the file cannot be created or its memory reserved (e.g. /dev/shm
+        full: ENOSPC). The memory is reserved up front with posix_fallocate: a tmpfs file that
+        is only truncated to size gets its pages when they are first written, and on a full
+        /dev/shm that write is a SIGBUS, here or, worse, in the traced application.
         """
         capacity = 1 << max(4, (capacity - 1).bit_length())
         path = os.path.join(directory, f"pyobmem-{os.getuid()}-{os.getpid()}-{secrets.token_hex(4)}")
@@ -50,6 +54,11 @@ class Ring:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, size)
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as e:
+                if e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                    raise
             mm = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)
