@@ -121,11 +121,9 @@ class Daemon:
             self.writer.write(recs)
         except OSError as e:
             # One line, then keep draining so producers never block on us.
-            print(
+            _warn(
                 f"pyobmem: error: cannot write the capture ({e.strerror}); it ends here, "
-                "events are drained and discarded until the run ends",
-                file=sys.stderr,
-                flush=True,
+                "events are drained and discarded until the run ends"
             )
             self.lost_to_io += len(recs) - (self.writer.records_written - before)
             self._abandon_writer()
@@ -167,7 +165,7 @@ class Daemon:
                 self.writer.finish(end[0], end[1], time.monotonic_ns())
             self.writer.close()
         except OSError as e:
-            print(f"pyobmem: error: cannot write the end of the capture ({e.strerror})", file=sys.stderr, flush=True)
+            _warn(f"pyobmem: error: cannot write the end of the capture ({e.strerror})")
         self.writer = None
 
 
@@ -217,6 +215,14 @@ def _read_line(fd: int) -> tuple[bytes | None, bytes]:
         buf += chunk
     line, rest = buf.split(b"\n", 1)
     return line, rest
+
+
+def _warn(line: str) -> None:
+    """One line on stderr; a closed stderr (`pyobmem-run cmd 2>&1 | head`) must not stop the drain."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def _fail(message: str) -> int:

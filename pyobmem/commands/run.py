@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 
@@ -65,15 +66,29 @@ def run(args) -> int:
         cupti=not args.no_cupti, presets=not args.no_presets, quiet=args.quiet,
     )
     outcome = launcher.launch(opts)
-    if outcome.daemon_failed:
-        _say(outcome.daemon_failed)
-    if not opts.quiet:
-        _report(outcome.output)
+    try:
+        if outcome.daemon_failed:
+            _say(outcome.daemon_failed)
+        if not opts.quiet:
+            _report(outcome.output)
+    except BrokenPipeError:
+        # `pyobmem-run cmd 2>&1 | head`: the reader is gone. What we had to say is lost, the
+        # command's exit code is not: quiet the stream so Python's exit flush does not fail too.
+        _silence(sys.stderr)
     return outcome.exit_code
 
 
 def _say(line: str) -> None:
     print(f"pyobmem: {line}", file=sys.stderr, flush=True)
+
+
+def _silence(stream) -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def _report(path: str) -> None:
