@@ -169,6 +169,8 @@ def read_header(path: str) -> tuple[dict, int]:
             magic, version, n = _PREFIX.unpack(prefix)
             if magic != MAGIC:
                 raise CaptureError(f"{path}: not a pyobmem capture")
+            if version == 0:
+                raise CaptureError(f"{path}: corrupt capture (format version 0)")
             if version > CAPTURE_VERSION:
                 raise CaptureError(
                     f"{path}: capture format version {version} is newer than this pyobmem reads "
@@ -183,6 +185,8 @@ def read_header(path: str) -> tuple[dict, int]:
         meta = json.loads(blob)
     except ValueError:
         raise CaptureError(f"{path}: corrupt capture metadata") from None
+    if not isinstance(meta, dict):
+        raise CaptureError(f"{path}: corrupt capture metadata")
     return meta, _PREFIX.size + n
 
 
