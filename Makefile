@@ -4,7 +4,9 @@
 CUDA_HOME ?= /usr/local/cuda
 PYTHON ?= python3
 VENV ?= .venv
-CC ?= gcc
+ifeq ($(origin CC),default)
+CC := gcc
+endif
 CFLAGS ?= -O2 -g -Wall -Wextra -Werror -fvisibility=hidden
 SHIM := pyobmem/libpyobmem.so
 SHIM_SRC := $(wildcard native/*.c)
