@@ -3,7 +3,7 @@
 
     python scripts/screenshot_report.py REPORT.html -o OUT.png          # an existing report
     python scripts/screenshot_report.py --capture FILE.pyobmem -o OUT.png  # report + screenshot
-    python scripts/screenshot_report.py --synthetic -o docs/report_example.png
+    python scripts/screenshot_report.py --synthetic -o /tmp/report_example.png
 
 ``--synthetic`` builds the synthetic training loop of tests/test_report.py (no GPU needed).
 Chromium is looked up as chromium, chromium-browser, google-chrome (or $CHROMIUM); on Debian:

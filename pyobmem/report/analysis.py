@@ -19,13 +19,13 @@ CLASSES = model.CLASSES
 COPY_BANDWIDTH = model.DEFAULT_BANDWIDTH
 
 DEFINITIONS = {
-    "iterative": "Blocks are accessed the same way in every iteration. Value: share of the bytes of the blocks "
-                 "accessed in an iteration whose access signature repeats across iterations (blocks allocated "
-                 "anew each iteration are matched by their role: same size, same place in the iteration). "
-                 "Holds at 0.9 or more.",
-    "regular": "The idle intervals of a block have the same length every iteration. Value: 1 - the mean "
-               "coefficient of variation of the length of each (block role, interval) across iterations. "
-               "Holds at 0.9 or more.",
+    "iterative": "Memory is accessed the same way in every iteration. Value (tensor level): share of the "
+                 "reuse intervals (two consecutive accesses of one sub-block: the (segment, offset) a kernel "
+                 "argument points at) that recur between the same two positions of the iteration in 90% of "
+                 "the iterations, wherever the allocator put the tensor. Holds at 0.9 or more.",
+    "regular": "The idle intervals have the same length every iteration. Value: mean over the recurring "
+               "reuse intervals of 1 - min(CV, 1), CV the coefficient of variation of its length in ns "
+               "across iterations (launch times, so host jitter counts). Holds at 0.9 or more.",
     "extremal": "A few long idle intervals hold most of the idle time (while most intervals are short), so "
                 "swapping in those few windows saves nearly all there is. Value: share of all idle time in "
                 "the longest 10% of the intervals. Holds at 0.5 or more.",
@@ -103,11 +103,15 @@ def _analyse(capture) -> Analysis:
 
 def properties(pr) -> list[Property]:
     """The model's Properties as the report's rows (None values: not measurable)."""
+    seg = pr.segment
+    sl = (lambda v: "-" if seg is None else _f(v(seg)))  # noqa: E731
     values = {
-        "iterative": (pr.iterative_bytes, f"share of blocks: {_f(pr.iterative_blocks)}"),
-        "regular": (pr.regular, f"on lengths in ops: {_f(pr.regular_ops)}; {pr.n_groups} interval groups"),
+        "iterative": (pr.iterative_intervals if pr.iterative_intervals is not None else pr.iterative_bytes,
+                      f"address-stable sub-blocks: {_f(pr.iterative_blocks)} of them, {_f(pr.iterative_bytes)} "
+                      f"of their bytes; block level: {sl(lambda p: p.iterative_bytes)} of bytes"),
+        "regular": (pr.regular, f"{pr.n_groups} interval groups; block level: {sl(lambda p: p.regular)}"),
         "extremal": (pr.extremal_top, f"Gini of idle interval lengths: {_f(pr.extremal_gini)}; "
-                                      f"{pr.n_intervals} intervals"),
+                                      f"{pr.n_intervals} intervals; block level: {sl(lambda p: p.extremal_top)}"),
     }
     out = []
     for name, (v, detail) in values.items():
@@ -127,17 +131,23 @@ def candidates(capture, a: Analysis, sav, top: int = 15) -> list[dict]:
     blocks = capture.blocks
     w0, w1 = a.window
     out: dict[int, dict] = {}
-    for b, copy, stall, (s, e) in zip(sav.step_block.tolist(), sav.step_copy_ns.tolist(),
-                                      sav.step_stall_ns.tolist(), sav.step_out.tolist()):
-        c = out.get(b)
+    subs = sav.step_sub.tolist() if sav.step_sub is not None else [-1] * len(sav.step_block)
+    sizes = sav.step_size.tolist() if sav.step_size is not None else [None] * len(sav.step_block)
+    tm = a.model.tensors
+    for b, sub, size, copy, stall, (s, e) in zip(sav.step_block.tolist(), subs, sizes, sav.step_copy_ns.tolist(),
+                                                 sav.step_stall_ns.tolist(), sav.step_out.tolist()):
+        c = out.get((b, sub))
         if c is None:
             if len(out) >= top:
                 continue
             t = a.accesses_of(b)
             inside = t[(t >= w0) & (t < w1)]
             gaps = np.diff(np.r_[t[(t < w0)][-1:], inside, t[t >= w1][:1]])
-            c = out[b] = {"row": b, "block_id": int(blocks["block_id"][b]), "size": int(blocks["size"][b]),
-                          "class": str(a.block_class[b]), "accesses": int(len(inside)),
+            cls = str(a.block_class[b]) if sub < 0 or tm is None else model.CLASSES[int(tm.cls[sub])]
+            c = out[(b, sub)] = {"row": b, "block_id": int(blocks["block_id"][b]),
+                          "size": int(blocks["size"][b]) if size is None else int(size),
+                          "offset": 0 if sub < 0 or tm is None else int(tm.start[sub]),
+                          "class": cls, "accesses": int(len(inside)),
                           "longest_idle_ns": int(gaps.max()) if len(gaps) else 0, "copy_ns": 0, "stall_ns": 0,
                           "out_ns": 0}
         c["copy_ns"] += int(2 * copy)

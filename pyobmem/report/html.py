@@ -74,6 +74,16 @@ def memory_series(capture, a: Analysis, max_points: int = MAX_POINTS):
         t, v = live_bytes(blocks, mask)
         pos = np.searchsorted(t, times, side="right") - 1
         layers.append((cls, np.where(pos >= 0, v[np.maximum(pos, 0)], 0)))
+    # Span the whole capture (a caching allocator allocates early and never frees, so the last
+    # allocation can come long before the iterations): zero at the start, the last value held
+    # to the end.
+    s0, s1 = time_span(capture)
+    if s0 < times[0]:
+        times = np.r_[s0, times]
+        layers = [(c, np.r_[0, v]) for c, v in layers]
+    if s1 > times[-1]:
+        times = np.r_[times, s1]
+        layers = [(c, np.r_[v, v[-1]]) for c, v in layers]
     return times, layers
 
 
@@ -207,6 +217,13 @@ def render(capture, generated: str | None = None) -> str:
         m = a.block_class == cls
         if m.any():
             stats.append([f"{cls} blocks", f"{int(m.sum())} ({fmt_bytes(int(blocks['size'][m].sum()))})"])
+    tm = a.model.tensors
+    if tm is not None and np.any(tm.refined):
+        stats.append(["sub-blocks (tensors in segments)", f"{len(tm)} in {len(np.unique(tm.block))} blocks"])
+        for i, cls in enumerate(CLASSES):
+            m = tm.cls == i
+            if m.any():
+                stats.append([f"{cls} sub-blocks", f"{int(m.sum())} ({fmt_bytes(int(tm.size[m].sum()))})"])
     parts.append(_section("Summary", _table(["", ""], stats, {1}), "summary"))
 
     t_s, layers = memory_series(capture, a)
@@ -239,8 +256,9 @@ def render(capture, generated: str | None = None) -> str:
     if a.window is not None:
         parts.append(_section("Access map of one iteration", _legend(
             [c for c in CLASSES if (a.block_class == c).any()]) + access_map(capture, a)
-            + "<p class=muted>Rows: blocks, in order of first access. Ticks: accesses. Shaded: idle "
-              "intervals. Grey: the block is allocated.</p>", "access-map"))
+            + "<p class=muted>Rows: blocks, in order of first access. Ticks: accesses at their launch "
+              "times (the host may launch a whole step ahead of the GPU and then wait for it). Shaded: "
+              "idle intervals. Grey: the block is allocated.</p>", "access-map"))
 
     idle = np.diff(a.access_times)
     same_block = np.ones(len(idle), bool)
@@ -262,15 +280,15 @@ def render(capture, generated: str | None = None) -> str:
                 f"to host memory could save, if the iteration may run that much longer (pyobmem.model's saving "
                 f"bound, copies at {a.model.saving.bandwidth / 1e9:g} GB/s each way).</p>")
         parts.append(_section("Saving curve", body, "saving"))
-        cand = [[c["block_id"], fmt_bytes(c["size"]), c["class"], c["accesses"], _dur(c["longest_idle_ns"]),
+        cand = [[f'{c["block_id"]}+{fmt_bytes(c["offset"])}' if c.get("offset") else c["block_id"], fmt_bytes(c["size"]), c["class"], c["accesses"], _dur(c["longest_idle_ns"]),
                  _dur(c["out_ns"]), _dur(c["copy_ns"]), _dur(c["stall_ns"]) if c["stall_ns"] else "none"]
                 for c in a.candidates]
         body = (_table(["block", "size", "class", "accesses / iteration", "longest idle", "out of device",
                         "copy out + in", "stall"], cand, {1, 3, 4, 5, 6, 7}) if cand
                 else "<p>No block is worth swapping in this iteration.</p>")
         parts.append(_section("Top swap candidates", body + "<p class=muted>The blocks the saving bound swaps, in "
-                              "the order it takes them (most peak saved per stall first); times within the "
-                              "analysed iteration.</p>", "candidates"))
+                              "the order it takes them (most peak saved per stall first); block+offset: a sub-block "
+                              "(tensor) inside a segment; times within the analysed iteration.</p>", "candidates"))
 
     prow = []
     for p in a.properties:
