@@ -120,8 +120,19 @@ def resolve_command(command: list[str]) -> str:
 
 
 def default_output(command: list[str]) -> str:
-    """``pyobmem-<cmdname>-<pid>.pyobmem`` in the current directory."""
-    return f"pyobmem-{os.path.basename(command[0]) or 'cmd'}-{os.getpid()}.pyobmem"
+    """``pyobmem-<name>-<pid>.pyobmem`` in the current directory.
+
+    The name is the script's stem for ``python train.py`` (``train``) and the module for
+    ``python -m pkg.mod`` (``pkg.mod``), else the command's basename.
+    """
+    name = os.path.basename(command[0]) or "cmd"
+    if name.startswith("python"):
+        args = command[1:]
+        if len(args) >= 2 and args[0] == "-m":
+            name = args[1]
+        elif args and not args[0].startswith("-"):
+            name = os.path.splitext(os.path.basename(args[0]))[0] or name
+    return f"pyobmem-{name}-{os.getpid()}.pyobmem"
 
 
 def child_environment(base: dict, shim: str, ring: str, cupti: bool, presets: bool) -> tuple[dict, dict]:
@@ -144,8 +155,9 @@ def child_environment(base: dict, shim: str, ring: str, cupti: bool, presets: bo
             env[abi.ENV_CUPTI] = found
     applied = {}
     if presets:
-        # JAX reserves most of the card in one allocation unless told otherwise.
-        if "XLA_PYTHON_CLIENT_ALLOCATOR" not in base and "XLA_PYTHON_CLIENT_PREALLOCATE" not in base:
+        # JAX reserves most of the card in one allocation unless told otherwise; any
+        # XLA_PYTHON_CLIENT_* setting of the user's (allocator, preallocate, mem fraction) wins.
+        if not any(k.startswith("XLA_PYTHON_CLIENT_") for k in base):
             applied["XLA_PYTHON_CLIENT_ALLOCATOR"] = "platform"
     env.update(applied)
     return env, applied
@@ -158,12 +170,21 @@ def recorded_environment(env: dict) -> dict:
     }
 
 
-def check_output(output: str, force: bool) -> None:
-    """Refuse an existing output without ``force``, and an output in a missing directory."""
-    if os.path.lexists(output) and not force:
-        raise PyobmemError(f"{output} exists; use -f/--force to overwrite it")
+def check_output(output: str, force: bool, command: list[str]) -> None:
+    """Refuse an output that is a directory or a file the command names, an existing output
+    without ``force``, and an output in a missing directory."""
+    if not output:
+        raise PyobmemError("the output file name is empty")
     if os.path.isdir(output):
         raise PyobmemError(f"{output} is a directory")
+    if os.path.exists(output):
+        for arg in command:
+            if os.path.exists(arg) and os.path.samefile(arg, output):
+                raise PyobmemError(f"{output} is named by the command ({arg}); choose another output file")
+        if not force:
+            raise PyobmemError(f"{output} exists; use -f/--force to overwrite it")
+    elif os.path.lexists(output) and not force:
+        raise PyobmemError(f"{output} exists; use -f/--force to overwrite it")
     parent = os.path.dirname(os.path.abspath(output))
     if not os.path.isdir(parent):
         raise PyobmemError(f"{parent}: no such directory")
@@ -174,8 +195,8 @@ def launch(opts: Options) -> Outcome:
     if not opts.command:
         raise PyobmemError("no command to run", 2)
     executable = resolve_command(opts.command)
-    output = opts.output or default_output(opts.command)
-    check_output(output, opts.force)
+    output = default_output(opts.command) if opts.output is None else opts.output
+    check_output(output, opts.force, opts.command)
     shim = find_shim()
     output = os.path.abspath(output)
 
@@ -267,10 +288,14 @@ def _run_child(executable: str, argv: list[str], env: dict, daemon: subprocess.P
     daemon_failed = None
     try:
         # The child starts with an empty mask and the default dispositions Python changed.
+        spawn = dict(setsigmask=(), setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
         try:
-            pid = os.posix_spawn(executable, argv, env, setsigmask=(), setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+            pid = os.posix_spawn(executable, argv, env, **spawn)
         except OSError as e:
-            raise PyobmemError(f"{argv[0]}: {e.strerror}", 126) from None
+            if e.errno != errno.ENOEXEC:
+                raise PyobmemError(f"{argv[0]}: {e.strerror}", 126) from None
+            # A script without a #! line: run it with /bin/sh, as a shell (and execvp) would.
+            pid = os.posix_spawn("/bin/sh", ["/bin/sh", executable, *argv[1:]], env, **spawn)
         while True:
             info = signal.sigtimedwait(waited, 0.5)
             if info is not None and info.si_signo != signal.SIGCHLD:

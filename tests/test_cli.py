@@ -177,7 +177,7 @@ def test_print_1_on_a_machine_without_gpu(tmp_path, shim):
     lines = proc.stderr.splitlines()
     assert "pyobmem: no CUDA activity was seen" in lines
     assert f"pyobmem: capture written to {captures[0]}" in lines
-    assert any(line.startswith("pyobmem: next: pyobmem summary ") for line in lines)
+    assert any(line.startswith("pyobmem: next: pyobmem stats ") for line in lines)
     cap = read_capture(captures[0])
     assert cap.complete and cap.exit_status == 0 and len(cap.ops) == 0 and len(cap.blocks) == 0
     summary = pyobmem("summary", captures[0], cwd=tmp_path)
@@ -199,10 +199,11 @@ def test_force_overwrites(tmp_path, shim):
     assert read_capture(str(out)).complete
 
 
-def test_killed_by_signal_exits_128_plus_n(tmp_path, shim):
+def test_killed_by_signal_dies_by_the_same_signal(tmp_path, shim):
+    """The launcher's parent sees the death it would see without pyobmem (not 128 + N)."""
     code = "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"
     proc = pyobmem("run", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path, env=_env(shim["env"]))
-    assert proc.returncode == 143
+    assert proc.returncode == -signal.SIGTERM
     cap = read_capture(str(tmp_path / "c.pyobmem"))
     assert cap.complete and cap.exit_status == -15
     assert "pyobmem: no events dropped; capture complete, command killed by signal 15" in proc.stderr.splitlines()
@@ -211,8 +212,8 @@ def test_killed_by_signal_exits_128_plus_n(tmp_path, shim):
 SLEEPER = "import sys, time; print('ready', flush=True); time.sleep(60)"
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
-def test_signals_to_the_launcher_reach_the_child(tmp_path, shim, sig, code):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_signals_to_the_launcher_reach_the_child(tmp_path, shim, sig):
     launcher = subprocess.Popen(
         [PY, "-m", "pyobmem", "run", "-q", "-o", "c.pyobmem", PY, "-c", SLEEPER],
         cwd=tmp_path, env=_env(shim["env"]), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -220,7 +221,7 @@ def test_signals_to_the_launcher_reach_the_child(tmp_path, shim, sig, code):
     assert launcher.stdout.readline() == b"ready\n"
     t0 = time.monotonic()
     launcher.send_signal(sig)
-    assert launcher.wait(30) == code
+    assert launcher.wait(30) == -sig  # the child died of it, and so does the launcher
     assert time.monotonic() - t0 < 10
     cap = read_capture(str(tmp_path / "c.pyobmem"))
     assert cap.complete and cap.exit_status == -sig
@@ -362,3 +363,41 @@ def test_descendants_get_the_same_ring(tmp_path, shim):
     proc = pyobmem("run", "-q", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path, env=_env(shim["env"]))
     mine, child, preload = proc.stdout.splitlines()
     assert mine == child and preload == shim["path"]
+
+
+def test_user_xla_setting_of_any_kind_skips_the_jax_preset(tmp_path, shim):
+    env = _env({**shim["env"], "XLA_PYTHON_CLIENT_MEM_FRACTION": ".5"})
+    assert pyobmem("run", "-q", "-o", "c.pyobmem", PY, "-c", "0", cwd=tmp_path, env=env).returncode == 0
+    assert read_capture(str(tmp_path / "c.pyobmem")).meta["presets"] == {}
+
+
+def test_default_output_named_after_the_script(tmp_path, shim):
+    (tmp_path / "train.py").write_text("print('ok')\n")
+    proc = pyobmem("run", PY, "train.py", cwd=tmp_path, env=_env(shim["env"]))
+    assert proc.returncode == 0 and proc.stdout == "ok\n"
+    assert [p.name.split("-")[1] for p in tmp_path.glob("pyobmem-*.pyobmem")] == ["train"]
+
+
+def test_output_named_by_the_command_is_refused_even_with_force(tmp_path, shim):
+    script = tmp_path / "train.py"
+    script.write_text("print('ok')\n")
+    proc = pyobmem("run", "-f", "-o", "train.py", PY, "train.py", cwd=tmp_path, env=_env(shim["env"]))
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr == "pyobmem: error: train.py is named by the command (train.py); choose another output file\n"
+    assert script.read_text() == "print('ok')\n"
+
+
+def test_output_directory_and_empty_name_refused(tmp_path, shim):
+    (tmp_path / "d").mkdir()
+    for out, message in (("d", "d is a directory"), ("", "the output file name is empty")):
+        proc = pyobmem("run", "-o", out, PY, "-c", "print(1)", cwd=tmp_path, env=_env(shim["env"]))
+        assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", f"pyobmem: error: {message}\n")
+
+
+def test_script_without_shebang_runs_with_sh(tmp_path, shim):
+    script = tmp_path / "job"
+    script.write_text("echo from-sh \"$1\"\nexit 4\n")
+    script.chmod(0o755)
+    proc = pyobmem("run", "-q", "-o", "c.pyobmem", "./job", "arg", cwd=tmp_path, env=_env(shim["env"]))
+    assert (proc.returncode, proc.stdout) == (4, "from-sh arg\n")
+    assert read_capture(str(tmp_path / "c.pyobmem")).exit_status == 4

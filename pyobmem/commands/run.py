@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import sys
 
 from .. import launcher
@@ -22,7 +23,7 @@ EPILOG = "example: pyobmem-run -o train.pyobmem python train.py --epochs 1"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The run options, shared by ``pyobmem run`` and ``pyobmem-run``."""
-    p.add_argument("-o", "--output", metavar="FILE", help="capture file (default: pyobmem-<cmd>-<pid>.pyobmem)")
+    p.add_argument("-o", "--output", metavar="FILE", help="capture file (default: pyobmem-<script or cmd>-<pid>.pyobmem)")
     p.add_argument("-f", "--force", action="store_true", help="overwrite the capture file if it exists")
     p.add_argument(
         "--capacity", type=_positive_int, default=launcher.DEFAULT_CAPACITY, metavar="N",
@@ -75,7 +76,26 @@ def run(args) -> int:
         # `pyobmem-run cmd 2>&1 | head`: the reader is gone. What we had to say is lost, the
         # command's exit code is not: quiet the stream so Python's exit flush does not fail too.
         _silence(sys.stderr)
+    if outcome.status < 0:
+        _die_like(-outcome.status)
     return outcome.exit_code
+
+
+def _die_like(signo: int) -> None:
+    """End by the signal that killed the command, so that our parent (a shell loop, a job
+    runner, subprocess) sees the same death as without pyobmem. Returns if the signal does
+    not end the process (then the caller exits 128 + N)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    try:
+        signal.signal(signo, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signo})
+        os.kill(os.getpid(), signo)
+    except (OSError, ValueError):
+        pass
 
 
 def _say(line: str) -> None:
@@ -100,16 +120,5 @@ def _report(path: str) -> None:
     for line in text.splitlines():
         _say(line)
     _say(f"capture written to {path}")
-    from . import COMMANDS  # the verbs registered now (stats, report, ... when they exist)
-
-    verbs = {getattr(m, "NAME", m.__name__.rsplit(".", 1)[-1]) for m in COMMANDS}
-    hints = [f"pyobmem summary {_quote(path)}"]
-    if "stats" in verbs:
-        hints.append(f"pyobmem stats {_quote(path)}")
-    if "report" in verbs:
-        hints.append(f"pyobmem report {_quote(path)} -o report.html")
-    _say("next: " + "   or   ".join(hints))
-
-
-def _quote(path: str) -> str:
-    return shlex.quote(path)
+    q = shlex.quote(path)
+    _say(f"next: pyobmem stats {q}   or   pyobmem report {q} -o report.html")
