@@ -144,12 +144,12 @@ def build_tensors(capture, it: IterationModel, bm: BlockModel) -> TensorModel:
         k = np.searchsorted(it.start_op[main], a_op, side="right") - 1
         kk = np.maximum(k, 0)
         inside = (k >= 0) & (a_op < it.end_op[main][kk])
-        a_iter = np.where(inside, k, -1).astype(np.int64)
-        a_pos = np.where(inside, seq_of_op[a_op] - it.start_seq[main][kk], -1).astype(np.int64)
+        a_iter = np.where(inside, k, -1).astype(np.int32)
+        a_pos = np.where(inside, seq_of_op[a_op] - it.start_seq[main][kk], -1).astype(np.int32)
         del k, kk, inside
     else:
-        a_iter = np.full(len(a_op), -1, np.int64)
-        a_pos = np.full(len(a_op), -1, np.int64)
+        a_iter = np.full(len(a_op), -1, np.int32)
+        a_pos = np.full(len(a_op), -1, np.int32)
     P = int(it.main_regime.period_ops) if nI else 1
     a_t = ops["ts_ns"][a_op].astype(np.int64)
 
@@ -166,16 +166,24 @@ def build_tensors(capture, it: IterationModel, bm: BlockModel) -> TensorModel:
         h = (h * _MIX) ^ (h >> np.uint64(29))
         h = h * _MIX
         sig = np.add.reduceat(h, gidx) if len(gidx) else np.zeros(0, np.uint64)
-    del h
+    del h, seq_of_op
     stable = np.zeros(ns_sub, bool)
     span_med = np.zeros(ns_sub)
     if nI and np.any(ing):
         gs, gsig = g_sub[ing], sig[ing]
-        pairs = np.zeros(len(gs), dtype=[("s", "<i8"), ("h", "<u8")])
-        pairs["s"], pairs["h"] = gs, gsig
-        up, pcnt = np.unique(pairs, return_counts=True)
+        # most common signature per sub-block: sort by (sub-block, signature), count equal runs
+        o = np.lexsort((gsig, gs))
+        ss, sh = gs[o], gsig[o]
+        brk = np.ones(len(ss), bool)
+        brk[1:] = (ss[1:] != ss[:-1]) | (sh[1:] != sh[:-1])
+        st = np.flatnonzero(brk)
+        run = np.diff(np.append(st, len(ss)))
+        rs = ss[st]
+        sb = np.ones(len(rs), bool)
+        sb[1:] = rs[1:] != rs[:-1]
         best = np.zeros(ns_sub, np.int64)
-        np.maximum.at(best, up["s"], pcnt)
+        best[rs[sb]] = np.maximum.reduceat(run, np.flatnonzero(sb))
+        del o, ss, sh, brk, st, run, rs, sb
         alive = bm.full_iterations[s_block]
         thr = np.maximum(2, np.floor(STABLE_SHARE * alive + 1e-9)).astype(np.int64)
         stable = best >= thr
@@ -187,7 +195,7 @@ def build_tensors(capture, it: IterationModel, bm: BlockModel) -> TensorModel:
         mid = first + np.maximum(cnt - 1, 0) // 2
         has = cnt > 0
         span_med[has] = span[o][mid[has]]
-        del pairs, up, pcnt, span, o
+        del span, o
 
     # Untouched sub-blocks: blocks never accessed, and the bytes before a block's first offset.
     first_off = np.full(nb, -1, np.int64)
@@ -236,21 +244,21 @@ def build_tensors(capture, it: IterationModel, bm: BlockModel) -> TensorModel:
         same = (i1 >= 0) & (i2 == i1)
         wrap = (i1 >= 0) & (i2 == i1 + 1) & contiguous[np.clip(i1, 0, nI - 1)]
         measured = same | wrap
-        ikey = np.where(measured, a_pos[nx] * (2 * P) + a_pos[nx + 1] + np.where(wrap, P, 0), -1)
+        ikey = np.where(measured, a_pos[nx].astype(np.int64) * (2 * P) + a_pos[nx + 1] + np.where(wrap, P, 0), -1)
         recurring = np.zeros(len(nx), bool)
         if np.any(measured):
             m = np.flatnonzero(measured)
-            kp = np.zeros(len(m), dtype=[("k", "<i8"), ("i", "<i8")])
-            kp["k"], kp["i"] = ikey[m], i1[m]
-            up = np.unique(kp)
-            uk, ucnt = np.unique(up["k"], return_counts=True)
+            up = np.sort(ikey[m] * nI + i1[m].astype(np.int64))  # distinct (key, iteration), sorted
+            up = up[np.r_[True, up[1:] != up[:-1]]] // nI
+            first = np.flatnonzero(np.r_[True, up[1:] != up[:-1]])
+            uk, ucnt = up[first], np.diff(np.append(first, len(up)))
             recurring[m] = ucnt[np.searchsorted(uk, ikey[m])] >= recur_threshold(nI)
     else:
         measured = np.zeros(len(nx), bool)
         ikey = np.full(len(nx), -1, np.int64)
         recurring = measured.copy()
     intervals = TensorIntervals(
-        sub=inv[a_sub[nx]] if len(nx) else np.zeros(0, np.int64), start_op=a_op[nx], end_op=a_op[nx + 1],
+        sub=inv[a_sub[nx]].astype(np.int32) if len(nx) else np.zeros(0, np.int32), start_op=a_op[nx], end_op=a_op[nx + 1],
         ns=a_t[nx + 1] - a_t[nx], iteration=i1.astype(np.int32), end_iteration=i2.astype(np.int32), key=ikey,
         measured=measured, recurring=recurring,
     )
