@@ -21,6 +21,11 @@ TEXT_LAST = 0x8000
 ENV_RING = "PYOBMEM_RING"
 ENV_DISABLE = "PYOBMEM_DISABLE"
 ENV_CUPTI = "PYOBMEM_CUPTI"
+ENV_CONTROL = "PYOBMEM_CONTROL"
+
+CONTROL_MAGIC = 0x4C5254434F4259  # "YOBCTRL"
+PLAN_MAX_OPS = 32768
+PLAN_MAX_ACTIONS = 16384
 
 
 class Ev(enum.IntEnum):
@@ -40,6 +45,24 @@ class Ev(enum.IntEnum):
     NOTE = 11
     DROPPED = 12
     CAPTURE_END = 13
+    SWAP_OUT = 14
+    SWAP_IN = 15
+    PLAN = 16
+
+
+class SwapInCause(enum.IntEnum):
+    """Why a block came back (flags of SWAP_IN, ``pyobmem_swap_in_cause``)."""
+
+    PREFETCH = 1
+    LATE = 2
+    DEMAND = 3
+
+
+class ActionKind(enum.IntEnum):
+    """What a plan action does (``pyobmem_action_kind``)."""
+
+    SWAP_OUT = 1
+    PREFETCH = 2
 
 
 class AllocKind(enum.IntEnum):
@@ -113,7 +136,37 @@ RING_HEADER_DTYPE = np.dtype(
     }
 )
 
+def _struct(fields: list[tuple], itemsize: int) -> np.dtype:
+    """A dtype with explicit offsets: (name, format, offset); C padding is left out."""
+    return np.dtype(
+        {"names": [f[0] for f in fields], "formats": [f[1] for f in fields], "offsets": [f[2] for f in fields],
+         "itemsize": itemsize}
+    )
+
+
+ACTION_DTYPE = _struct([("at", "<u4", 0), ("kind", "<u2", 4), ("addr", "<u8", 8), ("size", "<u8", 16)], 24)
+PLAN_DTYPE = _struct(
+    [
+        ("generation", "<u8", 0), ("pid", "<u4", 8), ("period", "<u4", 12), ("n_actions", "<u4", 16),
+        ("budget_bytes", "<u8", 24), ("template_keys", ("<u8", (PLAN_MAX_OPS,)), 32),
+        ("actions", (ACTION_DTYPE, (PLAN_MAX_ACTIONS,)), 32 + 8 * PLAN_MAX_OPS),
+    ],
+    32 + 8 * PLAN_MAX_OPS + ACTION_DTYPE.itemsize * PLAN_MAX_ACTIONS,
+)
+CONTROL_DTYPE = _struct(
+    [
+        ("magic", "<u8", 0), ("abi_version", "<u4", 8), ("budget_bytes", "<u8", 16), ("min_swap_bytes", "<u8", 24),
+        ("active", "<u8", 32), ("adopted", "<u8", 40), ("plan_drops", "<u8", 48), ("plans", (PLAN_DTYPE, (2,)), 64),
+    ],
+    64 + 2 * PLAN_DTYPE.itemsize,
+)
+
 assert RECORD_DTYPE.itemsize == RECORD_SIZE
+
+
+def op_key_copy(event_type: int, copy_kind: int) -> int:
+    """Template key of a copy or set (``PYOBMEM_OP_KEY_COPY``); launches use their handle."""
+    return (0xFF << 56) | (int(event_type) << 16) | int(copy_kind)
 
 
 def access_word_split(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -26,6 +26,8 @@ ENUMS = {
     "pyobmem_copy_kind": (abi.CopyKind, "PYOBMEM_COPY_"),
     "pyobmem_untracked_kind": (abi.UntrackedKind, "PYOBMEM_UNTRACKED_"),
     "pyobmem_launch_source": (abi.LaunchSource, "PYOBMEM_SOURCE_"),
+    "pyobmem_swap_in_cause": (abi.SwapInCause, "PYOBMEM_SWAP_IN_"),
+    "pyobmem_action_kind": (abi.ActionKind, "PYOBMEM_ACT_"),
 }
 # Enum members that are module constants in Python rather than enum members.
 ENUM_EXTRAS = {"PYOBMEM_COPY_ASYNC": abi.COPY_ASYNC}
@@ -36,9 +38,18 @@ DEFINES = {
     "PYOBMEM_RING_HEADER_SIZE": abi.RING_HEADER_SIZE,
     "PYOBMEM_TEXT_LAST": abi.TEXT_LAST,
     "PYOBMEM_ACCESS_OFFSET_BITS": abi.ACCESS_OFFSET_BITS,
+    "PYOBMEM_CONTROL_MAGIC": abi.CONTROL_MAGIC,
+    "PYOBMEM_PLAN_MAX_OPS": abi.PLAN_MAX_OPS,
+    "PYOBMEM_PLAN_MAX_ACTIONS": abi.PLAN_MAX_ACTIONS,
 }
-STRINGS = {"PYOBMEM_ENV_RING": abi.ENV_RING, "PYOBMEM_ENV_DISABLE": abi.ENV_DISABLE, "PYOBMEM_ENV_CUPTI": abi.ENV_CUPTI}
-STRUCTS = {"pyobmem_record": abi.RECORD_DTYPE, "pyobmem_ring_header": abi.RING_HEADER_DTYPE}
+STRINGS = {
+    "PYOBMEM_ENV_RING": abi.ENV_RING, "PYOBMEM_ENV_DISABLE": abi.ENV_DISABLE, "PYOBMEM_ENV_CUPTI": abi.ENV_CUPTI,
+    "PYOBMEM_ENV_CONTROL": abi.ENV_CONTROL,
+}
+STRUCTS = {
+    "pyobmem_record": abi.RECORD_DTYPE, "pyobmem_ring_header": abi.RING_HEADER_DTYPE,
+    "pyobmem_action": abi.ACTION_DTYPE, "pyobmem_plan": abi.PLAN_DTYPE, "pyobmem_control": abi.CONTROL_DTYPE,
+}
 
 
 def _header_text() -> str:
@@ -138,7 +149,9 @@ def test_struct_layout(c_view, struct):
         fmt, offset = dtype.fields[f][:2]
         assert offset == int(c_view[f"offsetof.{struct}.{f}"]), f
         assert fmt.itemsize == int(c_view[f"sizeof.{struct}.{f}"]), f
-        assert fmt.kind == "u" and fmt.byteorder in "<=|", f  # all fields are unsigned, little-endian
+        base = fmt.base  # the element of an array field
+        # every field is unsigned little-endian, or a struct of this header (arrays of them)
+        assert (base.kind == "u" and base.byteorder in "<=|") or base in STRUCTS.values(), f
 
 
 def test_ring_header_fits_its_page(c_view):

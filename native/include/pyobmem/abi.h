@@ -28,6 +28,7 @@
 #define PYOBMEM_ENV_RING "PYOBMEM_RING"       /* path of the ring file (under /dev/shm) */
 #define PYOBMEM_ENV_DISABLE "PYOBMEM_DISABLE" /* "1": pure pass-through */
 #define PYOBMEM_ENV_CUPTI "PYOBMEM_CUPTI"     /* path of libcupti to try first; "0": never */
+#define PYOBMEM_ENV_CONTROL "PYOBMEM_CONTROL" /* swap mode: path of the control file (below) */
 
 /* Event types (pyobmem_record.type). Payload words a..e per type are documented inline. */
 enum pyobmem_event_type {
@@ -72,6 +73,22 @@ enum pyobmem_event_type {
      * a = events dropped in the ring in total, b = exit status of the traced command
      * (negative: killed by that signal). */
     PYOBMEM_EV_CAPTURE_END = 13,
+    /* Swap mode (the shim's swap executor). a = block id, b = bytes, c = duration of the
+     * operation in ns when known (0 otherwise), d = stream the copy ran on.
+     * SWAP_OUT: the block was copied to pinned host memory and its device memory released.
+     * SWAP_IN: the block was mapped and copied back; flags = pyobmem_swap_in_cause. */
+    PYOBMEM_EV_SWAP_OUT = 14,
+    PYOBMEM_EV_SWAP_IN = 15,
+    /* A plan was adopted (a = plan generation, b = actions) or dropped because the launch
+     * sequence left the plan's template (a = generation, b = position in the iteration,
+     * flags = 1). */
+    PYOBMEM_EV_PLAN = 16,
+};
+
+enum pyobmem_swap_in_cause {
+    PYOBMEM_SWAP_IN_PREFETCH = 1, /* planned prefetch, done before the consumer needed it: a hit */
+    PYOBMEM_SWAP_IN_LATE = 2,     /* planned prefetch not done when the consumer launched: stall */
+    PYOBMEM_SWAP_IN_DEMAND = 3,   /* safety net: an op touched a block that was out, unplanned */
 };
 
 enum pyobmem_alloc_kind {
@@ -139,6 +156,64 @@ struct pyobmem_ring_header {
     uint64_t _pad2[7];
     uint64_t dropped; /* events lost to a full ring (atomic) */
     uint64_t _pad3[7];
+};
+
+/*
+ * Swap mode: the control file (daemon -> shim), a second shared-memory file next to the ring.
+ *
+ * The daemon learns the iteration from the events and writes a plan: the template of one
+ * iteration (one key per op, PYOBMEM_OP_KEY) and actions at positions in it. The shim follows
+ * the template op by op, at launch granularity, without waiting for the daemon: on a match it
+ * advances; on a mismatch it drops the plan (PLAN event, control.plan_drops += 1), brings blocks
+ * back on demand only, and waits for a new generation.
+ *
+ * Double buffer: the daemon writes plans[1 - active], then stores active (release). It writes a
+ * slot again only once the shim has adopted the plan in force (adopted == plans[active].generation)
+ * or none is in force, so the shim never reads a slot being written.
+ */
+#define PYOBMEM_CONTROL_MAGIC 0x4c5254434f4259ull /* "YOBCTRL" */
+#define PYOBMEM_PLAN_MAX_OPS 32768u
+#define PYOBMEM_PLAN_MAX_ACTIONS 16384u
+
+/* The key of an op in a plan's template: the kernel handle (CUfunction/CUkernel) for a launch,
+ * the CUgraphExec for a graph launch, and for copies and sets the event type and copy kind. */
+#define PYOBMEM_OP_KEY_COPY(type, kind) ((0xFFull << 56) | ((uint64_t)(type) << 16) | (uint64_t)(kind))
+
+enum pyobmem_action_kind {
+    PYOBMEM_ACT_SWAP_OUT = 1, /* after the op at `at` is issued: copy the block out, release it */
+    PYOBMEM_ACT_PREFETCH = 2, /* before the op at `at` is issued: map the block and copy it in */
+};
+
+struct pyobmem_action {
+    uint32_t at;   /* position in the iteration: op index from the iteration's first op */
+    uint16_t kind; /* pyobmem_action_kind */
+    uint16_t _pad;
+    uint64_t addr; /* the block's device address, as allocated */
+    uint64_t size; /* its size in bytes */
+};
+
+struct pyobmem_plan {
+    uint64_t generation; /* > 0; increases with every new plan */
+    uint32_t pid;        /* the process the plan is for */
+    uint32_t period;     /* ops per iteration, <= PYOBMEM_PLAN_MAX_OPS */
+    uint32_t n_actions;  /* <= PYOBMEM_PLAN_MAX_ACTIONS, sorted by `at` */
+    uint32_t _pad;
+    uint64_t budget_bytes; /* device bytes the plan keeps the process under */
+    uint64_t template_keys[PYOBMEM_PLAN_MAX_OPS];
+    struct pyobmem_action actions[PYOBMEM_PLAN_MAX_ACTIONS];
+};
+
+struct pyobmem_control {
+    uint64_t magic;
+    uint32_t abi_version;
+    uint32_t _pad0;
+    uint64_t budget_bytes; /* the run's device-memory budget (--budget); 0: none */
+    uint64_t min_swap_bytes; /* blocks smaller than this are never VMM-backed nor swapped */
+    uint64_t active;       /* index (0 or 1) of the plan in force; the daemon stores it (release) */
+    uint64_t adopted;      /* generation the shim follows now (the shim stores it) */
+    uint64_t plan_drops;   /* plans the shim dropped for a template mismatch (atomic) */
+    uint64_t _pad1;
+    struct pyobmem_plan plans[2];
 };
 
 #endif
