@@ -1,5 +1,8 @@
 """Memory inefficiencies per block: early allocation, late free, long idle, never accessed, leaked.
 
+Leaked (``leak_cutoff``): never freed and no longer used at the end of the run (not in the last
+two iterations); a block never accessed is reported as never-accessed only.
+
 Blocks allocated afresh every iteration at the same place (one role, docs/model.md) are reported
 once, with the number of instances; sizes are per instance (one instance is live at a time).
 """
@@ -58,6 +61,19 @@ def _pct(it: IterationModel, t: np.ndarray) -> np.ndarray:
     return np.where(ok, 100.0 * (t - t0[kk]) / np.maximum(t1[kk] - t0[kk], 1), np.nan)
 
 
+def leak_cutoff(it: IterationModel, bm: BlockModel) -> int:
+    """A block never freed whose last access comes before this time (ns) is leaked: the start of
+    the second-to-last iteration of the main regime (not used in the last two iterations, nor
+    after them), or without iterations the middle of the span from the first allocation to the
+    end of the capture. A block still used at the end is held on purpose, freed or not (PyTorch's
+    caching allocator keeps its segments to exit)."""
+    main = it.main_rows()
+    if len(main) >= 2:
+        return int(it.t_start[main[-2]])
+    t0 = int(bm.t_alloc.min()) if len(bm) else 0
+    return t0 + (int(bm.capture_end) - t0) // 2
+
+
 def find_inefficiencies(
     capture, it: IterationModel, bm: BlockModel, *, slack_pct: float = SLACK_PCT, idle_pct: float = IDLE_PCT
 ) -> list:
@@ -87,9 +103,8 @@ def find_inefficiencies(
                               iv.start_op[o], iv.end_op[o]))
     r = np.flatnonzero(bm.cls == NEVER)
     rows_kind.append(("never-accessed", r, bm.t_alloc[r], bm.t_end[r], np.full(len(r), -1), np.full(len(r), -1)))
-    r = np.flatnonzero(bm.t_free < 0)
-    after = np.where(bm.n_accesses[r] > 0, bm.last_t[r], bm.t_alloc[r])
-    rows_kind.append(("leaked", r, after, np.full(len(r), bm.capture_end), bm.last_op[r], np.full(len(r), -1)))
+    r = np.flatnonzero((bm.t_free < 0) & has & (bm.last_t < leak_cutoff(it, bm)))
+    rows_kind.append(("leaked", r, bm.last_t[r], np.full(len(r), bm.capture_end), bm.last_op[r], np.full(len(r), -1)))
 
     out = []
     for kind, rows, st, en, before, aft in rows_kind:

@@ -19,6 +19,8 @@ from .. import abi
 
 MIN_COPIES = 3  # a stretch is periodic with lag L when it holds at least 3 copies of L ops
 MIN_ITERATIONS = 2  # a regime needs at least this many aligned iterations
+MIN_MAIN_ITERATIONS = MIN_COPIES  # ... and the first (main) one this many
+MIN_PERIOD = 2  # an iteration has at least 2 ops: one kernel repeated back to back is no training step
 MATCH = 0.8  # fraction of template positions an iteration must match (start of a stretch)
 MATCH_CONTIGUOUS = 0.6  # ... when it starts where the previous iteration ended
 SUB_REGIME_MIN_RATIO = 0.125  # a regime found between iterations needs period >= this x main
@@ -169,7 +171,9 @@ def _process(s, ts, htod_ids, a, b, depth, min_period, claimed, out, main_ns=Non
         return
     loc = s[a:b]
     lags = _candidate_lags(loc)
-    pick = _pick_lag(loc, lags)
+    # At the top the period is the best lag of at least MIN_PERIOD (runs of shorter lags still
+    # explain away the longer ones inside them); below, a too short best lag means no regime.
+    pick = _pick_lag(loc, lags, MIN_PERIOD if depth == 0 else 1)
     if pick is not None and pick[0] < min_period:
         pick = None  # a local feature (layers) in a stretch between iterations, not a regime
     if pick is not None:
@@ -183,7 +187,8 @@ def _process(s, ts, htod_ids, a, b, depth, min_period, claimed, out, main_ns=Non
             and (period < SUB_REGIME_MIN_PERIOD
                  or _ns_per_op(ts, starts + a, period) > SUB_REGIME_MAX_SLOWDOWN * max(main_ns, 1.0))
         )
-        if len(starts) >= MIN_ITERATIONS and not slow:
+        enough = len(starts) >= (MIN_MAIN_ITERATIONS if depth == 0 else MIN_ITERATIONS)
+        if enough and not slow:
             starts = starts + a
             out.append({"period": period, "template": template, "starts": starts, "scores": scores, "phase": how})
             for st in starts:
@@ -261,13 +266,14 @@ def _runs(s: np.ndarray, L: int) -> tuple[np.ndarray, np.ndarray]:
     return st[keep], en[keep]
 
 
-def _pick_lag(s: np.ndarray, lags: np.ndarray):
+def _pick_lag(s: np.ndarray, lags: np.ndarray, min_lag: int = 1):
     """The period of the largest periodic stretch: (period, start of its longest run) or None.
 
     A run of lag L inside one period of a larger lag L' (shorter than L'+L) is a local feature
     (transformer layers, repeated optimizer kernels) and does not count, even when L' repeats
     only twice; a run of lag L that spans L'+L ops of a run of L' > L explains it (L' is a
-    multiple or a mix of periods). Only runs of MIN_COPIES copies or more can be picked.
+    multiple or a mix of periods). Only runs of MIN_COPIES copies or more, of a lag of at least
+    ``min_lag``, can be picked.
     """
     if not len(lags):
         return None
@@ -296,6 +302,8 @@ def _pick_lag(s: np.ndarray, lags: np.ndarray):
                 alive[Lb] &= np.cumsum(mark)[:-1] == 0
     best, best_cov = None, 0
     for L in lags:
+        if L < min_lag:
+            continue
         st, en = runs[L]
         a = alive[L] & (en - st >= MIN_COPIES * L)
         c = int((en[a] - st[a]).sum())

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import math
+
 import numpy as np
 
 from .. import abi
@@ -85,11 +87,13 @@ class SavingCurve:
 
 def bandwidth_of(capture, override: float | None = None) -> float:
     """The copy bandwidth (B/s): ``override``, else the capture metadata, else 55e9."""
-    if override:
+    if override:  # None or 0: not given
+        if not (math.isfinite(override) and override > 0):
+            raise ValueError(f"copy bandwidth must be a positive finite number, not {override!r}")
         return float(override)
     for k in META_BANDWIDTH_KEYS:
         v = capture.meta.get(k) if isinstance(capture.meta, dict) else None
-        if isinstance(v, (int, float)) and v > 0:
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
             return float(v)
     return DEFAULT_BANDWIDTH
 
