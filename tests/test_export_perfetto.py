@@ -8,7 +8,7 @@ import json
 
 
 from pyobmem.capture import read_capture
-from pyobmem.export import export, time_span
+from pyobmem.export import cuda_span, export
 
 from test_report import LOADER_NS, MiB, training_trace
 
@@ -45,7 +45,7 @@ def test_structure(tmp_path):
 
 def test_counter_equals_live_bytes(tmp_path):
     cap, _, doc = _load(tmp_path)
-    t0, _ = time_span(cap)
+    t0, _ = cuda_span(cap)  # t = 0 at the first CUDA event
     counters = [e for e in doc["traceEvents"] if e["ph"] == "C"]
     assert {e["name"] for e in counters} == {"device 0 live bytes"}
     # independent: replay alloc/free records in time order

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from pyobmem import abi
 from pyobmem.capture import read_capture
 from pyobmem.cli import main
@@ -37,7 +39,7 @@ def test_stats_text(tmp_path, capsys):
     tr, _ = training_trace()
     assert main(["stats", _write(tmp_path, tr)]) == 0
     out = capsys.readouterr().out
-    assert "iterations: 6 (main: 6 ops per iteration, 100.0 us, pid 100)" in out
+    assert "iterations: 6 (main: 6 ops per iteration, 100.0 µs, pid 100)" in out
     assert "iteration-scoped      6  24.00 MiB" in out
     assert "properties, tensor level" in out and "properties, block level" in out
 
@@ -55,7 +57,8 @@ def test_no_iteration_and_drops(tmp_path, capsys):
     assert "warning: 7 events were dropped between" in out and "(around ops 1..1)" in out
     assert "  iterative    n/a" in out and "swap saving bound: n/a (no iteration)" in out
     d = stats_dict(analyse(read_capture(path), progress=False))
-    assert d["drops"]["where"] == [{"t_ns": 4000, "op": 1, "pid": 100, "count": 7}]
+    # t = 0 at the first CUDA event (the allocation), not at the process record before it
+    assert d["drops"]["where"] == [{"t_ns": 3000, "op": 1, "pid": 100, "count": 7}]
     assert d["properties"]["regular"] is None and d["saving"] is None
 
 
@@ -90,6 +93,16 @@ def test_patterns_group_iteration_roles(tmp_path):
 def test_bad_flags(tmp_path, capsys):
     tr, _ = training_trace()
     path = _write(tmp_path, tr)
-    assert main(["stats", path, "--bandwidth", "0"]) == 1
-    assert "pyobmem: error: --bandwidth must be > 0" in capsys.readouterr().err
+    # bad numbers are usage errors: exit 2 with the usage line, like argparse's own
+    for argv, msg in ((["stats", "--bandwidth", "0"], "argument --bandwidth: '0' is not a positive number"),
+                      (["stats", "--bandwidth", "nan"], "argument --bandwidth: 'nan' is not a positive number"),
+                      (["stats", "--bandwidth", "inf"], "argument --bandwidth: 'inf' is not a positive number"),
+                      (["stats", "--top", "-1"], "argument --top: '-1' is not an integer >= 0"),
+                      (["patterns", "--slack-pct", "-5"], "argument --slack-pct: '-5' is not a number >= 0"),
+                      (["patterns", "--idle-pct", "nan"], "argument --idle-pct: 'nan' is not a number >= 0"),
+                      (["patterns", "--limit", "-1"], "argument --limit: '-1' is not an integer >= 0")):
+        with pytest.raises(SystemExit) as e:
+            main(argv + [path])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and msg in err and err.startswith("usage: pyobmem "), (argv, err)
     assert main(["stats", str(tmp_path / "missing.pyobmem")]) == 2

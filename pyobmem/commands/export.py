@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from ..capture import read_capture
 from ..export import check_output, FORMATS, default_output, export
+from ..export.perfetto import OP_SLICE_CAP_US
+from .common import load
 
 VIEWERS = {"memory-viz": "open it at pytorch.org/memory_viz, or: python -m torch.cuda._memory_viz stats",
            "perfetto": "open it at ui.perfetto.dev", "csv": "one row per event"}
@@ -15,18 +16,23 @@ def add_parser(subparsers):
     p = subparsers.add_parser("export", help="export a capture for other viewers (memory_viz, Perfetto, CSV)",
                               description="Export a capture: memory-viz (PyTorch memory snapshot pickle for "
                                           "pytorch.org/memory_viz), perfetto (Chrome trace JSON for "
-                                          "ui.perfetto.dev), csv (one row per event).")
-    p.add_argument("file", help="capture file (.pyobmem)")
+                                          "ui.perfetto.dev), csv (one row per event). Perfetto: t = 0 at the "
+                                          "first CUDA event; op slices start at the host launch time and their "
+                                          "length is invented (the gap to the next op on the stream, at most "
+                                          f"{OP_SLICE_CAP_US:g} µs): the capture has no kernel run times, so the "
+                                          "slices show order and density, not duration.")
+    p.add_argument("file", metavar="FILE", help="a .pyobmem capture")
     p.add_argument("--format", required=True, choices=FORMATS, help="output format")
-    p.add_argument("-o", "--output", help="output file (default: FILE with .pickle, .json or .csv)")
-    p.add_argument("-f", "--force", action="store_true", help="overwrite the output if it exists")
+    p.add_argument("-o", "--output", metavar="OUT", help="output file (default: FILE with .pickle, .json or .csv)")
+    p.add_argument("-f", "--force", action="store_true",
+                   help="overwrite the output if it exists (never the capture itself)")
     return p
 
 
 def run(args) -> int:
     output = args.output or default_output(args.file, args.format)
-    check_output(output, args.force)
-    capture = read_capture(args.file)
+    check_output(output, args.force, source=args.file)
+    capture = load(args.file, say_incomplete=True)
     export(capture, args.format, output, force=args.force)
     print(f"wrote {output} ({VIEWERS[args.format]})", file=sys.stderr)
     return 0

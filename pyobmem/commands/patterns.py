@@ -1,5 +1,5 @@
 """``pyobmem patterns FILE``: memory inefficiencies per block, largest first: early allocation,
-late free, long idle, never accessed, leaked at exit (``--json``: the same as a list of dicts).
+late free, long idle, never accessed, leaked (never freed and unused at the end) (``--json``: the same as a list of dicts).
 
 ``patterns_dict(analysis, ...)`` does the computation; ``format_patterns`` the text.
 """
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 
-from ..capture import read_capture
-from ..errors import PyobmemError
 from ..model import analyse
 from ..model.inefficiency import IDLE_PCT, KINDS, SLACK_PCT
+from .common import _demangle_all, count, load, percent, short_name, terminal_width
 from .stats import NO_ITERATION, drops_dict, human_bytes, human_ns, table
 
 NAME = "patterns"
@@ -21,7 +21,7 @@ EXPLAIN = {
     "late-free": "freed long after its last access",
     "long-idle": "idle for a long part of the iteration (a swap candidate)",
     "never-accessed": "allocated and never touched by a kernel or copy",
-    "leaked": "never freed before the capture ended",
+    "leaked": "never freed and no longer used at the end (not in the last two iterations)",
 }
 
 
@@ -31,24 +31,24 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="memory inefficiencies per block: early allocation, late free, long idle, never accessed, leaks",
         description="List memory inefficiencies per block, largest first: allocated long before the "
         "first access, freed long after the last, idle for a long part of the iteration, never "
-        "accessed, never freed. Blocks allocated afresh every iteration at the same place are "
-        "listed once with their count.",
+        "accessed, never freed and no longer used at the end of the run (a block still used in the last "
+        "iterations is held on purpose: PyTorch's caching allocator keeps its segments to exit). Blocks "
+        "allocated afresh every iteration at the same place are listed once with their count.",
     )
     p.add_argument("capture", metavar="FILE", help="a .pyobmem capture")
     p.add_argument("--json", action="store_true", help="print the findings as JSON")
-    p.add_argument("--slack-pct", type=float, default=SLACK_PCT, metavar="PCT",
+    p.add_argument("--slack-pct", type=percent, default=SLACK_PCT, metavar="PCT",
                    help=f"early allocation / late free: more than PCT%% of an iteration (default {SLACK_PCT:g})")
-    p.add_argument("--idle-pct", type=float, default=IDLE_PCT, metavar="PCT",
+    p.add_argument("--idle-pct", type=percent, default=IDLE_PCT, metavar="PCT",
                    help=f"long idle: an idle interval over PCT%% of an iteration (default {IDLE_PCT:g})")
     p.add_argument("--kind", choices=KINDS, action="append", help="only these kinds (repeatable)")
-    p.add_argument("--limit", type=int, default=50, metavar="N", help="findings to print as text (default 50)")
+    p.add_argument("--limit", type=count, default=50, metavar="N",
+                   help="findings to print as text (default 50; 0: all)")
     return p
 
 
 def run(args) -> int:
-    if args.slack_pct < 0 or args.idle_pct < 0:
-        raise PyobmemError("--slack-pct and --idle-pct must be >= 0")
-    a = analyse(read_capture(args.capture))
+    a = analyse(load(args.capture))
     d = patterns_dict(a, slack_pct=args.slack_pct, idle_pct=args.idle_pct, kinds=args.kind)
     print(json.dumps(d, indent=2, sort_keys=True) if args.json else format_patterns(d, limit=args.limit))
     return 0
@@ -87,7 +87,20 @@ def _where(f) -> str:
     return f"{s}..{e}"
 
 
-def format_patterns(d: dict, limit: int = 50) -> str:
+def _for(x) -> str:
+    """How long the waste lasts, with its share of an iteration (or iterations, past one)."""
+    text = human_ns(x["wasted_ns"])
+    share = x["iteration_share"]
+    if share is None:
+        return text
+    if share < 1:
+        return f"{text} ({100 * share:.0f}% it)"
+    return f"{text} ({share:.1f} it)" if share < 10 else f"{text} ({share:.0f} it)"
+
+
+def format_patterns(d: dict, limit: int = 50, width: int | None = None) -> str:
+    """The findings as text; ``limit`` rows (0: all), kernel names cut to fit ``width`` columns
+    (default: the terminal's)."""
     out = [f"capture {d['capture']}"]
     if d["message"]:
         out.append(f"{d['message']}: thresholds are relative to the capture's span, positions n/a")
@@ -97,19 +110,29 @@ def format_patterns(d: dict, limit: int = 50) -> str:
         out.append(f"warning: {d['drops']['dropped']} events were dropped; findings may be wrong near "
                    f"ops {d['drops'].get('first_op', '?')}..{d['drops'].get('last_op', '?')}")
     if not d["complete"]:
-        out.append("note: the capture was cut short, so 'leaked' means 'not freed before the cut'")
+        out.append("note: the capture was cut short, so 'leaked' means 'unused and not freed before the cut'")
     f = d["findings"]
     if not f:
         out.append("no inefficiency found")
         return "\n".join(out)
+    shown = f if limit <= 0 else f[:limit]
+    width = terminal_width() if width is None else width
+    head = ["kind", "bytes", "blocks", "class", "for", "where"]
+    cells = [[x["kind"], human_bytes(x["bytes"]), x["instances"], x["cls"], _for(x), _where(x)] for x in shown]
+    used = sum(max(len(str(h)), *(len(str(r[i])) for r in cells)) + 2 for i, h in enumerate(head)) + 2
+    room = max(width - used, 24)
+    names = [n for x in shown for n in (x["kernel_before"], x["kernel_after"]) if n]
+    dem = _demangle_all(names)
+    for r, x in zip(cells, shown):
+        b, a = x["kernel_before"], x["kernel_after"]
+        if b and a:
+            half = (room - 4) // 2
+            r.append(f"{short_name(b, half, dem)} -> {short_name(a, room - 4 - half, dem)}")
+        else:
+            r.append(short_name(b or a or "", room, dem))
     out.append("")
-    out.append(table(["kind", "bytes", "blocks", "class", "for", "where", "after / before kernel"], [
-        [x["kind"], human_bytes(x["bytes"]), x["instances"], x["cls"],
-         human_ns(x["wasted_ns"]) + (f" ({100 * x['iteration_share']:.0f}% it)" if x["iteration_share"] else ""),
-         _where(x), (x["kernel_before"] or "") + (" -> " if x["kernel_before"] and x["kernel_after"] else "")
-         + (x["kernel_after"] or "")]
-        for x in f[:limit]]))
-    if len(f) > limit:
-        out.append(f"  ... {len(f) - limit} more (--limit, --json)")
-    out += ["", "kinds: " + "; ".join(f"{k}: {v}" for k, v in EXPLAIN.items())]
+    out.append(table(head + ["after / before kernel"], cells))
+    if len(f) > len(shown):
+        out.append(f"  ... {len(f) - len(shown)} more (--limit, --json)")
+    out += [""] + textwrap.wrap("kinds: " + "; ".join(f"{k}: {v}" for k, v in EXPLAIN.items()), width)
     return "\n".join(out)

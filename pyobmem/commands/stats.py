@@ -13,10 +13,10 @@ import json
 
 import numpy as np
 
-from ..capture import read_capture
-from ..errors import PyobmemError
+from ..export import cuda_span
 from ..model import CLASSES, analyse, blocks_by_class
 from ..model.properties import in_iteration_intervals
+from .common import TIME_ORIGIN, count, load, positive_float
 
 NAME = "stats"
 NO_ITERATION = "no iteration was found"
@@ -33,19 +33,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("capture", metavar="FILE", help="a .pyobmem capture")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
-    p.add_argument("--top", type=int, default=10, metavar="N", help="largest blocks to list (default 10)")
-    p.add_argument("--bandwidth", type=float, default=None, metavar="B/S",
+    p.add_argument("--top", type=count, default=10, metavar="N", help="largest blocks to list (default 10)")
+    p.add_argument("--bandwidth", type=positive_float, default=None, metavar="B/S",
                    help="host<->device copy bandwidth for the saving bound, bytes/s each way "
                    "(default: the capture's, else 55e9)")
     return p
 
 
 def run(args) -> int:
-    if args.top < 0:
-        raise PyobmemError("--top must be >= 0")
-    if args.bandwidth is not None and args.bandwidth <= 0:
-        raise PyobmemError("--bandwidth must be > 0")
-    a = analyse(read_capture(args.capture), bandwidth=args.bandwidth)
+    a = analyse(load(args.capture), bandwidth=args.bandwidth)
     d = stats_dict(a, top=args.top)
     print(json.dumps(d, indent=2, sort_keys=True) if args.json else format_stats(d))
     return 0
@@ -55,13 +51,9 @@ def run(args) -> int:
 
 
 def origin_ns(cap) -> int:
-    """The first time in the capture (ns); times in the output are relative to it."""
-    cands = [int(cap.processes["ts_ns"].min())] if len(cap.processes) else []
-    if len(cap.ops):
-        cands.append(int(cap.ops["ts_ns"][0]))
-    if len(cap.blocks):
-        cands.append(int(cap.blocks["t_alloc"].min()))
-    return min(cands) if cands else 0
+    """The time of the first CUDA event of the capture (ns): t = 0 of the output (as in the
+    summary, whose duration runs from it to the last CUDA event)."""
+    return cuda_span(cap)[0]
 
 
 def drops_dict(cap) -> dict:
@@ -133,7 +125,8 @@ def stats_dict(a, top: int = 10) -> dict:
     } for r in order]
     return {
         "capture": {"path": cap.path, "complete": cap.complete, "ops": int(len(cap.ops)), "blocks": int(len(bm)),
-                    "accesses": int(len(cap.accesses))},
+                    "accesses": int(len(cap.accesses)), "corrupt_records": int(getattr(cap, "corrupt_records", 0))},
+        "time_origin": TIME_ORIGIN, "origin_monotonic_ns": int(t0),
         "drops": drops_dict(cap),
         "pid": it.pid,
         "iterations_found": it.count,
@@ -172,13 +165,14 @@ def human_bytes(n) -> str:
 
 def human_ns(ns) -> str:
     ns = float(ns)
+    sign, ns = ("-" if ns < 0 else ""), abs(ns)
     if ns >= 1e9:
-        return f"{ns / 1e9:.3f} s"
+        return f"{sign}{ns / 1e9:.3f} s"
     if ns >= 1e6:
-        return f"{ns / 1e6:.3f} ms"
+        return f"{sign}{ns / 1e6:.3f} ms"
     if ns >= 1e3:
-        return f"{ns / 1e3:.1f} us"
-    return f"{ns:.0f} ns"
+        return f"{sign}{ns / 1e3:.1f} µs"
+    return f"{sign}{ns:.0f} ns"
 
 
 def _pct(x) -> str:
@@ -195,7 +189,8 @@ def table(headers: list, rows: list) -> str:
 
 def format_stats(d: dict) -> str:
     out = [f"capture {d['capture']['path']}: {d['capture']['ops']} ops, {d['capture']['blocks']} blocks"
-           + ("" if d["capture"]["complete"] else " (cut short: no clean end)")]
+           + ("" if d["capture"]["complete"] else " (cut short: no clean end)"),
+           f"times: {d.get('time_origin', TIME_ORIGIN)}"]
     dr = d["drops"]
     if dr["dropped"]:
         where = ""

@@ -31,20 +31,31 @@ def default_output(capture_path: str, fmt: str) -> str:
     return stem + SUFFIXES[fmt]
 
 
-def check_output(path: str, force: bool) -> None:
-    """Refuse (PyobmemError) an existing ``path`` unless ``force``: called before any work."""
+def check_output(path: str, force: bool, source: str | None = None) -> None:
+    """Refuse (PyobmemError) an output that is a directory, the capture ``source`` itself (even
+    with ``force``: -f never destroys the input), or an existing file unless ``force``. Called
+    before any work."""
+    if os.path.isdir(path):
+        raise PyobmemError(f"{path} is a directory; give a file name (-o FILE)")
+    if source is not None and os.path.exists(path):
+        try:
+            same = os.path.samefile(path, source)
+        except OSError:
+            same = False
+        if same:
+            raise PyobmemError(f"{path} is the capture being read; choose another output (-o FILE)")
     if os.path.lexists(path) and not force:
         raise PyobmemError(f"{path} exists; use -f/--force to overwrite it")
 
 
 @contextlib.contextmanager
-def open_output(path: str, force: bool, binary: bool = False):
-    """Open ``path`` for writing; an existing file is refused (PyobmemError) unless ``force``.
+def open_output(path: str, force: bool, binary: bool = False, source: str | None = None):
+    """Open ``path`` for writing; refused as ``check_output`` says (PyobmemError).
 
     Written to a temporary name beside it and renamed at the end, so an interrupted export never
     leaves a half file under the final name.
     """
-    check_output(path, force)
+    check_output(path, force, source)
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         f = open(tmp, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8", "newline": ""}))
@@ -53,7 +64,10 @@ def open_output(path: str, force: bool, binary: bool = False):
     try:
         with f:
             yield f
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except OSError as e:
+            raise PyobmemError(f"cannot write {path}: {e.strerror}") from None
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -61,13 +75,14 @@ def open_output(path: str, force: bool, binary: bool = False):
 
 
 def export(capture, fmt: str, path: str, force: bool = False) -> None:
-    """Write ``capture`` (a pyobmem.capture.Capture) to ``path`` in format ``fmt`` (FORMATS)."""
+    """Write ``capture`` (a pyobmem.capture.Capture) to ``path`` in format ``fmt`` (FORMATS); the
+    capture's own file is never overwritten."""
     from . import csv, memory_viz, perfetto
 
     writers = {"memory-viz": memory_viz.write, "perfetto": perfetto.write, "csv": csv.write}
     if fmt not in writers:
         raise PyobmemError(f"unknown export format {fmt!r} (choose from {', '.join(FORMATS)})")
-    with open_output(path, force, binary=(fmt == "memory-viz")) as f:
+    with open_output(path, force, binary=(fmt == "memory-viz"), source=getattr(capture, "path", None)) as f:
         writers[fmt](capture, f)
 
 
@@ -80,6 +95,17 @@ def time_span(capture) -> tuple[int, int]:
         return 0, 0
     allt = np.concatenate(times)
     return int(allt.min()), int(allt.max())
+
+
+def cuda_span(capture) -> tuple[int, int]:
+    """(first, last) CLOCK_MONOTONIC ns of the capture's CUDA events (launches, copies, sets,
+    allocations, frees): t = 0 of every verb is the first (the summary's duration is the span)."""
+    b = capture.blocks
+    times = [capture.ops["ts_ns"], b["t_alloc"], b["t_free"][b["t_free"] >= 0]]
+    times = [np.asarray(t, np.int64) for t in times if len(t)]
+    if not times:
+        return time_span(capture)
+    return int(min(t.min() for t in times)), int(max(t.max() for t in times))
 
 
 def block_end_times(capture) -> np.ndarray:

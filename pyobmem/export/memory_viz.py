@@ -120,9 +120,12 @@ def snapshot(capture) -> dict:
 
 def allocator_settings(capture) -> dict:
     """PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_ALLOC_CONF) as recorded in the capture, if any."""
-    env = capture.meta.get("env") or {}
+    meta = capture.meta if isinstance(capture.meta, dict) else {}
+    env = meta.get("env")
+    if not isinstance(env, dict):  # a capture edited by hand: no settings to report
+        return {}
     conf = env.get("PYTORCH_CUDA_ALLOC_CONF", env.get("PYTORCH_ALLOC_CONF"))
-    return {} if conf is None else {"PYTORCH_CUDA_ALLOC_CONF": conf}
+    return {} if conf is None else {"PYTORCH_CUDA_ALLOC_CONF": str(conf)}
 
 
 def write(capture, f) -> None:

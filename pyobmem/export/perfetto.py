@@ -2,7 +2,7 @@
 
 Trace Event Format (JSON object form): ``{"traceEvents": [...], "displayTimeUnit": "ns",
 "otherData": {...}}``; ``ts``/``dur`` in microseconds (floats keep the ns), here counted from the
-first event of the capture (``otherData.t0_monotonic_ns``). Per traced process (``pid``):
+first CUDA event of the capture (``otherData.t0_monotonic_ns``). Per traced process (``pid``):
 
 - ``M`` metadata naming the process, its stream tracks and block tracks;
 - a ``C`` counter ``device N live bytes`` per device: the sum of the sizes of live blocks;
@@ -20,7 +20,7 @@ import json
 import numpy as np
 
 from .. import abi
-from . import block_end_times, fmt_bytes, live_bytes, op_names, time_span
+from . import block_end_times, cuda_span, fmt_bytes, live_bytes, op_names
 from .classes import block_classes
 
 TOP_BLOCKS = 64
@@ -132,7 +132,7 @@ def block_events(capture, t0: int, top: int) -> list[dict]:
 
 def trace(capture, top: int = TOP_BLOCKS) -> dict:
     """The trace-event JSON object for ``capture``."""
-    t0, _ = time_span(capture)
+    t0, _ = cuda_span(capture)
     events: list[dict] = []
     pids = sorted(set(capture.processes["pid"].tolist()) | set(capture.blocks["pid"].tolist())
                   | set(capture.ops["pid"].tolist()))
@@ -148,9 +148,11 @@ def trace(capture, top: int = TOP_BLOCKS) -> dict:
     events += block_events(capture, t0, top)
     return {"traceEvents": events, "displayTimeUnit": "ns",
             "otherData": {"source": "pyobmem", "capture": capture.path, "t0_monotonic_ns": t0,
+                          "time_origin": "t = 0 at the first CUDA event of the capture",
                           "dropped_events": capture.dropped,
-                          "note": "op slices start at host launch time; their length is the gap to the "
-                                  "next op on the stream (capped), not the kernel run time"}}
+                          "note": "op slices start at host launch time; their length is invented: the gap "
+                                  f"to the next op on the stream, at most {OP_SLICE_CAP_US:g} µs, not the kernel "
+                                  "run time"}}
 
 
 def write(capture, f) -> None:

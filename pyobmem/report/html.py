@@ -13,7 +13,7 @@ from html import escape
 import numpy as np
 
 from .. import abi
-from ..export import block_end_times, fmt_bytes, live_bytes, time_span
+from ..export import block_end_times, cuda_span, fmt_bytes, live_bytes
 from . import svg
 from .analysis import CLASSES, Analysis, analyse
 
@@ -75,9 +75,9 @@ def memory_series(capture, a: Analysis, max_points: int = MAX_POINTS):
         pos = np.searchsorted(t, times, side="right") - 1
         layers.append((cls, np.where(pos >= 0, v[np.maximum(pos, 0)], 0)))
     # Span the whole capture (a caching allocator allocates early and never frees, so the last
-    # allocation can come long before the iterations): zero at the start, the last value held
-    # to the end.
-    s0, s1 = time_span(capture)
+    # allocation can come long before the iterations): zero at the start (the first CUDA event,
+    # t = 0), the last value held to the end.
+    s0, s1 = cuda_span(capture)
     if s0 < times[0]:
         times = np.r_[s0, times]
         layers = [(c, np.r_[0, v]) for c, v in layers]
@@ -143,8 +143,30 @@ def _section(title: str, body: str, anchor: str) -> str:
     return f'<section id="{anchor}"><h2>{escape(title)}</h2>{body}</section>'
 
 
+def _mapping_text(value, empty: str) -> str:
+    """``k=v, ...`` of a metadata mapping; other JSON values (a capture edited by hand) as they are."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items()) or empty
+    if value in (None, "", [], {}):
+        return empty
+    return str(value)
+
+
+def command_text(meta) -> str:
+    """The traced command from the capture metadata (``command``, else ``argv``), any JSON types."""
+    command = meta.get("command") if isinstance(meta, dict) else None
+    if command not in (None, ""):
+        return command if isinstance(command, str) else str(command)
+    argv = meta.get("argv") if isinstance(meta, dict) else None
+    if isinstance(argv, list) and argv:
+        return " ".join(str(a) for a in argv)
+    if isinstance(argv, str) and argv:
+        return argv
+    return "?"
+
+
 def _environment(capture) -> str:
-    meta = capture.meta
+    meta = capture.meta if isinstance(capture.meta, dict) else {}
     rows = []
     for pid in sorted(capture.notes):
         notes = capture.notes[pid]
@@ -167,10 +189,8 @@ def _environment(capture) -> str:
             rows.append([f"pid {int(p['pid'])}: driver (process record)", str(int(p["driver_version"]))])
         rows.append([f"pid {int(p['pid'])}: launches attributed from",
                      "CUPTI" if int(p["source"]) == abi.LaunchSource.CUPTI else "shim hooks"])
-    env = meta.get("env") or {}
-    rows.append(["allocator settings", ", ".join(f"{k}={v}" for k, v in env.items()) or "none set"])
-    presets = meta.get("presets") or {}
-    rows.append(["presets applied", ", ".join(f"{k}={v}" for k, v in presets.items()) or "none"])
+    rows.append(["allocator settings", _mapping_text(meta.get("env"), "none set")])
+    rows.append(["presets applied", _mapping_text(meta.get("presets"), "none")])
     for key in ("hostname", "pyobmem_version", "start_time_iso", "cwd"):
         if key in meta:
             rows.append([key, str(meta[key])])
@@ -181,11 +201,11 @@ def render(capture, generated: str | None = None) -> str:
     """The report of ``capture`` as one HTML string."""
     a = analyse(capture)
     blocks, ops = capture.blocks, capture.ops
-    t0, t1 = time_span(capture)
+    t0, t1 = cuda_span(capture)
     times, total = live_bytes(blocks)
     peak = int(total.max()) if len(total) else 0
     n_opaque = int((ops["flags"][ops["type"] == abi.Ev.LAUNCH] & abi.LaunchFlag.OPAQUE != 0).sum())
-    command = capture.meta.get("command") or " ".join(capture.meta.get("argv", [])) or "?"
+    command = command_text(capture.meta)
     parts = [f"<h1>pyobmem report</h1><p class=muted>{escape(capture.path)} · {escape(command)} · "
              f"generated {escape(generated or time.strftime('%Y-%m-%d %H:%M:%S'))}</p>"]
 
@@ -193,6 +213,10 @@ def render(capture, generated: str | None = None) -> str:
     if capture.dropped:
         warnings.append(f"{capture.dropped} events were dropped (the ring was full): allocations, frees or "
                         f"accesses are missing, and what follows undercounts them.")
+    n_corrupt = int(getattr(capture, "corrupt_records", 0))
+    if n_corrupt:
+        warnings.append(f"The capture has {n_corrupt} corrupt records (impossible times or sizes); they were "
+                        f"left out.")
     if not capture.complete:
         warnings.append("The capture has no end record: the traced process or the daemon was killed; "
                         "it is read up to its last whole record.")
@@ -206,7 +230,7 @@ def render(capture, generated: str | None = None) -> str:
 
     n_iter = len(a.iterations)
     stats = [
-        ["duration", _dur(t1 - t0)], ["processes", len(capture.processes)], ["blocks", len(blocks)],
+        ["duration (first to last CUDA event)", _dur(t1 - t0)], ["processes", len(capture.processes)], ["blocks", len(blocks)],
         ["kernel launches, copies, sets", len(ops)], ["accesses", len(capture.accesses)],
         ["peak live bytes", fmt_bytes(peak)], ["bytes never freed", fmt_bytes(int(blocks["size"][blocks["t_free"] < 0].sum()))],
         ["dropped events", capture.dropped], ["complete", "yes" if capture.complete else "no"],
@@ -229,7 +253,8 @@ def render(capture, generated: str | None = None) -> str:
     t_s, layers = memory_series(capture, a)
     if len(t_s):
         marks = [tuple(x) for x in a.iterations.tolist()][:: max(1, n_iter // 50)][:50] if n_iter else []
-        plot = svg.stacked_area(t_s, [(c, CLASS_COLOURS[c], v) for c, v in layers], marks=marks)
+        plot = svg.stacked_area(t_s, [(c, CLASS_COLOURS[c], v) for c, v in layers], marks=marks,
+                                xtitle="time from the first CUDA event")
         body = _legend([c for c, _ in layers]) + plot
         if n_iter:
             body += "<p class=muted>Shaded: detected iterations (every one up to 50).</p>"
@@ -243,7 +268,7 @@ def render(capture, generated: str | None = None) -> str:
             ["iterations", n_iter], ["ops per iteration", a.iteration_ops],
             ["iteration time (median)", _dur(float(np.median(lens)))],
             ["iteration time (min / max)", f"{_dur(float(lens.min()))} / {_dur(float(lens.max()))}"],
-            ["first iteration starts", f"{_dur(int(a.iterations[0, 0]) - t0)} after the first event"],
+            ["first iteration starts", f"t = {_dur(int(a.iterations[0, 0]) - t0)} (t = 0 at the first CUDA event)"],
             ["analysed iteration", "-" if a.window is None else f"number {int(np.searchsorted(a.iterations[:, 0], a.window[0])) + 1}, "
                                    f"{_dur(a.window[1] - a.window[0])}, peak {fmt_bytes(a.peak_bytes)} resident"],
         ], {1})

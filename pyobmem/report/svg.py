@@ -98,8 +98,9 @@ def _fmt(v: float) -> str:
 
 
 def stacked_area(t_ns: np.ndarray, layers: list[tuple[str, str, np.ndarray]], width=1100, height=300,
-                 marks: list[tuple[float, float]] | None = None) -> str:
-    """Stacked step areas: ``layers`` are (name, colour, values at t_ns); ``marks`` shade spans."""
+                 marks: list[tuple[float, float]] | None = None, xtitle: str = "time") -> str:
+    """Stacked step areas: ``layers`` are (name, colour, values at t_ns); ``marks`` shade spans;
+    x is the time from ``t_ns[0]``."""
     total = np.sum([v for _, _, v in layers], axis=0) if layers else np.zeros(len(t_ns))
     ymax = float(total.max()) if len(total) else 1.0
     yt, uname, unit = bytes_ticks(max(ymax, 1))
@@ -109,7 +110,7 @@ def stacked_area(t_ns: np.ndarray, layers: list[tuple[str, str, np.ndarray]], wi
     f = Frame(width, height, 0, span, 0, yt[-1] if yt[-1] > 0 else 1)
     xt = nice_ticks(0, span / tu)
     f.axes([x * tu for x in xt], [_fmt(x) for x in xt], yt, [_fmt(y / unit) for y in yt],
-           f"time ({tname})", uname)
+           f"{xtitle} ({tname})", uname)
     for s, e in marks or []:
         x0, x1 = float(f.px(s - t0)), float(f.px(e - t0))
         f.add(f'<rect x="{x0:.1f}" y="{f.top}" width="{max(x1 - x0, 0.5):.1f}" height="{f.h - f.top - f.bottom}" '

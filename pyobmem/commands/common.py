@@ -1,0 +1,138 @@
+"""Helpers shared by the analysis verbs (stats, patterns, report, export): option types that
+argparse checks (a bad value is a usage error, exit 2) and reading a capture with its warnings."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shutil
+import subprocess
+import sys
+
+from ..capture import read_capture
+from ..model.sanitize import corrupt_note, sanitize
+
+TIME_ORIGIN = "t = 0 at the first CUDA event of the capture"
+INCOMPLETE = "the capture is incomplete (no end record: the run or the daemon was cut short); it is read up to its last whole record"
+
+
+def _number(text: str, kind, what: str):
+    try:
+        v = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+    if isinstance(v, float) and not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+    return v
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (argparse type)."""
+    v = _number(text, float, "a positive number")
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return v
+
+
+def percent(text: str) -> float:
+    """A finite number >= 0 (argparse type)."""
+    v = _number(text, float, "a number >= 0")
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number >= 0")
+    return v
+
+
+def count(text: str) -> int:
+    """An integer >= 0 (argparse type)."""
+    v = _number(text, int, "an integer >= 0")
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 0")
+    return v
+
+
+def warn(message: str) -> None:
+    print(f"pyobmem: warning: {message}", file=sys.stderr, flush=True)
+
+
+def load(path: str, *, say_incomplete: bool = False):
+    """Read a capture, leave out its corrupt records (saying so once on stderr) and, when
+    ``say_incomplete`` (verbs whose output has no place for it), say it is incomplete."""
+    cap, n_bad = sanitize(read_capture(path))
+    if n_bad:
+        warn(corrupt_note(n_bad))
+    if say_incomplete and not cap.complete:
+        warn(INCOMPLETE)
+    return cap
+
+
+# --- kernel names for narrow columns -------------------------------------------------------------
+
+
+def _demangle_all(names: list[str]) -> dict:
+    """Mangled C++ name -> demangled, through one ``c++filt`` run when it is installed ({} if not)."""
+    mangled = sorted({n for n in names if n.startswith("_Z")})
+    exe = shutil.which("c++filt")
+    if not mangled or exe is None:
+        return {}
+    try:
+        r = subprocess.run([exe], input="\n".join(mangled) + "\n", capture_output=True, text=True, timeout=10,
+                           check=False)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    out = r.stdout.split("\n")
+    if r.returncode != 0 or len(out) < len(mangled):
+        return {}
+    return dict(zip(mangled, out))
+
+
+def _itanium_nested(name: str) -> str:
+    """The qualified identifier of an Itanium-mangled name without a demangler: ``_ZN2at6native3fooI...``
+    -> ``at::native::foo``; other names unchanged."""
+    if not name.startswith("_Z"):
+        return name
+    i = 2
+    nested = name.startswith("_ZN")
+    if nested:
+        i = 3
+        while i < len(name) and name[i] in "rVKLRO":
+            i += 1
+    parts = []
+    while i < len(name) and name[i].isdigit():
+        j = i
+        while j < len(name) and name[j].isdigit():
+            j += 1
+        k = int(name[i:j])
+        parts.append(name[j : j + k])
+        i = j + k
+        if not nested:
+            break
+    return "::".join(parts) if parts else name
+
+
+def short_name(name: str, width: int, demangled: dict | None = None) -> str:
+    """A kernel name that fits ``width`` characters: demangled when possible, the return type and
+    the parameter list left out, then cut with an ellipsis."""
+    n = (demangled or {}).get(name)
+    if n is None:
+        n = _itanium_nested(name)
+    n = n.replace("(anonymous namespace)", "{anon}")
+    if n.startswith("void "):
+        n = n[5:]
+    paren = n.find("(")
+    if paren > 0:
+        n = n[:paren]
+    if len(n) <= width:
+        return n
+    base = n.split("<", 1)[0]
+    last = base.rsplit("::", 1)[-1]
+    for full, ident in ((n, base), (n[len(base) - len(last):], last)):
+        if len(full) <= width:
+            return full
+        if len(ident) + 6 <= width:  # the identifier and the start of its template arguments
+            return full[: width - 1] + "…"
+    return last if len(last) <= width else last[: max(width - 1, 1)] + "…"
+
+
+def terminal_width(default: int = 120) -> int:
+    """Columns of the terminal (COLUMNS, else the terminal's size, else ``default``)."""
+    return max(shutil.get_terminal_size((default, 24)).columns, 40)
