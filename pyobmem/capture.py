@@ -40,6 +40,18 @@ PROCESSES_DTYPE = np.dtype(
 )
 UNTRACKED_DTYPE = np.dtype([("pid", "<u4"), ("ts_ns", "<i8"), ("addr", "<u8"), ("kind", "<u1")])
 DROPS_DTYPE = np.dtype([("pid", "<u4"), ("ts_ns", "<i8"), ("count", "<u8")])
+# Swap mode: one row per SWAP_OUT / SWAP_IN event. direction 0 = out, 1 = in; cause 0 for a swap-out,
+# else abi.SwapInCause (1 prefetch hit, 2 late prefetch = stall, 3 demand = the safety net).
+SWAPS_DTYPE = np.dtype(
+    [("ts_ns", "<i8"), ("pid", "<u4"), ("block", "<i8"), ("block_id", "<u8"), ("bytes", "<u8"),
+     ("direction", "<u1"), ("cause", "<u1"), ("duration_ns", "<u8"), ("stream", "<u8")]
+)
+# One row per PLAN event: adopted (dropped False: value = actions) or dropped for a template
+# mismatch (dropped True: value = position in the iteration where the launch stream left it).
+PLANS_DTYPE = np.dtype(
+    [("ts_ns", "<i8"), ("pid", "<u4"), ("generation", "<u8"), ("value", "<u8"), ("dropped", "?")]
+)
+SWAP_OUT, SWAP_IN = 0, 1
 
 _OP_TYPES = (abi.Ev.LAUNCH, abi.Ev.MEMCPY, abi.Ev.MEMSET, abi.Ev.GRAPH_LAUNCH)
 
@@ -139,6 +151,8 @@ class Capture:
     ops: np.ndarray = field(repr=False)
     accesses: np.ndarray = field(repr=False)
     untracked: np.ndarray = field(repr=False)
+    swaps: np.ndarray = field(default_factory=lambda: np.zeros(0, SWAPS_DTYPE), repr=False)
+    plans: np.ndarray = field(default_factory=lambda: np.zeros(0, PLANS_DTYPE), repr=False)
 
     def kernel_name(self, op_row: int) -> str:
         """A readable name of ``ops[op_row]``: kernel name, "memcpy HtoD", "memset", "graph 0x…"."""
@@ -230,6 +244,14 @@ def read_capture(path: str) -> Capture:
     A capture cut short (no CAPTURE_END) is read up to its last whole record, complete=False.
     """
     meta, recs = read_records(path)
+    return decode_records(recs, meta, path)
+
+
+def decode_records(recs: np.ndarray, meta: dict | None = None, path: str = "<records>") -> Capture:
+    """Decode an array of records (``abi.RECORD_DTYPE``, in drain order) into a ``Capture``: what
+    ``read_capture`` does after reading the file, used as is by the daemon on the records it
+    keeps in memory (swap mode)."""
+    meta = {} if meta is None else meta
     rtype = recs["type"]
 
     end = recs[rtype == abi.Ev.CAPTURE_END]
@@ -269,10 +291,23 @@ def read_capture(path: str) -> Capture:
     untracked = np.zeros(len(u), dtype=UNTRACKED_DTYPE)
     untracked["pid"], untracked["ts_ns"], untracked["addr"], untracked["kind"] = u["pid"], u["ts_ns"], u["a"], u["b"]
 
+    sw = recs[(rtype == abi.Ev.SWAP_OUT) | (rtype == abi.Ev.SWAP_IN)]
+    swaps = np.zeros(len(sw), dtype=SWAPS_DTYPE)
+    swaps["ts_ns"], swaps["pid"], swaps["block_id"], swaps["bytes"] = sw["ts_ns"], sw["pid"], sw["a"], sw["b"]
+    swaps["block"] = block_index.lookup(sw["pid"], sw["a"]) if len(sw) else np.zeros(0, np.int64)
+    swaps["direction"] = np.where(sw["type"] == abi.Ev.SWAP_IN, SWAP_IN, SWAP_OUT)
+    swaps["cause"] = np.where(sw["type"] == abi.Ev.SWAP_IN, sw["flags"] & 0xFF, 0)
+    swaps["duration_ns"], swaps["stream"] = sw["c"], sw["d"]
+
+    pl = recs[rtype == abi.Ev.PLAN]
+    plans = np.zeros(len(pl), dtype=PLANS_DTYPE)
+    plans["ts_ns"], plans["pid"], plans["generation"], plans["value"] = pl["ts_ns"], pl["pid"], pl["a"], pl["b"]
+    plans["dropped"] = (pl["flags"] & 1) != 0
+
     return Capture(
         path=path, meta=meta, complete=complete, exit_status=exit_status, dropped=dropped, drops=drops,
         notes=notes, processes=processes, kernel_names=kernel_names, blocks=blocks, ops=ops,
-        accesses=accesses, untracked=untracked,
+        accesses=accesses, untracked=untracked, swaps=swaps, plans=plans,
     )
 
 

@@ -14,6 +14,15 @@ standard streams:
   removes the ring file, and exits.
 
 SIGINT is ignored (the launcher decides when the run ends); SIGTERM stops like a dead launcher.
+Swap mode (``--control PATH``): a ``SwapAgent`` keeps the records the planner needs in memory
+(every ALLOC/FREE/PROCESS/NOTE record, and a bounded window of the most recent ops and accesses),
+and at most every TICK_S seconds of draining, when new ops arrived, learns the main process's
+iteration on that window and, once it repeats with high confidence, writes a plan into the control
+file (pyobmem.control's double-buffer protocol). A dropped plan (a PLAN event with flags 1, or
+control.plan_drops going up) makes it forget the ops before the drop and learn again. A budget
+given as a fraction of the card is resolved here, from the shim's NOTE device0.total_bytes, and
+stored in control.budget_bytes (until then the shim has no budget). See docs/swap.md.
+
 If the capture cannot be written (disk full) the daemon says so in one line and keeps draining,
 so the traced application never finds the ring full because of it; the capture then ends at its
 last whole record and is marked incomplete.
@@ -29,7 +38,11 @@ import signal
 import sys
 import time
 
-from .capture import CaptureWriter
+import numpy as np
+
+from . import abi
+from .capture import CaptureWriter, _texts_sequential, decode_records
+from .errors import PyobmemError
 from .ring import Ring
 
 BATCH = 1 << 16  # records per drain and write (4 MiB)
@@ -40,13 +53,148 @@ FINAL_GRACE_S = 0.5  # when finishing: give up on slots that never get published
 FINAL_MAX_S = 10.0  # when finishing: stop even if producers keep writing
 
 
+TICK_S = 1.0  # swap mode: learn/plan at most this often ...
+TICK_CPU_SHARE = 0.25  # ... and spend at most this share of the time planning
+WINDOW_RECORDS = 1 << 20  # op and access records kept for learning (64 MiB)
+_STATIC = (abi.Ev.PROCESS, abi.Ev.ALLOC, abi.Ev.FREE, abi.Ev.NOTE)
+_WINDOWED = (abi.Ev.LAUNCH, abi.Ev.ACCESS, abi.Ev.MEMCPY, abi.Ev.MEMSET, abi.Ev.GRAPH_LAUNCH)
+
+
+class SwapAgent:
+    """Learns the iteration from the drained records and writes plans into the control file.
+
+    ``feed(recs)`` takes every drained batch; ``tick(now)`` plans when it is time. ``budget`` is
+    a pyobmem.planner.Budget (a fraction resolves from device0.total_bytes). ``plans_written``,
+    ``last_plan`` (Plan) and ``last_reason`` (why no plan, one line) say what happened."""
+
+    def __init__(self, control, budget, meta: dict | None = None, tick_s: float = TICK_S,
+                 window_records: int = WINDOW_RECORDS, warn=None):
+        self.control = control
+        self.budget = budget
+        self.meta = meta or {}
+        self.tick_s = tick_s
+        self.window_records = window_records
+        self.static: list = []
+        self.window: list = []
+        self.window_len = 0
+        self.new_ops = 0
+        self.next_tick = 0.0
+        self.drops_seen = control.plan_drops
+        self.plans_written = 0
+        self.last_plan = None
+        self.last_reason = "no ops yet"
+        self.pending = None  # a plan waiting for the shim to adopt the one in force
+        self.budget_bytes = budget.resolve(None) if budget is not None else None
+        self._warn = warn or _warn
+        self._warned: set = set()
+
+    def feed(self, recs) -> None:
+        t = recs["type"]
+        st = recs[np.isin(t, [int(x) for x in _STATIC])]
+        if len(st):
+            self.static.append(st)
+            if self.budget_bytes is None and np.any(st["type"] == abi.Ev.NOTE):
+                self._resolve_budget()
+        win = recs[np.isin(t, [int(x) for x in _WINDOWED])]
+        if len(win):
+            self.window.append(win)
+            self.window_len += len(win)
+            self.new_ops += int(np.count_nonzero(win["type"] != abi.Ev.ACCESS))
+            while self.window_len - len(self.window[0]) >= self.window_records:
+                self.window_len -= len(self.window.pop(0))
+        dropped = recs[(t == abi.Ev.PLAN) & ((recs["flags"] & 1) != 0)]
+        if len(dropped) or self.control.plan_drops > self.drops_seen:
+            self._forget(dropped)
+
+    def _resolve_budget(self) -> None:
+        notes = np.concatenate(self.static)
+        for _, text in _texts_sequential(notes[notes["type"] == abi.Ev.NOTE]):
+            key, _, value = text.partition("=")
+            if key == "device0.total_bytes" and value.isdigit():
+                self.budget_bytes = self.budget.resolve(int(value))
+                self.control.budget_bytes = self.budget_bytes
+                return
+
+    def _forget(self, dropped) -> None:
+        """The shim left the plan: learn again from the ops after the drop."""
+        self.drops_seen = self.control.plan_drops
+        if len(dropped):
+            t = int(dropped["ts_ns"][-1])
+            kept = [w[w["ts_ns"] > t] for w in self.window]
+            self.window = [w for w in kept if len(w)]
+            self.window_len = sum(len(w) for w in self.window)
+        else:
+            self.window, self.window_len = [], 0
+        self.pending = None
+        self.last_plan = None
+        self.last_reason = "plan dropped by the shim; learning again"
+        self.new_ops = 0
+
+    def tick(self, now: float | None = None) -> bool:
+        """Plan if it is time; returns True when a plan was written."""
+        now = time.monotonic() if now is None else now
+        if now < self.next_tick:
+            return False
+        if self.pending is not None:
+            return self._write(self.pending)
+        if self.last_plan is not None or not self.new_ops or self.budget_bytes is None:
+            return False
+        t0 = time.monotonic()
+        try:
+            plan = self.plan_now()
+        finally:
+            spent = time.monotonic() - t0
+            self.next_tick = now + max(self.tick_s, spent / TICK_CPU_SHARE)
+            self.new_ops = 0
+        return plan is not None and self._write(plan)
+
+    def plan_now(self):
+        """Learn and plan on the records kept; None (and ``last_reason``) when there is no plan."""
+        from . import planner
+
+        if not self.window:
+            return None
+        recs = np.concatenate(self.static + self.window)
+        recs = recs[np.argsort(recs["ts_ns"], kind="stable")]
+        cap = decode_records(recs, self.meta, "<live>")
+        learned = planner.learn_iteration(cap, min_swap_bytes=self.control.min_swap_bytes or planner.DEFAULT_MIN_SWAP_BYTES)
+        if isinstance(learned, planner.NoPlan):
+            self.last_reason = learned.reason
+            return None
+        plan = planner.make_plan(learned, self.budget_bytes)
+        if not plan.feasible:
+            self.last_reason = (
+                f"no plan fits the budget {planner.format_bytes(self.budget_bytes)}: the job needs at least "
+                f"{planner.format_bytes(plan.needed_bytes)} at one op, and the best plan reaches "
+                f"{planner.format_bytes(plan.predicted_peak)}"
+            )
+            if self.last_reason not in self._warned:
+                self._warned.add(self.last_reason)
+                self._warn(f"pyobmem: swap: {self.last_reason}; the shim keeps the budget by evicting on its own")
+            return None
+        return plan
+
+    def _write(self, plan) -> bool:
+        gen = self.control.write_plan(plan)
+        if gen is None:
+            self.pending = plan  # the shim has not adopted the plan in force yet
+            return False
+        self.pending = None
+        self.last_plan = plan
+        self.plans_written += 1
+        self.last_reason = f"plan {gen} written"
+        return True
+
+
 class Daemon:
     """Drains ``ring`` into ``writer`` until told to finish. ``control_fd`` carries the launcher's
     lines (see the module docstring); ``parent_pid`` is watched so the daemon never outlives it."""
 
     def __init__(
-        self, ring: Ring, writer: CaptureWriter, control_fd: int, parent_pid: int | None = None, pending: bytes = b""
+        self, ring: Ring, writer: CaptureWriter, control_fd: int, parent_pid: int | None = None, pending: bytes = b"",
+        swap: SwapAgent | None = None,
     ):
+        self.swap = swap
         self.ring = ring
         self.writer: CaptureWriter | None = writer
         self.control_fd = control_fd
@@ -110,6 +258,14 @@ class Daemon:
         recs = self.ring.drain(max_records=BATCH, stuck_timeout_s=stuck_s)
         if len(recs):
             self._write(recs)
+        if self.swap is not None:
+            try:
+                if len(recs):
+                    self.swap.feed(recs)
+                self.swap.tick()
+            except Exception as e:  # the planner must never stop the drain
+                _warn(f"pyobmem: swap planner failed ({type(e).__name__}: {e}); no new plans")
+                self.swap = None
         return len(recs)
 
     def _write(self, recs) -> None:
@@ -174,6 +330,8 @@ def _parse_args(argv):
     p.add_argument("--ring", required=True, help="path of the event ring (created by the launcher)")
     p.add_argument("--out", required=True, help="capture file to write")
     p.add_argument("--force", action="store_true", help="overwrite an existing capture file")
+    p.add_argument("--control", help="swap mode: the control file (created by the launcher)")
+    p.add_argument("--budget", help="swap mode: the budget as given to the launcher (size or fraction of the card)")
     return p.parse_args(argv)
 
 
@@ -189,15 +347,21 @@ def main(argv=None) -> int:
     try:
         meta = json.loads(line)
         ring = Ring.open(args.ring)
+        swap = None
+        if args.control:
+            from .control import Control
+            from .planner import parse_budget
+
+            swap = SwapAgent(Control.open(args.control), parse_budget(args.budget) if args.budget else None, meta)
         writer = CaptureWriter(args.out, meta, force=args.force)
     except FileExistsError:
         return _fail(f"{args.out} exists (use -f/--force to overwrite)")
     except OSError as e:
         return _fail(f"{e.filename or args.out}: {e.strerror}")
-    except ValueError as e:
+    except (ValueError, PyobmemError) as e:
         return _fail(str(e).splitlines()[0])
     print("ready", flush=True)
-    daemon = Daemon(ring, writer, control, parent_pid=parent, pending=pending)
+    daemon = Daemon(ring, writer, control, parent_pid=parent, pending=pending, swap=swap)
     if not daemon.run():
         ring.close(unlink=True)  # the launcher is gone: nobody else removes the ring
     else:

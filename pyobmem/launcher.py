@@ -49,6 +49,9 @@ class Options:
     cupti: bool = True
     presets: bool = True
     quiet: bool = False
+    swap: bool = False  # swap mode: keep device memory under ``budget`` (docs/swap.md)
+    budget: object = None  # pyobmem.planner.Budget
+    min_swap_bytes: int | None = None
 
 
 @dataclass
@@ -197,6 +200,10 @@ def launch(opts: Options) -> Outcome:
     executable = resolve_command(opts.command)
     output = default_output(opts.command) if opts.output is None else opts.output
     check_output(output, opts.force, opts.command)
+    if opts.budget is not None and not opts.swap:
+        raise PyobmemError("--budget needs --swap", 2)
+    if opts.swap and opts.budget is None:
+        raise PyobmemError("--swap needs --budget SIZE (e.g. 16GiB, or 0.75 / 75% of the card)", 2)
     shim = find_shim()
     output = os.path.abspath(output)
 
@@ -211,8 +218,24 @@ def launch(opts: Options) -> Outcome:
         hint = f" (the ring needs {mib} MiB: free space there, or use a smaller --capacity)" if e.errno == errno.ENOSPC else ""
         raise PyobmemError(f"cannot create the event ring in {ring_dir}: {e.strerror}{hint}") from None
     daemon = None
+    control = None
     try:
         env, applied = child_environment(dict(os.environ), shim, ring.path, opts.cupti, opts.presets)
+        swap_meta = None
+        if opts.swap:
+            from .control import SUFFIX, Control
+            from .planner import DEFAULT_MIN_SWAP_BYTES
+
+            min_swap = DEFAULT_MIN_SWAP_BYTES if opts.min_swap_bytes is None else int(opts.min_swap_bytes)
+            try:
+                control = Control.create(ring.path + SUFFIX, opts.budget.resolve(None) or 0, min_swap)
+            except OSError as e:
+                raise PyobmemError(f"cannot create the swap control file in {ring_dir}: {e.strerror}") from None
+            env[abi.ENV_CONTROL] = control.path
+            swap_meta = {
+                "budget": opts.budget.text, "budget_bytes": opts.budget.bytes, "budget_fraction": opts.budget.fraction,
+                "min_swap_bytes": min_swap, "control": control.path,
+            }
         meta = {
             "argv": list(opts.command),
             "command": shlex.join(opts.command),
@@ -230,7 +253,9 @@ def launch(opts: Options) -> Outcome:
             "ring_capacity": ring.capacity,
             "launcher_pid": os.getpid(),
         }
-        daemon = _start_daemon(ring.path, output, opts.force, meta)
+        if swap_meta is not None:
+            meta["swap"] = swap_meta
+        daemon = _start_daemon(ring.path, output, opts.force, meta, swap_meta)
         status, daemon_failed = _run_child(executable, opts.command, env, daemon)
         daemon_failed = _stop_daemon(daemon, status) or daemon_failed
         return Outcome(status=status, output=output, daemon_failed=daemon_failed)
@@ -239,9 +264,11 @@ def launch(opts: Options) -> Outcome:
             daemon.kill()
             daemon.wait()
         ring.close(unlink=True)
+        if control is not None:
+            control.close(unlink=True)
 
 
-def _start_daemon(ring_path: str, output: str, force: bool, meta: dict) -> subprocess.Popen:
+def _start_daemon(ring_path: str, output: str, force: bool, meta: dict, swap: dict | None = None) -> subprocess.Popen:
     """Start the daemon in its own session, hand it the metadata, wait for ``ready``."""
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ)
@@ -249,6 +276,8 @@ def _start_daemon(ring_path: str, output: str, force: bool, meta: dict) -> subpr
     cmd = [sys.executable, "-m", "pyobmem.daemon", "--ring", ring_path, "--out", output]
     if force:
         cmd.append("--force")
+    if swap is not None:
+        cmd += ["--control", swap["control"], "--budget", swap["budget"]]
     daemon = subprocess.Popen(
         cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True, bufsize=0
     )

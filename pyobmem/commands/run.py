@@ -35,6 +35,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="do not set allocator presets (XLA_PYTHON_CLIENT_ALLOCATOR=platform for JAX)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing after the run except errors")
+    p.add_argument(
+        "--swap", action="store_true",
+        help="swap mode: keep device memory under --budget by moving idle blocks to pinned host memory (docs/swap.md)",
+    )
+    p.add_argument(
+        "--budget", metavar="SIZE",
+        help="swap mode's device-memory budget: 16GiB, 16G, 500MiB, bytes, or a fraction of the card (0.75 or 75%%)",
+    )
+    p.add_argument(
+        "--min-swap-bytes", metavar="N",
+        help="swap mode: blocks smaller than this are never VMM-backed nor swapped (default 4MiB)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="cmd ...", help="the command to trace")
 
 
@@ -62,9 +74,20 @@ def run(args) -> int:
         command = command[1:]
     if not command:
         raise PyobmemError("no command given (usage: pyobmem run [options] [--] cmd ...)", 2)
+    from ..planner import parse_budget, parse_size
+
+    budget = parse_budget(args.budget) if args.budget is not None else None
+    min_swap = parse_size(args.min_swap_bytes, "--min-swap-bytes") if args.min_swap_bytes is not None else None
+    if budget is not None and not args.swap:
+        raise PyobmemError("--budget needs --swap", 2)
+    if min_swap is not None and not args.swap:
+        raise PyobmemError("--min-swap-bytes needs --swap", 2)
+    if args.swap and budget is None:
+        raise PyobmemError("--swap needs --budget SIZE (e.g. 16GiB, or 0.75 / 75% of the card)", 2)
     opts = launcher.Options(
         command=command, output=args.output, force=args.force, capacity=args.capacity,
         cupti=not args.no_cupti, presets=not args.no_presets, quiet=args.quiet,
+        swap=args.swap, budget=budget, min_swap_bytes=min_swap,
     )
     outcome = launcher.launch(opts)
     try:

@@ -74,6 +74,7 @@ def summarize(cap: Capture) -> dict:
         "copies": _copies(copies),
         "memsets": {"count": len(memsets), "bytes": int(memsets["bytes"].sum())},
         "iteration": _iteration(cap),
+        "swap": _swap(cap),
         "processes": [
             {
                 "pid": int(p["pid"]),
@@ -176,6 +177,56 @@ def _copies(copies: np.ndarray) -> dict:
     }
 
 
+def _swap(cap: Capture) -> dict | None:
+    """Swap mode: the budget, swap-outs, swap-ins by cause, plans adopted and dropped, pinned host
+    memory (NOTE swap.pinned_bytes); None when the run was no swap run and has no swap events."""
+    sw = cap.meta.get("swap") if isinstance(cap.meta.get("swap"), dict) else None
+    swaps, plans = cap.swaps, cap.plans
+    if sw is None and not len(swaps) and not len(plans):
+        return None
+    out = swaps[swaps["direction"] == 0]
+    ins = swaps[swaps["direction"] == 1]
+    by_cause = {}
+    for cause in abi.SwapInCause:
+        sel = ins["cause"] == int(cause)
+        by_cause[cause.name.lower()] = {"count": int(sel.sum()), "bytes": int(ins["bytes"][sel].sum())}
+    pinned = [int(n["swap.pinned_bytes"]) for n in cap.notes.values() if n.get("swap.pinned_bytes", "").isdigit()]
+    budget_bytes = None
+    if sw is not None:
+        budget_bytes = sw.get("budget_bytes")
+        if budget_bytes is None and sw.get("budget_fraction"):
+            from ..planner import card_bytes
+
+            total = card_bytes(cap)
+            budget_bytes = int(sw["budget_fraction"] * total) if total else None
+    return {
+        "budget": None if sw is None else sw.get("budget"),
+        "budget_bytes": budget_bytes,
+        "min_swap_bytes": None if sw is None else sw.get("min_swap_bytes"),
+        "swapped_out": {"count": len(out), "bytes": int(out["bytes"].sum()), "blocks": int(len(np.unique(out["block"])))},
+        "swapped_in": {"count": len(ins), "bytes": int(ins["bytes"].sum()), "by_cause": by_cause},
+        "plans_adopted": int(np.count_nonzero(~plans["dropped"])),
+        "plans_dropped": int(np.count_nonzero(plans["dropped"])),
+        "pinned_bytes": max(pinned) if pinned else None,
+    }
+
+
+def _swap_lines(w: dict) -> list[str]:
+    """The swap section as lines (the budget first)."""
+    budget = "-" if w["budget"] is None else w["budget"]
+    if w["budget_bytes"] is not None and w["budget"] != format_bytes(w["budget_bytes"]):
+        budget += f" ({format_bytes(w['budget_bytes'])})"
+    si, c = w["swapped_in"], w["swapped_in"]["by_cause"]
+    return [
+        f"budget {budget}; pinned host memory {format_bytes(w['pinned_bytes'])}",
+        f"swapped out {format_bytes(w['swapped_out']['bytes'])} in {_num(w['swapped_out']['count'])} swap-outs "
+        f"({_num(w['swapped_out']['blocks'])} blocks)",
+        f"swapped in {format_bytes(si['bytes'])} in {_num(si['count'])}: {_num(c['prefetch']['count'])} prefetch hits, "
+        f"{_num(c['late']['count'])} late (stalls), {_num(c['demand']['count'])} on demand",
+        f"plans adopted {_num(w['plans_adopted'])}, dropped {_num(w['plans_dropped'])}",
+    ]
+
+
 def _iteration(cap: Capture) -> dict | None:
     """The iteration of the main process, from the model's detection (pyobmem.model.iterations,
     the one period detector): ops per iteration of the main regime (launches, graph launches and
@@ -272,6 +323,8 @@ def format_short(s: dict) -> str:
             f"{_pct_text(la['opaque_pct'])} opaque); {_num(c['count'])} copies ({format_bytes(c['bytes'])})",
             f"iteration: {_iteration_line(s)}",
         ]
+        if s.get("swap"):
+            lines += ["swap: " + line for line in _swap_lines(s["swap"])]
     cap = s["capture"]
     drops = f"{_num(cap['dropped'])} events dropped" if cap["dropped"] else "no events dropped"
     lines.append(f"{drops}; capture {_status_line(s)}")
@@ -333,6 +386,8 @@ def format_summary(s: dict) -> str:
         rows.append(["memset", _num(ms["count"]), format_bytes(ms["bytes"])])
         out.append(table(rows, ["", "count", "bytes"]))
         out += ["", "Iteration (first estimate)", f"  {_iteration_line(s)}"]
+        if s.get("swap"):
+            out += ["", "Swap mode"] + [f"  {line}" for line in _swap_lines(s["swap"])]
     if s["processes"]:
         out += ["", "Processes"]
         rows = [[p["pid"], p["ppid"], _driver(p["driver_version"]), p["source"]] for p in s["processes"]]

@@ -1,0 +1,88 @@
+"""``pyobmem plan FILE --budget SIZE``: the swap plan for a capture, as a dry run.
+
+Which blocks swap mode would move to host memory, when (after which op, prefetched before which),
+the predicted peak and time ratio, or, when no plan fits, the size the job needs at one instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..capture import read_capture
+from ..errors import PyobmemError
+from .. import planner
+from .summary import format_bytes, format_duration, table
+
+NAME = "plan"
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        NAME, help="dry-run the swap planner on a capture under a memory budget",
+        description="Plan swap mode on a capture: which blocks would be swapped out and prefetched, when, "
+        "the predicted peak and slowdown, or the size the job needs at one instant when no plan fits.",
+        epilog="example: pyobmem plan train.pyobmem --budget 12GiB",
+    )
+    p.add_argument("capture", metavar="FILE", help="a .pyobmem capture")
+    p.add_argument("--budget", required=True, metavar="SIZE",
+                   help="device-memory budget: 16GiB, 500MiB, bytes, or a fraction of the card (0.75, 75%%)")
+    p.add_argument("--bandwidth", type=float, metavar="B/s", help="host<->device copy bandwidth, each way (default 55e9)")
+    p.add_argument("--min-swap-bytes", metavar="N", help="blocks smaller than this are never swapped (default 4MiB)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    return p
+
+
+def run(args) -> int:
+    budget = planner.parse_budget(args.budget)
+    if args.bandwidth is not None and not args.bandwidth > 0:
+        raise PyobmemError(f"bad --bandwidth {args.bandwidth:g}: must be positive", 2)
+    min_swap = planner.parse_size(args.min_swap_bytes, "--min-swap-bytes") if args.min_swap_bytes else planner.DEFAULT_MIN_SWAP_BYTES
+    cap = read_capture(args.capture)
+    plan = planner.plan_capture(cap, budget, bandwidth=args.bandwidth, min_swap_bytes=min_swap, bound=True)
+    if isinstance(plan, planner.NoPlan):
+        raise PyobmemError(f"{args.capture}: no plan: {plan.reason}", 1)
+    if args.json:
+        print(json.dumps(plan.to_json(), indent=2, sort_keys=True))
+    else:
+        print(format_plan(plan, cap, args.capture))
+    if not plan.feasible:
+        raise PyobmemError(infeasible_message(plan, cap), 1)
+    return 0
+
+
+def infeasible_message(plan, cap) -> str:
+    """The one line for a budget no plan reaches."""
+    msg = f"the budget {format_bytes(plan.budget_bytes)} is below what the job needs"
+    if plan.needed_bytes > plan.budget_bytes:
+        return (f"{msg} at one instant: {format_bytes(plan.needed_bytes)} must be resident together at op "
+                f"{plan.needed_at} of the iteration ({_op_name(cap, plan)})")
+    return (f"{msg} at this copy bandwidth: the best plan reaches {format_bytes(plan.predicted_peak)} "
+            f"(at least {format_bytes(plan.needed_bytes)} must be resident together at one op)")
+
+
+def _op_name(cap, plan) -> str:
+    return cap.kernel_name(plan.needed_op_row) if plan.needed_op_row >= 0 else "-"
+
+
+def format_plan(plan, cap, path: str) -> str:
+    out = [
+        f"Swap plan for {path} (pid {plan.pid})",
+        f"  iteration   {plan.period:,} ops, {format_duration(int(plan.iteration_ns))} "
+        f"({plan.matching} of {plan.iterations} iterations issue exactly these ops)",
+        f"  budget      {format_bytes(plan.budget_bytes)}; copies at {plan.bandwidth / 1e9:.1f} GB/s each way; "
+        f"blocks under {format_bytes(plan.min_swap_bytes)} stay",
+        f"  peak        {format_bytes(plan.peak_bytes)} without swapping, at op {plan.peak_at}",
+        f"  predicted   {format_bytes(plan.predicted_peak)} peak ({'fits' if plan.feasible else 'does not fit'}), "
+        f"saving {format_bytes(plan.saved_bytes)} (model bound at this slowdown: "
+        f"{'-' if plan.bound_bytes is None else format_bytes(plan.bound_bytes)})",
+        f"  time        {plan.time_ratio:.3f}x the iteration (stalls {format_duration(int(plan.stall_ns))} per iteration)",
+        f"  needs       at least {format_bytes(plan.needed_bytes)} resident at op {plan.needed_at}, whatever the plan",
+        f"  swapped     {len({s.block for s in plan.swaps})} blocks, {format_bytes(plan.swapped_bytes)}; "
+        f"{len(plan.actions)} actions per iteration",
+    ]
+    if plan.swaps:
+        rows = [[s.block, hex(s.addr), format_bytes(s.size), s.out_at, s.prefetch_at, s.next_at, s.absent,
+                 format_duration(int(s.stall_ns))] for s in plan.swaps]
+        out += ["", table(rows, ["block", "address", "size", "out after op", "prefetch before op", "next use", "ops out", "stall"])]
+    return "\n".join(out)

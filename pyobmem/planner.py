@@ -1,0 +1,661 @@
+"""The swap planner: from the learned iteration and a device-memory budget to a plan the shim follows.
+
+    learned = learn_iteration(capture)                 # LearnedIteration, or NoPlan (why not)
+    plan = make_plan(learned, budget_bytes)            # Plan: template keys, actions, predictions
+    plan.write(control)                                # into the control file (pyobmem.control)
+    plan_capture(capture, "75%")                       # both, with the budget parsed
+
+Positions count every op of the main process (launches, graph launches, copies, sets: what the
+shim counts with its op seq) from the first op of the iteration. Times are ns on the model's
+execution clock (``pyobmem.model.saving``: an op runs at max(its launch time, t0 + T*k/P)), relative
+to the iteration's start; sizes bytes; bandwidth B/s.
+
+Policy and cost model (docs/swap.md has the formulas):
+
+- Candidates: blocks of the main process allocated with cuMemAlloc (kind DRIVER: the shim VMM-backs
+  those in swap mode) of at least ``min_swap_bytes``, live over the whole iteration, accessed in
+  it, never touched by an opaque launch, not an arena. Their idle windows are the cyclic gaps
+  between consecutive accesses (the last access of the iteration wraps to the first of the next).
+- Choice: the greedy peak shaving of ``pyobmem.model.saving.saving_bound`` (the one model of the
+  swap opportunity, shared with the report), run on these windows; the planner takes its steps in
+  order until the simulated peak fits the budget.
+- Each chosen window: SWAP_OUT after its last access (position s), PREFETCH before position q, the
+  latest position whose time leaves the copy in (size/B plus the remap cost, 150 us per 64 MiB)
+  room to finish before the next access n, with the prefetches of all windows scheduled as late
+  as possible on one host-to-device copy engine (and the swap-outs first come first served on one
+  device-to-host engine). A block is absent from the first position after its copy out is done
+  until q; a window where that leaves no position is not used.
+- Predictions: peak = max over positions of (live bytes - absent bytes); stall = how late each
+  prefetch finishes after its consumer's time, summed; time ratio = max(1 + stalls / T, copy time
+  per direction / T). The saving (peak without swapping - predicted peak) never exceeds the
+  model's bound at that ratio (tests/test_planner.py checks it on the real captures).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import abi
+from .errors import PyobmemError
+from .model.blocks import ARENA, NEVER, build_blocks
+from .model.iterations import IterationModel, detect_iterations
+from .model.saving import TIME_RATIOS, bandwidth_of, saving_bound, saving_curve
+
+DEFAULT_MIN_SWAP_BYTES = 4 << 20  # 2 MiB segments (PyTorch's small pool, one VMM granule) are never swapped
+REMAP_NS = 150_000.0  # unmap+release+create+map+set-access of 64 MiB on the H200 (DESIGN.md)
+REMAP_BYTES = 64 << 20
+MIN_MATCHING = 2  # iterations whose op keys equal the template, at least
+MIN_CONFIDENCE = 0.9  # model confidence (mean template match) of the main regime, at least
+MAX_RATIO = 2.0  # the planner never predicts a slower iteration than this
+GREEDY_MAX_RATIO = 1e6  # the greedy runs without a stall limit; the budget stops the planner
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z%]*)\s*$")
+_UNITS = {
+    "": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20,
+    "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40, "tb": 10**12, "tib": 1 << 40,
+}
+
+
+# --- budget --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A device-memory budget: ``bytes`` (absolute) or ``fraction`` (of the card's total memory,
+    0 < f <= 1, resolved once the card is known). ``text``: as the user wrote it."""
+
+    text: str
+    bytes: int | None = None
+    fraction: float | None = None
+
+    def resolve(self, total_bytes: int | None) -> int | None:
+        """Bytes of the budget; a fraction needs ``total_bytes`` (None while unknown)."""
+        if self.bytes is not None:
+            return self.bytes
+        if not total_bytes:
+            return None
+        return int(self.fraction * int(total_bytes))
+
+    def describe(self) -> str:
+        if self.bytes is not None:
+            return format_bytes(self.bytes)
+        return f"{self.fraction * 100:g}% of the card"
+
+
+def parse_budget(text: str) -> Budget:
+    """``16GiB``, ``16G`` (binary), ``16GB`` (decimal), ``500MiB``, ``123456`` (bytes), ``0.75`` or
+    ``75%`` (of the card). Raises PyobmemError (exit 2) with one line."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise PyobmemError(f"bad budget {text!r}: use a size (16GiB, 500MiB, bytes) or a fraction of the card (0.75, 75%)", 2)
+    value, unit = float(m.group(1)), m.group(2).lower()
+    if unit == "%":
+        if not 0 < value <= 100:
+            raise PyobmemError(f"bad budget {text!r}: a percentage of the card must be in (0, 100]", 2)
+        return Budget(text=text, fraction=value / 100)
+    if unit == "" and "." in m.group(1):
+        if value > 1:
+            raise PyobmemError(f"bad budget {text!r}: a fraction of the card must be in (0, 1]; give sizes in whole bytes or with a unit", 2)
+        if value <= 0:
+            raise PyobmemError(f"bad budget {text!r}: must be positive", 2)
+        return Budget(text=text, fraction=value)
+    if unit not in _UNITS:
+        raise PyobmemError(f"bad budget {text!r}: unknown unit {m.group(2)!r} (B, KiB, MiB, GiB, TiB, K, M, G, T, KB, MB, GB, TB, %)", 2)
+    n = int(value * _UNITS[unit])
+    if n <= 0:
+        raise PyobmemError(f"bad budget {text!r}: must be positive", 2)
+    return Budget(text=text, bytes=n)
+
+
+def parse_size(text: str, what: str = "size") -> int:
+    """A byte size (``4MiB``, ``4M``, ``4194304``); no fractions. Raises PyobmemError (exit 2)."""
+    b = parse_budget(text) if _SIZE.match(str(text)) else None
+    if b is None or b.bytes is None:
+        raise PyobmemError(f"bad {what} {text!r}: use a size such as 4MiB or a number of bytes", 2)
+    return b.bytes
+
+
+def format_bytes(n) -> str:
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{int(n)} B" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"
+
+
+# --- the learned iteration -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NoPlan:
+    """Why no iteration could be learned (one line)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class LearnedIteration:
+    """One iteration of the main process as the planner sees it.
+
+    ``pid``; ``keys`` (uint64 (P,): template key per position, ``op_key``); ``op_rows`` (capture op
+    rows of the template iteration); ``times`` (float64 (P,): ns from the iteration's start on the
+    execution clock, non-decreasing); ``iteration_ns`` (T); ``live`` (int64 (P,): bytes of the
+    process's live blocks at each position, no swapping); ``matching`` / ``iterations`` (iterations
+    of the main regime whose keys equal the template / all of them); ``confidence`` (the model's
+    mean template match); ``bandwidth`` (B/s); ``min_swap_bytes``.
+    Candidates, one row each: ``cand_block`` (capture block row), ``cand_addr``, ``cand_size``,
+    ``cand_pos`` (list of int arrays: access positions in the iteration, sorted). ``excluded``:
+    reason -> (count, bytes) for the process's blocks that are no candidates.
+    Windows (cyclic idle gaps of candidates), one row each: ``win_cand`` (candidate row), ``win_s``
+    (last access position), ``win_n`` (next access position, + P when it wraps).
+    ``iteration_row``: the row of the IterationModel; ``it``/``bm`` kept for the bound.
+    """
+
+    pid: int
+    keys: np.ndarray = field(repr=False)
+    op_rows: np.ndarray = field(repr=False)
+    times: np.ndarray = field(repr=False)
+    iteration_ns: float
+    live: np.ndarray = field(repr=False)
+    matching: int
+    iterations: int
+    confidence: float
+    bandwidth: float
+    min_swap_bytes: int
+    cand_block: np.ndarray = field(repr=False)
+    cand_addr: np.ndarray = field(repr=False)
+    cand_size: np.ndarray = field(repr=False)
+    cand_pos: list = field(repr=False)
+    excluded: dict = field(repr=False)
+    win_cand: np.ndarray = field(repr=False)
+    win_s: np.ndarray = field(repr=False)
+    win_n: np.ndarray = field(repr=False)
+    iteration_row: int = -1
+    iteration_index: int = -1
+    capture: object = field(default=None, repr=False)
+    it: object = field(default=None, repr=False)
+    bm: object = field(default=None, repr=False)
+
+    @property
+    def period(self) -> int:
+        return len(self.keys)
+
+
+def op_keys(ops: np.ndarray) -> np.ndarray:
+    """Template key of each op (``PYOBMEM_OP_KEY`` of abi.h): the handle for a launch or graph
+    launch, ``op_key_copy(type, copy kind)`` for a copy (kind = low byte of the flags, the ASYNC
+    bit left out) and ``op_key_copy(MEMSET, 0)`` for a set."""
+    t = ops["type"].astype(np.uint64)
+    kind = np.where(ops["type"] == abi.Ev.MEMCPY, ops["copy_kind"].astype(np.uint64) & np.uint64(0xFF), np.uint64(0))
+    copy_key = (np.uint64(0xFF) << np.uint64(56)) | (t << np.uint64(16)) | kind
+    launch = np.isin(ops["type"], [int(abi.Ev.LAUNCH), int(abi.Ev.GRAPH_LAUNCH)])
+    return np.where(launch, ops["handle"].astype(np.uint64), copy_key).astype(np.uint64)
+
+
+def _clock(capture, it: IterationModel, row: int):
+    """The execution clock of ``pyobmem.model.saving.saving_curve`` for iteration ``row``: a
+    function of launch times (ns) -> execution times (ns). Same formula, same inputs."""
+    from .model.saving import HOST_AHEAD
+
+    t0, t1 = int(it.t_start[row]), int(it.t_end[row])
+    T = max(t1 - t0, 1)
+    seq = it.seq_rows[it.start_seq[row] : it.end_seq[row]]
+    P = max(len(seq), 1)
+    L = np.append(capture.ops["ts_ns"][seq].astype(np.int64), t1).astype(np.float64)
+    if len(seq) and L[-2] - t0 < HOST_AHEAD * T:
+        E = np.maximum(L, t0 + T * np.arange(len(L)) / P)
+    else:
+        E = L.copy()
+    E[-1] = t1
+
+    def clock(t):
+        t = np.asarray(t, np.int64)
+        inside = (t >= t0) & (t < t1)
+        return np.where(inside, np.round(np.interp(t, L, E)).astype(np.int64), t)
+
+    return clock, t0, t1
+
+
+def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, bandwidth: float | None = None,
+                    it: IterationModel | None = None, bm=None) -> LearnedIteration | NoPlan:
+    """Learn the iteration of ``capture``'s main process (see LearnedIteration), or say why not."""
+    it = detect_iterations(capture) if it is None else it
+    main = it.main_rows()
+    if it.main < 0 or len(main) < MIN_MATCHING:
+        return NoPlan("no repeating iteration yet")
+    regime = it.main_regime
+    if regime.confidence < MIN_CONFIDENCE:
+        return NoPlan(f"the iteration repeats with {100 * regime.confidence:.0f}% template match only")
+    pid = int(it.pid)
+    ops = capture.ops
+    pid_rows = np.flatnonzero(ops["pid"] == pid)
+    pid_rows = pid_rows[np.argsort(ops["seq"][pid_rows], kind="stable")]  # the shim's op order
+    seqs = ops["seq"][pid_rows].astype(np.int64)
+    keys_all = op_keys(ops[pid_rows])
+    # Each main iteration as a range of the process's ops, by op seq.
+    start_seq = ops["seq"][it.start_op[main]].astype(np.int64)
+    end_seq = np.where(it.end_op[main] < len(ops), ops["seq"][np.minimum(it.end_op[main], len(ops) - 1)].astype(np.int64),
+                       seqs[-1] + 1 if len(seqs) else 0)
+    lo = np.searchsorted(seqs, start_seq)
+    hi = np.searchsorted(seqs, end_seq)
+    sigs = [keys_all[a:b].tobytes() for a, b in zip(lo, hi)]
+    uniq = {}
+    for s in sigs:
+        uniq[s] = uniq.get(s, 0) + 1
+    mode = max(uniq, key=lambda s: (uniq[s], -sigs.index(s)))
+    matching = uniq[mode]
+    if matching < MIN_MATCHING:
+        return NoPlan("no two iterations issue the same ops")
+    middle = len(main) // 2
+    cands = [i for i, s in enumerate(sigs) if s == mode]
+    i = min(cands, key=lambda k: (abs(k - middle), -k))
+    row = int(main[i])
+    a, b = int(lo[i]), int(hi[i])
+    rows = pid_rows[a:b]
+    P = len(rows)
+    if P > abi.PLAN_MAX_OPS:
+        return NoPlan(f"an iteration of {P:,} ops exceeds the plan's limit of {abi.PLAN_MAX_OPS:,}")
+    keys = keys_all[a:b]
+    clock, t0, t1 = _clock(capture, it, row)
+    T = float(max(t1 - t0, 1))
+    launch_t = ops["ts_ns"][rows].astype(np.int64)
+    times = np.maximum.accumulate(clock(launch_t).astype(np.float64) - t0)
+    times = np.clip(times, 0.0, T)
+
+    # Live bytes of the process at each position (launch times, as the allocations are seen).
+    blocks = capture.blocks
+    mine = blocks["pid"] == pid
+    ta, tf = blocks["t_alloc"].astype(np.int64), blocks["t_free"].astype(np.int64)
+    size = blocks["size"].astype(np.int64)
+    alloc_sorted = np.sort(ta[mine])
+    ca = np.concatenate(([0], np.cumsum(size[mine][np.argsort(ta[mine], kind="stable")])))
+    fr = mine & (tf >= 0)
+    of = np.argsort(tf[fr], kind="stable")
+    cf = np.concatenate(([0], np.cumsum(size[fr][of])))
+    live = ca[np.searchsorted(alloc_sorted, launch_t, side="right")] - cf[np.searchsorted(tf[fr][of], launch_t, side="right")]
+
+    # Candidates and why the others are not.
+    bm = build_blocks(capture, it) if bm is None else bm
+    it_t0, it_t1 = int(ops["ts_ns"][rows[0]]), int(ops["ts_ns"][rows[-1]])
+    pos_of_row = np.full(len(ops), -1, np.int64)
+    pos_of_row[rows] = np.arange(P)
+    acc = capture.accesses
+    acc = acc[pos_of_row[acc["op"]] >= 0] if len(acc) else acc
+    acc_pos = pos_of_row[acc["op"]] if len(acc) else np.zeros(0, np.int64)
+    accessed = np.zeros(len(blocks), bool)
+    accessed[acc["block"]] = True
+    reasons = [
+        ("not VMM-backable (not cuMemAlloc)", blocks["kind"] != abi.AllocKind.DRIVER),
+        (f"under {format_bytes(min_swap_bytes)}", size < min_swap_bytes),
+        ("touched by an opaque launch", bm.opaque),
+        ("arena", bm.cls == ARENA),
+        ("never accessed", bm.cls == NEVER),
+        ("not live over the whole iteration", (ta > it_t0) | ((tf >= 0) & (tf <= it_t1))),
+        ("not accessed in the iteration", ~accessed),
+    ]
+    excluded, taken = {}, ~mine
+    for why, mask in reasons:
+        m = mask & ~taken
+        if np.any(m):
+            excluded[why] = (int(np.count_nonzero(m)), int(size[m].sum()))
+        taken |= m
+    cand = np.flatnonzero(~taken)
+    order = np.lexsort((acc_pos, acc["block"]))
+    ab, ap = acc["block"][order], acc_pos[order]
+    cand_pos, wc, ws, wn = [], [], [], []
+    for ci, blk in enumerate(cand):
+        p = np.unique(ap[np.searchsorted(ab, blk, "left") : np.searchsorted(ab, blk, "right")])
+        cand_pos.append(p)
+        nxt = np.append(p[1:], p[0] + P)
+        ok = nxt - p >= 2  # at least one position in between
+        wc.append(np.full(np.count_nonzero(ok), ci))
+        ws.append(p[ok])
+        wn.append(nxt[ok])
+    cat = lambda xs: np.concatenate(xs).astype(np.int64) if xs else np.zeros(0, np.int64)  # noqa: E731
+    return LearnedIteration(
+        pid=pid, keys=keys, op_rows=rows.astype(np.int64), times=times, iteration_ns=T, live=live.astype(np.int64),
+        matching=matching, iterations=len(main), confidence=float(regime.confidence),
+        bandwidth=bandwidth_of(capture, bandwidth), min_swap_bytes=int(min_swap_bytes),
+        cand_block=cand.astype(np.int64), cand_addr=blocks["addr"][cand].astype(np.uint64),
+        cand_size=size[cand], cand_pos=cand_pos, excluded=excluded,
+        win_cand=cat(wc), win_s=cat(ws), win_n=cat(wn), iteration_row=row, iteration_index=i,
+        capture=capture, it=it, bm=bm,
+    )
+
+
+# --- the plan ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Swap:
+    """One planned idle window: the block (capture row, address, size), SWAP_OUT after position
+    ``out_at``, PREFETCH before ``prefetch_at`` (positions mod P), next access at ``next_at``;
+    ``absent`` positions per iteration; ``stall_ns`` predicted."""
+
+    block: int
+    addr: int
+    size: int
+    out_at: int
+    prefetch_at: int
+    next_at: int
+    absent: int
+    stall_ns: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A swap plan for one iteration of process ``pid`` under ``budget_bytes``.
+
+    ``template_keys`` (uint64 (P,)); ``actions`` (structured ``abi.ACTION_DTYPE`` array sorted by
+    position, prefetches first at one position); ``swaps`` (list of Swap); ``peak_bytes`` (peak of
+    live bytes without swapping), ``predicted_peak`` (with the plan), ``saved_bytes``;
+    ``time_ratio`` (predicted iteration time over the unswapped one), ``stall_ns`` (per iteration);
+    ``feasible`` (the predicted peak fits the budget); ``needed_bytes`` (the least any plan could
+    reach on this iteration: at some position the blocks that cannot be out together) and
+    ``needed_at`` (that position); ``bound_bytes`` (the model's saving bound at ``time_ratio``,
+    None when not computed); ``iteration_ns``, ``bandwidth``, ``min_swap_bytes``.
+    """
+
+    pid: int
+    budget_bytes: int
+    template_keys: np.ndarray = field(repr=False)
+    actions: np.ndarray = field(repr=False)
+    swaps: list = field(repr=False)
+    peak_bytes: int = 0
+    peak_at: int = 0
+    predicted_peak: int = 0
+    time_ratio: float = 1.0
+    stall_ns: float = 0.0
+    feasible: bool = True
+    needed_bytes: int = 0
+    needed_at: int = 0
+    needed_op_row: int = -1  # the capture op row at ``needed_at``
+    bound_bytes: int | None = None
+    iteration_ns: float = 0.0
+    bandwidth: float = 0.0
+    min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES
+    period: int = 0
+    matching: int = 0
+    iterations: int = 0
+
+    @property
+    def saved_bytes(self) -> int:
+        return int(self.peak_bytes - self.predicted_peak)
+
+    @property
+    def swapped_bytes(self) -> int:
+        """Bytes of distinct blocks the plan swaps."""
+        return int(sum({s.block: s.size for s in self.swaps}.values()))
+
+    def write(self, control, generation: int | None = None) -> int | None:
+        """Write into the control file's inactive slot and make it active (pyobmem.control's
+        protocol). Returns the generation written, or None when the shim has not adopted the
+        plan in force yet (try again later)."""
+        return control.write_plan(self, generation)
+
+    def to_json(self) -> dict:
+        return {
+            "pid": self.pid, "budget_bytes": self.budget_bytes, "feasible": self.feasible,
+            "period_ops": self.period, "iteration_ns": round(self.iteration_ns),
+            "iterations_matching": self.matching, "iterations": self.iterations,
+            "bandwidth_Bps": self.bandwidth, "min_swap_bytes": self.min_swap_bytes,
+            "peak_bytes": self.peak_bytes, "peak_at": self.peak_at, "predicted_peak_bytes": self.predicted_peak,
+            "saved_bytes": self.saved_bytes, "bound_bytes": self.bound_bytes,
+            "time_ratio": round(self.time_ratio, 6), "stall_ns": round(self.stall_ns),
+            "needed_bytes": self.needed_bytes, "needed_at": self.needed_at,
+            "swapped_blocks": len({s.block for s in self.swaps}), "swapped_bytes": self.swapped_bytes,
+            "swaps": [
+                {"block": s.block, "addr": hex(s.addr), "size": s.size, "out_after": s.out_at,
+                 "prefetch_before": s.prefetch_at, "next_access": s.next_at, "absent_ops": s.absent,
+                 "stall_ns": round(s.stall_ns)}
+                for s in self.swaps
+            ],
+            "actions": len(self.actions),
+        }
+
+
+@dataclass
+class _Sim:
+    peak: int
+    peak_at: int
+    stall: np.ndarray  # per window (ns)
+    useless: np.ndarray  # per window: the block would never be out
+    q: np.ndarray  # prefetch position per window (unrolled, in iteration 1)
+    absent: np.ndarray  # positions out per window
+    ratio: float
+    resident: np.ndarray
+
+
+def _simulate(L: LearnedIteration, w: np.ndarray) -> _Sim:
+    """The cost model on windows ``w`` (rows of L's windows), three iterations unrolled; figures
+    of the middle one (the steady state)."""
+    P, T = L.period, L.iteration_ns
+    ext = np.concatenate([L.times + k * T for k in range(4)])  # positions 0 .. 4P-1
+    size = L.cand_size[L.win_cand[w]].astype(np.float64)
+    d = size / L.bandwidth * 1e9
+    r = REMAP_NS * size / REMAP_BYTES
+    K = 3
+    s = np.concatenate([L.win_s[w] + k * P for k in range(K)])
+    n = np.concatenate([L.win_n[w] + k * P for k in range(K)])
+    dd, rr, sz = np.tile(d, K), np.tile(r, K), np.tile(size, K)
+    # Swap-outs: first come first served on the device-to-host engine.
+    o = np.argsort(ext[s], kind="stable")
+    out_done = np.empty(len(s))
+    out_done[o] = _fifo(ext[s][o], dd[o])
+    p_out = np.maximum(np.searchsorted(ext, out_done, side="left"), s + 1)
+    # Prefetches: as late as possible on the host-to-device engine (latest deadline first).
+    deadline = ext[np.minimum(n, len(ext) - 1)]
+    o = np.argsort(-deadline, kind="stable")
+    start_in = np.empty(len(s))
+    start_in[o] = -_fifo(-deadline[o], dd[o])  # time reversed: the same queue backwards
+    q = np.searchsorted(ext, start_in - rr, side="right") - 1
+    # Never before the block is out (a window too short for both copies keeps it out for one
+    # position and stalls its consumer instead), never at or after its use.
+    q = np.minimum(np.maximum(q, p_out + 1), n)
+    # Forward: when each prefetch really finishes (issued at q, remap, then the engine).
+    o = np.argsort(ext[q], kind="stable")
+    done = np.empty(len(s))
+    done[o] = _fifo(ext[q][o] + rr[o], dd[o])
+    stall = np.maximum(done - deadline, 0.0)
+    useless = (q <= p_out) | (p_out >= n)  # the block would never be out
+    # Resident bytes over the middle iteration [P, 2P).
+    diff = np.zeros(4 * P + 1)
+    okw = ~useless
+    np.add.at(diff, p_out[okw], -sz[okw])
+    np.add.at(diff, q[okw], sz[okw])
+    out = np.cumsum(diff)[P : 2 * P]
+    resident = L.live + out.astype(np.int64)
+    k = int(np.argmax(resident)) if P else 0
+    m = len(w)
+    mid = slice(m, 2 * m)  # the windows of iteration 1: actions are taken from them
+    in_iter = (n >= P) & (n < 2 * P)
+    stalls = float(stall[in_iter].sum())
+    copy = float(d.sum() + r.sum()) if m else 0.0
+    ratio = max(1.0 + stalls / T, float(d.sum()) / T, copy / T) if m else 1.0
+    useless_w = useless[mid] | useless[: m] | useless[2 * m :]
+    return _Sim(peak=int(resident[k]) if P else 0, peak_at=k, stall=stall[mid], useless=useless_w, q=q[mid],
+                absent=np.maximum(q[mid] - p_out[mid], 0), ratio=ratio, resident=resident)
+
+
+def _fifo(ready: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """Finish times of jobs on one engine, in the given order: f_j = max(ready_j, f_(j-1)) + dur_j
+    (vectorised: f_j = C_j + max_(k<=j)(ready_k - C_(k-1)), C the running sum of durations)."""
+    if not len(ready):
+        return np.zeros(0)
+    C = np.cumsum(dur)
+    return C + np.maximum.accumulate(ready - (C - dur))
+
+
+def _needed(L: LearnedIteration) -> tuple[int, int]:
+    """(bytes, position): the least resident at one position with every candidate window out."""
+    P = L.period
+    if not P:
+        return 0, 0
+    diff = np.zeros(3 * P + 1)
+    size = L.cand_size[L.win_cand].astype(np.float64)
+    for k in range(2):
+        np.add.at(diff, L.win_s + 1 + k * P, -size)
+        np.add.at(diff, L.win_n + k * P, size)
+    need = L.live + np.cumsum(diff)[P : 2 * P].astype(np.int64)
+    j = int(np.argmax(need))
+    return int(need[j]), j
+
+
+def greedy_order(L: LearnedIteration) -> np.ndarray:
+    """Every window (rows of L's windows), first in the order the model's greedy peak shaving
+    takes them (``saving_bound`` on this iteration's positions; a wrapping window appears twice
+    there, at both ends of the iteration, and counts once here), then the others, the largest
+    idle window times size first."""
+    P, T = L.period, L.iteration_ns
+    if not len(L.win_s) or not P:
+        return np.zeros(0, np.int64)
+    ext = np.concatenate((L.times, L.times + T, L.times + 2 * T))
+    a, b = ext[L.win_s], ext[np.minimum(L.win_n, 3 * P - 1)]
+    wrap = L.win_n >= P
+    ids = np.concatenate((np.arange(len(a)), np.flatnonzero(wrap)))
+    wa = np.concatenate((a, a[wrap] - T))
+    wb = np.concatenate((b, b[wrap] - T))
+    size = L.cand_size[L.win_cand][ids]
+    r = saving_bound(L.times, L.live, wa, wb, size, T, L.bandwidth, ratios=(1.0, GREEDY_MAX_RATIO))
+    seen, out = set(), []
+    for k in ids[r["order"]]:
+        if int(k) not in seen:
+            seen.add(int(k))
+            out.append(int(k))
+    # Then the windows the greedy never reached (it stops where the peak cannot go lower), the
+    # longest idle window times size first.
+    rest = np.array([k for k in range(len(a)) if k not in seen], np.int64)
+    if len(rest):
+        weight = (b[rest] - a[rest]) * L.cand_size[L.win_cand[rest]].astype(np.float64)
+        out += rest[np.argsort(-weight, kind="stable")].tolist()
+    return np.array(out, np.int64)
+
+
+def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, max_ratio: float = MAX_RATIO) -> Plan:
+    """The plan for ``budget_bytes`` (see the module docstring). ``bound``: also compute the
+    model's saving bound at the predicted ratio (``saving_curve`` on the same iteration, tensor
+    level; costs a tensor model)."""
+    budget_bytes = int(budget_bytes)
+    P = L.period
+    peak_at = int(np.argmax(L.live)) if P else 0
+    peak = int(L.live[peak_at]) if P else 0
+    chosen: list[int] = []
+    sim = _simulate(L, np.zeros(0, np.int64))
+    best = (sim.peak, sim.ratio, [], sim)
+    if sim.peak > budget_bytes:
+        for k in greedy_order(L):
+            trial = chosen + [int(k)]
+            t = _simulate(L, np.array(trial, np.int64))
+            if t.useless[-1]:
+                continue  # the window cannot take the block out under the cost model
+            if t.peak >= sim.peak and t.resident.sum() >= sim.resident.sum():
+                continue  # lowers nothing
+            if t.ratio > max_ratio:
+                continue  # too slow
+            chosen, sim = trial, t
+            if (sim.peak, sim.ratio) < best[:2]:
+                best = (sim.peak, sim.ratio, list(chosen), sim)
+            if sim.peak <= budget_bytes:
+                break
+        if sim.peak > budget_bytes:  # out of windows: the least peak reached, at its least cost
+            chosen, sim = best[2], best[3]
+    w = np.array(chosen, np.int64)
+    swaps, act = [], []
+    for j, k in enumerate(w):
+        c = int(L.win_cand[k])
+        out_at, q, nxt = int(L.win_s[k]) % P, int(sim.q[j]) % P, int(L.win_n[k]) % P
+        swaps.append(Swap(block=int(L.cand_block[c]), addr=int(L.cand_addr[c]), size=int(L.cand_size[c]), out_at=out_at,
+                          prefetch_at=q, next_at=nxt, absent=int(sim.absent[j]), stall_ns=float(sim.stall[j])))
+        act.append((out_at, int(abi.ActionKind.SWAP_OUT), int(L.cand_addr[c]), int(L.cand_size[c])))
+        act.append((q, int(abi.ActionKind.PREFETCH), int(L.cand_addr[c]), int(L.cand_size[c])))
+    actions = np.zeros(len(act), abi.ACTION_DTYPE)
+    if act:
+        at = np.array([x[0] for x in act], np.int64)
+        kind = np.array([x[1] for x in act], np.int64)
+        o = np.lexsort((-kind, at))  # at one position: the prefetch (before the op), then the swap-out (after)
+        actions["at"] = at[o]
+        actions["kind"] = kind[o]
+        actions["addr"] = np.array([x[2] for x in act], np.uint64)[o]
+        actions["size"] = np.array([x[3] for x in act], np.uint64)[o]
+    needed, needed_at = _needed(L)
+    bound_bytes, ratio = None, sim.ratio
+    if bound and L.capture is not None:
+        curve = model_curve(L)
+        saved = peak - sim.peak
+        if curve is not None and saved > 0:
+            # The model's bound is the claim pyobmem makes about this iteration: the plan never
+            # predicts a saving the bound does not allow at its slowdown, so its ratio is at least
+            # the one at which the bound reaches the same saving.
+            ratio = max(ratio, _ratio_for(curve, saved))
+        bound_bytes = 0 if curve is None else curve.saved_at(ratio)
+    return Plan(
+        pid=L.pid, budget_bytes=budget_bytes, template_keys=L.keys, actions=actions, swaps=swaps, peak_bytes=peak,
+        peak_at=peak_at, predicted_peak=sim.peak, time_ratio=ratio, stall_ns=float(sim.stall.sum()),
+        feasible=sim.peak <= budget_bytes and len(actions) <= abi.PLAN_MAX_ACTIONS, needed_bytes=needed,
+        needed_at=needed_at, needed_op_row=int(L.op_rows[needed_at]) if P else -1, bound_bytes=bound_bytes, iteration_ns=L.iteration_ns, bandwidth=L.bandwidth,
+        min_swap_bytes=L.min_swap_bytes, period=P, matching=L.matching, iterations=L.iterations,
+    )
+
+
+def model_curve(L: LearnedIteration):
+    """The model's saving curve (``pyobmem.model.saving.saving_curve``, tensor level, as the report
+    shows it) on the planner's iteration, with every greedy step (no stall limit)."""
+    from .model.tensors import build_tensors
+
+    tm = build_tensors(L.capture, L.it, L.bm)
+    ratios = tuple(sorted(set(TIME_RATIOS) | {GREEDY_MAX_RATIO}))
+    return saving_curve(L.capture, L.it, L.bm, bandwidth=L.bandwidth, ratios=ratios, iteration=L.iteration_index, tm=tm)
+
+
+def _ratio_for(curve, saved: int) -> float:
+    """The least slowdown at which ``curve`` saves ``saved`` bytes (inf when it never does)."""
+    if curve.saved_at(GREEDY_MAX_RATIO) < saved:
+        return float("inf")
+    lo, hi = 1.0, GREEDY_MAX_RATIO
+    if curve.saved_at(lo) >= saved:
+        return lo
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if curve.saved_at(mid) >= saved:
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo < 1e-6:
+            break
+    return hi
+
+
+def plan_capture(capture, budget, *, bandwidth: float | None = None, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES,
+                 bound: bool = False) -> Plan | NoPlan:
+    """Learn the iteration of ``capture`` and plan for ``budget`` (a Budget, its text, or bytes;
+    a fraction resolves against the card's memory the shim noted, device0.total_bytes)."""
+    if isinstance(budget, str):
+        budget = parse_budget(budget)
+    if isinstance(budget, Budget):
+        total = card_bytes(capture)
+        b = budget.resolve(total)
+        if b is None:
+            raise PyobmemError(f"budget {budget.text} is a fraction of the card, and the capture does not say the card's memory", 2)
+        budget = b
+    learned = learn_iteration(capture, min_swap_bytes=min_swap_bytes, bandwidth=bandwidth)
+    if isinstance(learned, NoPlan):
+        return learned
+    return make_plan(learned, int(budget), bound=bound)
+
+
+def card_bytes(capture) -> int | None:
+    """The card's total memory (device0.total_bytes, noted by the shim), or None."""
+    for notes in capture.notes.values():
+        v = notes.get("device0.total_bytes")
+        if v and v.isdigit():
+            return int(v)
+    return None
+
+
+def plan_json_text(plan: Plan) -> str:
+    return json.dumps(plan.to_json(), indent=2, sort_keys=True)

@@ -1,0 +1,170 @@
+"""Swap mode from the command line: budget errors, ``pyobmem plan`` on the committed captures, the
+daemon writing a plan into the control file from a repeating event stream in the ring, and the
+summary of swap events."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from synth import Trace
+from test_daemon import Producer, wait_until
+from test_planner import BW, MiB, P, _trace
+
+from pyobmem import abi
+from pyobmem.capture import read_capture, read_records
+from pyobmem.cli import main, run_main
+from pyobmem.commands import summary
+from pyobmem.control import Control
+from pyobmem.ring import Ring
+
+ROOT = str(Path(__file__).resolve().parents[1])
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--budget", "16GiB", "true"], "--budget needs --swap"),
+    (["--swap", "true"], "--swap needs --budget"),
+    (["--swap", "--budget", "lots", "true"], "bad budget 'lots'"),
+    (["--swap", "--budget", "150%", "true"], "bad budget '150%'"),
+    (["--min-swap-bytes", "4MiB", "true"], "--min-swap-bytes needs --swap"),
+    (["--swap", "--budget", "1G", "--min-swap-bytes", "0.5", "true"], "bad --min-swap-bytes"),
+])
+def test_run_budget_errors(argv, msg, capfd, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run_main(argv) == 2
+    err = capfd.readouterr().err
+    assert err.startswith("pyobmem: error: ") and msg in err and len(err.splitlines()) == 1
+    assert not os.listdir(tmp_path)  # nothing ran, no capture
+    assert main(["run"] + argv) == 2
+
+
+def test_plan_on_committed_captures(capfd):
+    # gpt_tiny: 952 MiB live all along; no plan reaches half of it (at least 708 MiB at op 62).
+    assert main(["plan", str(DATA / "gpt_tiny.pyobmem"), "--budget", "0.5GiB"]) == 1
+    out, err = capfd.readouterr()
+    assert "iteration   160 ops" in out and "peak        952.0 MiB without swapping" in out
+    assert err.strip().startswith("pyobmem: error: the budget 512.0 MiB is below what the job needs at one instant: 708.0 MiB")
+    # A budget above the peak: nothing to swap.
+    assert main(["plan", str(DATA / "gpt_tiny.pyobmem"), "--budget", "1GiB", "--json"]) == 0
+    j = json.loads(capfd.readouterr().out)
+    assert j["feasible"] and j["swapped_blocks"] == 0 and j["actions"] == 0 and j["peak_bytes"] == 998246400
+    assert j["period_ops"] == 160 and j["time_ratio"] == 1.0
+    # JAX: every block is a VMM mapping of XLA's platform allocator: nothing is a candidate.
+    assert main(["plan", str(DATA / "jax.pyobmem"), "--budget", "100MiB", "--json"]) == 1
+    j = json.loads(capfd.readouterr().out)
+    assert not j["feasible"] and j["needed_bytes"] == j["peak_bytes"] == 170052104
+    # CuPy: a fraction resolves against the card the shim noted (150109880320 B).
+    assert main(["plan", str(DATA / "cupy.pyobmem"), "--budget", "50%", "--json"]) == 0
+    j = json.loads(capfd.readouterr().out)
+    assert j["budget_bytes"] == 150109880320 // 2 and j["feasible"]
+
+
+def test_plan_errors(capfd):
+    assert main(["plan", str(DATA / "cupy.pyobmem"), "--budget", "x"]) == 2
+    assert main(["plan", str(DATA / "cupy.pyobmem"), "--budget", "1G", "--bandwidth", "0"]) == 2
+    assert main(["plan", "/nonexistent.pyobmem", "--budget", "1G"]) == 2
+
+
+def test_plan_synthetic_json(tmp_path, capfd):
+    _trace(tmp_path)
+    assert main(["plan", str(tmp_path / "synth.pyobmem"), "--budget", "160MiB", "--bandwidth", str(BW), "--json"]) == 0
+    j = json.loads(capfd.readouterr().out)
+    assert j["feasible"] and j["predicted_peak_bytes"] == 145 * MiB and j["saved_bytes"] == 64 * MiB
+    assert [(s["out_after"], s["prefetch_before"], s["next_access"]) for s in j["swaps"]] == [(0, 87, 0)]
+
+
+def _start_daemon(ring_path, out, control_path, budget):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pyobmem.daemon", "--ring", ring_path, "--out", str(out), "--control", control_path,
+         "--budget", budget],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+    )
+    proc.stdin.write(json.dumps({"argv": ["swap test"], "copy_bandwidth": BW}).encode() + b"\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline() == b"ready\n"
+    return proc
+
+
+def test_daemon_writes_a_plan(tmp_path):
+    """The synthetic iteration of test_planner, streamed through the ring: the daemon resolves
+    the 50% budget from the NOTE (320 MiB card -> 160 MiB), learns the iteration and writes the
+    hand-computed plan (generation 1) into the control file."""
+    cap, ids = _trace(tmp_path)
+    tr = Trace(dt_ns=1)
+    tr.rows.clear()
+    tr.text(abi.Ev.NOTE, 0, f"device0.total_bytes={320 * MiB}")
+    note = tr.records()
+    note["pid"] = 100
+    _, body = read_records(str(tmp_path / "synth.pyobmem"))
+    body = body[body["type"] != abi.Ev.CAPTURE_END]
+    recs = np.concatenate((note, body))
+    ring = Ring.create(1 << 14, directory=str(tmp_path))
+    ctl = Control.create(ring.path + ".ctl", 0, 4 * MiB)
+    out = tmp_path / "live.pyobmem"
+    daemon = _start_daemon(ring.path, out, ctl.path, "50%")
+    try:
+        prod = Producer(ring.path)
+        for rec in recs:
+            assert prod.put(rec, wait=True)
+        wait_until(lambda: ctl.generation == 1, timeout_s=20)
+        assert ctl.budget_bytes == 160 * MiB and ctl.active == 1
+        slot = ctl.ctl["plans"][0, 1]
+        assert int(slot["pid"]) == 100 and int(slot["period"]) == P and int(slot["budget_bytes"]) == 160 * MiB
+        assert slot["template_keys"][:P].tolist() == [0x1000 + p for p in range(P)]
+        addr_a = int(cap.blocks["addr"][cap.blocks["block_id"] == ids["A"]][0])
+        assert int(slot["n_actions"]) == 2
+        assert slot["actions"][:2].tolist() == [(0, int(abi.ActionKind.SWAP_OUT), addr_a, 64 * MiB),
+                                                (87, int(abi.ActionKind.PREFETCH), addr_a, 64 * MiB)]
+        # A drop makes the daemon forget the ops before it; with no new iterations, no new plan.
+        ctl.ctl["plan_drops"] = 1
+        prod.put(recs[-1], wait=True)
+        wait_until(prod.drained)
+        assert ctl.generation == 1
+        prod.close()
+    finally:
+        daemon.stdin.write(b"end 0\n")
+        daemon.stdin.close()
+        assert daemon.wait(30) == 0
+        ring.close(unlink=True)
+        ctl.close(unlink=True)
+    assert read_capture(str(out)).complete
+
+
+def test_summary_of_swap_events(tmp_path):
+    tr = Trace()
+    a = tr.alloc(64 * MiB)
+    tr.launch(0x10, [a])
+    tr.text(abi.Ev.NOTE, 0, f"swap.pinned_bytes={64 * MiB}")
+    tr.add(abi.Ev.SWAP_OUT, a=a, b=64 * MiB, c=1_200_000, d=5)
+    tr.add(abi.Ev.SWAP_IN, flags=abi.SwapInCause.PREFETCH, a=a, b=64 * MiB, c=1_300_000, d=5)
+    tr.add(abi.Ev.SWAP_OUT, a=a, b=64 * MiB)
+    tr.add(abi.Ev.SWAP_IN, flags=abi.SwapInCause.LATE, a=a, b=64 * MiB)
+    tr.add(abi.Ev.SWAP_OUT, a=a, b=64 * MiB)
+    tr.add(abi.Ev.SWAP_IN, flags=abi.SwapInCause.DEMAND, a=a, b=64 * MiB)
+    tr.add(abi.Ev.PLAN, a=1, b=2)
+    tr.add(abi.Ev.PLAN, flags=1, a=1, b=37)
+    path = tmp_path / "s.pyobmem"
+    tr.write(path, meta={"argv": ["x"], "swap": {"budget": "75%", "budget_bytes": None, "budget_fraction": 0.75,
+                                                   "min_swap_bytes": 4 * MiB}})
+    cap = read_capture(str(path))
+    assert cap.swaps["direction"].tolist() == [0, 1, 0, 1, 0, 1]
+    assert cap.swaps["cause"].tolist() == [0, 1, 0, 2, 0, 3]
+    assert cap.swaps["block"].tolist() == [0] * 6 and cap.swaps["duration_ns"][:2].tolist() == [1_200_000, 1_300_000]
+    assert cap.plans.tolist() == [(cap.plans["ts_ns"][0], 100, 1, 2, False), (cap.plans["ts_ns"][1], 100, 1, 37, True)]
+    s = summary.summarize(cap)["swap"]
+    assert s["swapped_out"] == {"count": 3, "bytes": 192 * MiB, "blocks": 1}
+    assert s["swapped_in"]["by_cause"] == {"prefetch": {"count": 1, "bytes": 64 * MiB}, "late": {"count": 1, "bytes": 64 * MiB},
+                                           "demand": {"count": 1, "bytes": 64 * MiB}}
+    assert (s["plans_adopted"], s["plans_dropped"], s["pinned_bytes"], s["budget"]) == (1, 1, 64 * MiB, "75%")
+    text = summary.format_short(summary.summarize(cap))
+    assert "swap: budget 75%; pinned host memory 64.0 MiB" in text
+    assert "swap: swapped in 192.0 MiB in 3: 1 prefetch hits, 1 late (stalls), 1 on demand" in text
+    assert "swap: plans adopted 1, dropped 1" in text
+    assert "Swap mode" in summary.format_summary(summary.summarize(cap))
