@@ -201,7 +201,31 @@ def read_header(path: str) -> tuple[dict, int]:
         raise CaptureError(f"{path}: corrupt capture metadata") from None
     if not isinstance(meta, dict):
         raise CaptureError(f"{path}: corrupt capture metadata")
-    return meta, _PREFIX.size + n
+    return _typed_meta(meta), _PREFIX.size + n
+
+
+# The metadata keys the launcher writes and their types: a value of another type (a hand-edited
+# or foreign file) is left out, so no reader has to check types.
+_META_TYPES = {
+    "argv": list, "command": str, "executable": str, "cwd": str, "pyobmem_version": str,
+    "start_time": (int, float), "start_time_iso": str, "start_monotonic_ns": int, "presets": dict,
+    "env": dict, "hostname": str, "shim": str, "cupti": str, "ring_capacity": int, "launcher_pid": int,
+    "swap": dict, "copy_bandwidth": (int, float),
+}
+
+
+def _typed_meta(meta: dict) -> dict:
+    out = {}
+    for key, value in meta.items():
+        want = _META_TYPES.get(key)
+        if want is not None and (not isinstance(value, want) or isinstance(value, bool)):
+            continue
+        if key == "argv" and not all(isinstance(a, str) for a in value):
+            continue
+        if key in ("env", "presets") and not all(isinstance(v, str) for v in value.values()):
+            continue
+        out[key] = value
+    return out
 
 
 def read_records(path: str) -> tuple[dict, np.ndarray]:

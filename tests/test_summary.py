@@ -165,3 +165,19 @@ def test_summary_command_json_and_text(tmp_path, capsys):
     assert main(["summary", str(path)]) == 0
     text = capsys.readouterr().out
     assert "kernel launches  310" in text and "50 ops per iteration" in text
+
+
+def test_wrong_typed_metadata_is_left_out(tmp_path):
+    """A hand-edited or foreign header: known keys of the wrong type are dropped by the reader."""
+    from pyobmem.capture import read_capture
+    from pyobmem.commands.summary import format_summary, summarize
+
+    t = Trace()
+    t.launch(0xA, [t.alloc(1 << 20)])
+    meta = {"argv": [1, 2], "env": "PYTORCH_CUDA_ALLOC_CONF=x", "presets": None, "command": 5, "hostname": "h"}
+    t.write(tmp_path / "m.pyobmem", meta=meta)
+    cap = read_capture(str(tmp_path / "m.pyobmem"))
+    assert cap.meta == {"hostname": "h"}
+    s = summarize(cap)
+    assert s["capture"]["command"] is None and s["environment"]["env"] == {}
+    assert "  host  h" in format_summary(s).splitlines()

@@ -9,6 +9,7 @@ import signal
 import sys
 
 from .. import launcher
+from ..capture import read_capture
 from ..errors import PyobmemError
 from . import summary
 
@@ -137,7 +138,7 @@ def _silence(stream) -> None:
 def _report(path: str) -> None:
     """The short summary, the capture path and what to run next (stderr: stdout is the command's)."""
     try:
-        text = summary.format_short(summary.summarize(summary.read_capture(path)))
+        text = summary.format_short(summary.summarize(read_capture(path)))
     except PyobmemError as e:
         text = f"error: {e}"
     for line in text.splitlines():

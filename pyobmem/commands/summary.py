@@ -13,7 +13,9 @@ import shlex
 import numpy as np
 
 from .. import abi
-from ..capture import Capture, read_capture
+from ..capture import Capture
+from ..export import cuda_span
+from .common import load
 
 NAME = "summary"
 NO_ACTIVITY = "no CUDA activity was seen"
@@ -32,7 +34,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    summary = summarize(read_capture(args.capture))
+    summary = summarize(load(args.capture))
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
     else:
@@ -108,11 +110,11 @@ def _stats(values: np.ndarray) -> dict:
 
 
 def _duration(cap: Capture) -> int | None:
-    times = [a for a in (cap.ops["ts_ns"], cap.blocks["t_alloc"]) if len(a)]
-    if not times:
+    """First to last CUDA event (the span every verb measures time in)."""
+    if not (len(cap.ops) or len(cap.blocks)):
         return None
-    t = np.concatenate(times)
-    return int(t.max() - t.min())
+    first, last = cuda_span(cap)
+    return last - first
 
 
 def peak_live_bytes(blocks: np.ndarray) -> tuple[int, int | None]:
@@ -385,7 +387,7 @@ def format_summary(s: dict) -> str:
         rows.append(["memcpy (all)", _num(cp["count"]), format_bytes(cp["bytes"])])
         rows.append(["memset", _num(ms["count"]), format_bytes(ms["bytes"])])
         out.append(table(rows, ["", "count", "bytes"]))
-        out += ["", "Iteration (first estimate)", f"  {_iteration_line(s)}"]
+        out += ["", "Iteration", f"  {_iteration_line(s)}"]
         if s.get("swap"):
             out += ["", "Swap mode"] + [f"  {line}" for line in _swap_lines(s["swap"])]
     if s["processes"]:
