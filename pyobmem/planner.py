@@ -43,7 +43,7 @@ from . import abi
 from .errors import PyobmemError
 from .model.blocks import ARENA, NEVER, build_blocks
 from .model.iterations import IterationModel, detect_iterations
-from .model.saving import TIME_RATIOS, bandwidth_of, saving_bound, saving_curve
+from .model.saving import TIME_RATIOS, bandwidth_of, execution_clock, saving_bound, saving_curve
 
 DEFAULT_MIN_SWAP_BYTES = 4 << 20  # 2 MiB segments (PyTorch's small pool, one VMM granule) are never swapped
 REMAP_NS = 150_000.0  # unmap+release+create+map+set-access of 64 MiB on the H200 (DESIGN.md)
@@ -197,30 +197,6 @@ def op_keys(ops: np.ndarray) -> np.ndarray:
     return np.where(launch, ops["handle"].astype(np.uint64), copy_key).astype(np.uint64)
 
 
-def _clock(capture, it: IterationModel, row: int):
-    """The execution clock of ``pyobmem.model.saving.saving_curve`` for iteration ``row``: a
-    function of launch times (ns) -> execution times (ns). Same formula, same inputs."""
-    from .model.saving import HOST_AHEAD
-
-    t0, t1 = int(it.t_start[row]), int(it.t_end[row])
-    T = max(t1 - t0, 1)
-    seq = it.seq_rows[it.start_seq[row] : it.end_seq[row]]
-    P = max(len(seq), 1)
-    L = np.append(capture.ops["ts_ns"][seq].astype(np.int64), t1).astype(np.float64)
-    if len(seq) and L[-2] - t0 < HOST_AHEAD * T:
-        E = np.maximum(L, t0 + T * np.arange(len(L)) / P)
-    else:
-        E = L.copy()
-    E[-1] = t1
-
-    def clock(t):
-        t = np.asarray(t, np.int64)
-        inside = (t >= t0) & (t < t1)
-        return np.where(inside, np.round(np.interp(t, L, E)).astype(np.int64), t)
-
-    return clock, t0, t1
-
-
 def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, bandwidth: float | None = None,
                     it: IterationModel | None = None, bm=None) -> LearnedIteration | NoPlan:
     """Learn the iteration of ``capture``'s main process (see LearnedIteration), or say why not."""
@@ -261,7 +237,8 @@ def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, ba
     if P > abi.PLAN_MAX_OPS:
         return NoPlan(f"an iteration of {P:,} ops exceeds the plan's limit of {abi.PLAN_MAX_OPS:,}")
     keys = keys_all[a:b]
-    clock, t0, t1 = _clock(capture, it, row)
+    clock = execution_clock(capture, it, row)
+    t0, t1 = int(it.t_start[row]), int(it.t_end[row])
     T = float(max(t1 - t0, 1))
     launch_t = ops["ts_ns"][rows].astype(np.int64)
     times = np.maximum.accumulate(clock(launch_t).astype(np.float64) - t0)

@@ -182,6 +182,36 @@ def tm_refined_block(tm, nb: int) -> np.ndarray:
     return out
 
 
+def execution_clock(capture, it, row: int):
+    """A function mapping launch times to estimated execution times (int64 ns) in iteration
+    ``row`` of ``it`` (an IterationModel); times outside the iteration are returned unchanged.
+
+    The host launches ahead of the GPU (PyTorch enqueues a whole GPT-2 step in the first ~30% of
+    it, then waits on loss.item()), so launch times squeeze every idle window into the start of
+    the iteration. When the host is that far ahead (its last launch in the first HOST_AHEAD of the
+    iteration), each op is taken to run at max(its launch time, t0 + T * position / P): the GPU
+    busy over the whole iteration, ops spread evenly, never before their launch. Otherwise the
+    launch times are the best clock there is. The swap planner uses the same clock.
+    """
+    t0, t1 = int(it.t_start[row]), int(it.t_end[row])
+    T = max(t1 - t0, 1)
+    seq = it.seq_rows[it.start_seq[row] : it.end_seq[row]]
+    P = max(len(seq), 1)
+    L = np.append(capture.ops["ts_ns"][seq].astype(np.int64), t1).astype(np.float64)
+    if len(seq) and L[-2] - t0 < HOST_AHEAD * T:
+        E = np.maximum(L, t0 + T * np.arange(len(L)) / P)
+    else:
+        E = L.copy()
+    E[-1] = t1
+
+    def clock(t):
+        t = np.asarray(t, np.int64)
+        inside = (t >= t0) & (t < t1)
+        return np.where(inside, np.round(np.interp(t, L, E)).astype(np.int64), t)
+
+    return clock
+
+
 def saving_curve(
     capture, it: IterationModel, bm: BlockModel, *, bandwidth: float | None = None, ratios=TIME_RATIOS,
     iteration: int | None = None, min_bytes: int = MIN_SWAP_BYTES, tm=None,
@@ -198,26 +228,7 @@ def saving_curve(
     t0, t1 = int(it.t_start[row]), int(it.t_end[row])
     T = max(t1 - t0, 1)
     launch_ts = capture.ops["ts_ns"].astype(np.int64)
-    # Execution clock: the host launches ahead of the GPU (PyTorch enqueues a whole GPT-2 step in
-    # the first ~30% of it, then waits on loss.item()), so launch times squeeze every idle window
-    # into the start of the iteration. Estimate when each op of the iteration runs as
-    # max(its launch time, t0 + T * position / P): the GPU busy over the whole iteration, ops
-    # spread evenly, never before their launch; only when the host is that far ahead (its last
-    # launch in the first HOST_AHEAD of the iteration). Times outside [t0, t1) are kept.
-    seq = it.seq_rows[it.start_seq[row] : it.end_seq[row]]
-    P = max(len(seq), 1)
-    L = np.append(launch_ts[seq], t1).astype(np.float64)
-    if len(seq) and L[-2] - t0 < HOST_AHEAD * T:
-        E = np.maximum(L, t0 + T * np.arange(len(L)) / P)
-    else:  # launches spread over the iteration: they are the best clock there is
-        E = L.copy()
-    E[-1] = t1
-
-    def clock(t):
-        t = np.asarray(t, np.int64)
-        inside = (t >= t0) & (t < t1)
-        return np.where(inside, np.round(np.interp(t, L, E)).astype(np.int64), t)
-
+    clock = execution_clock(capture, it, row)
     ops_ts = clock(launch_ts) if len(launch_ts) else launch_ts
     grid = [ops_ts[it.start_op[row] : it.end_op[row]], np.array([t0])]
     b_alloc, b_free = clock(bm.t_alloc), np.where(bm.t_free >= 0, clock(bm.t_free), -1)
