@@ -17,6 +17,7 @@ set PYOBMEM_BENCH_LAUNCHER (e.g. "pyobmem-run") to use another command in its pl
 from __future__ import annotations
 
 import argparse
+from typing import NoReturn
 import ctypes
 import json
 import os
@@ -42,7 +43,7 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def die(msg: str, code: int = 2) -> "NoReturn":  # noqa: F821
+def die(msg: str, code: int = 2) -> NoReturn:
     print(f"{os.path.basename(sys.argv[0])}: error: {msg}", file=sys.stderr, flush=True)
     sys.exit(code)
 

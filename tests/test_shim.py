@@ -206,7 +206,6 @@ def test_c03_unhooked_family_symbols_noted_once(fake, tmp_path):
 
 def test_c03_launch_variants_attributed(fake, tmp_path):
     run = run_driver(fake, tmp_path, "basic")
-    a, b = run.out["a"], run.out["b"]
     launches = run.of(Ev.LAUNCH)
     # kernel_a x2, kernel_b via Ex, opaque C, cooperative; the failed launch is not recorded
     assert launches["b"].tolist() == [FUNC_A, FUNC_A, KERN_B, FUNC_C, FUNC_A]

@@ -9,6 +9,7 @@ the environment that must precede CUDA initialisation has been set.
 from __future__ import annotations
 
 import argparse
+from typing import NoReturn
 import json
 import os
 import sys
@@ -35,7 +36,7 @@ def parser(description: str, steps: int) -> argparse.ArgumentParser:
     return p
 
 
-def fail(message: str, code: int = 2) -> "NoReturn":  # noqa: F821
+def fail(message: str, code: int = 2) -> NoReturn:
     """One line on stderr and a non-zero exit, no traceback."""
     print(f"{os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr, flush=True)
     sys.exit(code)
