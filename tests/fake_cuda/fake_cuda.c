@@ -5,6 +5,8 @@
  */
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "fake_cuda.h"
@@ -17,12 +19,27 @@
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t next_addr = 0x10000000000ull;   /* device allocations */
 static uint64_t next_va = 0x20000000000ull;     /* VMM reservations */
-static uint64_t next_handle = 1;
 static int param_queries;
 
 #define MAX_LIVE 65536
 static uint64_t live[MAX_LIVE];
+static size_t live_size[MAX_LIVE];
 static int n_live;
+
+/* ---- device capacity (FAKE_DEVICE_BYTES, default 1 TiB): legacy allocations and cuMemCreate ---- */
+static uint64_t dev_used;
+static uint64_t capacity(void)
+{
+    const char *e = getenv("FAKE_DEVICE_BYTES");
+    return e && *e ? strtoull(e, NULL, 0) : (1ull << 40);
+}
+static int take(uint64_t n)
+{
+    if (dev_used + n > capacity())
+        return 0;
+    dev_used += n;
+    return 1;
+}
 
 static uint64_t bump(uint64_t *next, size_t size)
 {
@@ -40,10 +57,17 @@ static CUresult alloc(CUdeviceptr *dptr, size_t size)
         return CUDA_ERROR_INVALID_VALUE;
     if (size > FAKE_OOM_ABOVE)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&mu);
+    int ok = take(size);
+    pthread_mutex_unlock(&mu);
+    if (!ok)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     uint64_t a = bump(&next_addr, size);
     pthread_mutex_lock(&mu);
-    if (n_live < MAX_LIVE)
+    if (n_live < MAX_LIVE) {
+        live_size[n_live] = size;
         live[n_live++] = a;
+    }
     pthread_mutex_unlock(&mu);
     *dptr = a;
     return CUDA_SUCCESS;
@@ -57,6 +81,8 @@ static CUresult release(CUdeviceptr p)
     pthread_mutex_lock(&mu);
     for (int i = n_live - 1; i >= 0; i--)
         if (live[i] == p) {
+            dev_used -= live_size[i];
+            live_size[i] = live_size[n_live - 1];
             live[i] = live[--n_live];
             r = CUDA_SUCCESS;
             break;
@@ -88,6 +114,12 @@ API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute a, CUdevice d)
     return CUDA_ERROR_INVALID_VALUE;
 }
 API CUresult cuCtxGetDevice(CUdevice *d) { *d = 0; return CUDA_SUCCESS; }
+#define FAKE_CTX ((CUcontext)0xC7C0)
+API CUresult cuCtxGetCurrent(CUcontext *c) { *c = FAKE_CTX; return CUDA_SUCCESS; }
+API CUresult cuCtxPushCurrent_v2(CUcontext c) { return c ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+API CUresult cuCtxPopCurrent_v2(CUcontext *c) { if (c) *c = FAKE_CTX; return CUDA_SUCCESS; }
+API CUresult cuDeviceCanAccessPeer(int *can, CUdevice d, CUdevice p) { (void)d; (void)p; *can = 0; return CUDA_SUCCESS; }
+API CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) { (void)p; memset(h, 0, sizeof *h); return CUDA_SUCCESS; }
 
 /* ---- memory ---- */
 API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) { return alloc(dptr, size); }
@@ -108,48 +140,8 @@ API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemo
 API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)s; return release(p); }
 API CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { (void)s; return release(p); }
 
-API CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t al, CUdeviceptr addr, unsigned long long f)
-{
-    (void)al; (void)addr; (void)f;
-    *ptr = bump(&next_va, size);
-    return CUDA_SUCCESS;
-}
-API CUresult cuMemAddressFree(CUdeviceptr p, size_t s) { (void)p; (void)s; return CUDA_SUCCESS; }
-API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop, unsigned long long f)
-{
-    (void)size; (void)prop; (void)f;
-    pthread_mutex_lock(&mu);
-    *h = next_handle++;
-    pthread_mutex_unlock(&mu);
-    return CUDA_SUCCESS;
-}
-API CUresult cuMemRelease(CUmemGenericAllocationHandle h) { (void)h; return CUDA_SUCCESS; }
-API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, CUmemGenericAllocationHandle h, unsigned long long f)
-{
-    (void)p; (void)size; (void)off; (void)f;
-    return h ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-}
-API CUresult cuMemUnmap(CUdeviceptr p, size_t size) { (void)p; (void)size; return CUDA_SUCCESS; }
-API CUresult cuMemSetAccess(CUdeviceptr p, size_t s, const CUmemAccessDesc *d, size_t n) { (void)p; (void)s; (void)d; (void)n; return CUDA_SUCCESS; }
-API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle h)
-{
-    (void)h;
-    memset(prop, 0, sizeof *prop);
-    prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop->location.id = 0;
-    return CUDA_SUCCESS;
-}
+#include "fake_vmm.inc"
 
-/* ---- copies and sets: nothing moves ---- */
-API CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n) { (void)d; (void)s; (void)n; return CUDA_SUCCESS; }
-API CUresult cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t n) { (void)d; (void)s; (void)n; return CUDA_SUCCESS; }
-API CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) { (void)d; (void)s; (void)n; return CUDA_SUCCESS; }
-API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, CUstream st) { (void)d; (void)s; (void)n; (void)st; return CUDA_SUCCESS; }
-API CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) { (void)d; (void)s; (void)n; (void)st; return CUDA_SUCCESS; }
-API CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D *p) { return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
-API CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { (void)d; (void)v; (void)n; return CUDA_SUCCESS; }
-API CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream s) { (void)d; (void)v; (void)n; (void)s; return CUDA_SUCCESS; }
 /* a copy family member the shim does not hook */
 API CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *d, CUdeviceptr *s, size_t *sz, size_t n, CUmemcpyAttributes *a,
                                    size_t *ai, size_t na, CUstream st)
@@ -206,13 +198,18 @@ API CUresult cuKernelGetName(const char **name, CUkernel k)
     return CUDA_SUCCESS;
 }
 
-static CUresult launch(CUfunction f) { return f ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE; }
 
 /* The fake libcupti registers here; launches call it with their result, as CUPTI calls its
  * subscriber at API entry and exit. */
 static fake_api_callback api_cb;
 API void fakeSetApiCallback(fake_api_callback cb) { __atomic_store_n(&api_cb, cb, __ATOMIC_RELEASE); }
-static CUresult api_callback(unsigned cbid, const void *params, CUresult r)
+static void api_enter(unsigned cbid, const void *params)
+{
+    fake_api_callback cb = __atomic_load_n(&api_cb, __ATOMIC_ACQUIRE);
+    if (cb)
+        cb(cbid, params, NULL);
+}
+static CUresult api_exit(unsigned cbid, const void *params, CUresult r)
 {
     fake_api_callback cb = __atomic_load_n(&api_cb, __ATOMIC_ACQUIRE);
     if (cb)
@@ -222,7 +219,8 @@ static CUresult api_callback(unsigned cbid, const void *params, CUresult r)
 #define LAUNCH_WITH_CALLBACK(CBID)                                                            \
     do {                                                                                      \
         cuLaunchKernel_params p_ = {f, gx, gy, gz, bx, by, bz, sh, s, kp, extra};            \
-        return api_callback(CBID, &p_, launch(f));                                            \
+        api_enter(CBID, &p_);                                                                 \
+        return api_exit(CBID, &p_, launch(f, s, kp, extra));                                  \
     } while (0)
 
 #define LAUNCH_PARAMS CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, \
@@ -238,17 +236,20 @@ API CUresult cuLaunchKernel_ptsz(LAUNCH_PARAMS, void **extra)
 API CUresult cuLaunchCooperativeKernel(LAUNCH_PARAMS)
 {
     cuLaunchCooperativeKernel_params p = {f, gx, gy, gz, bx, by, bz, sh, s, kp};
-    return api_callback(CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel, &p, launch(f));
+    api_enter(CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel, &p);
+    return api_exit(CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel, &p, launch(f, s, kp, NULL));
 }
 API CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **kp, void **extra)
 {
     cuLaunchKernelEx_params p = {c, f, kp, extra};
-    return api_callback(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx, &p, c ? launch(f) : CUDA_ERROR_INVALID_VALUE);
+    api_enter(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx, &p);
+    return api_exit(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx, &p, c ? launch(f, c->hStream, kp, extra) : CUDA_ERROR_INVALID_VALUE);
 }
 API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **kp, void **extra)
 {
     cuLaunchKernelEx_params p = {c, f, kp, extra};
-    return api_callback(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz, &p, c ? launch(f) : CUDA_ERROR_INVALID_VALUE);
+    api_enter(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz, &p);
+    return api_exit(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz, &p, c ? launch(f, c->hStream, kp, extra) : CUDA_ERROR_INVALID_VALUE);
 }
 
 /* ---- graphs ---- */
@@ -293,9 +294,15 @@ API CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned lon
     if (!g)
         return CUDA_ERROR_INVALID_VALUE;
     *e = (CUgraphExec)(uintptr_t)__atomic_add_fetch(&next_exec, 0x10, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&fmu);
+    if (n_execs < MAX_EXECS) {
+        execs[n_execs].e = *e;
+        execs[n_execs++].g = (const struct fake_graph *)g;
+    }
+    pthread_mutex_unlock(&fmu);
     return CUDA_SUCCESS;
 }
-API CUresult cuGraphLaunch(CUgraphExec e, CUstream s) { (void)s; return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+API CUresult cuGraphLaunch(CUgraphExec e, CUstream s) { return e ? graph_launch(e, s) : CUDA_ERROR_INVALID_VALUE; }
 API CUresult cuGraphExecDestroy(CUgraphExec e) { return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
 
 /* ---- cuGetProcAddress: names -> versioned symbols, like the real driver ---- */
@@ -338,6 +345,11 @@ static const struct sym syms[] = {
     S("cuMemcpyBatchAsync", 12080, cuMemcpyBatchAsync_v2, NULL),
     S("cuMemsetD8", 3020, cuMemsetD8_v2, NULL),
     S("cuMemsetD32Async", 3020, cuMemsetD32Async, NULL),
+    S("cuMemcpyDtoHAsync", 3020, cuMemcpyDtoHAsync_v2, NULL),
+    S("cuMemAllocPitch", 3020, cuMemAllocPitch_v2, NULL),
+    S("cuIpcGetMemHandle", 4010, cuIpcGetMemHandle, NULL),
+    S("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2, NULL),
+    S("cuStreamEndCapture", 10000, cuStreamEndCapture, NULL),
     S("cuLaunchKernel", 4000, cuLaunchKernel, (void *)cuLaunchKernel_ptsz),
     S("cuLaunchKernelEx", 11060, cuLaunchKernelEx, (void *)cuLaunchKernelEx_ptsz),
     S("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel, NULL),

@@ -27,10 +27,9 @@ static void dispatch(unsigned cbid, const void *params, const CUresult *result)
     CUpti_CallbackData d;
     memset(&d, 0, sizeof d);
     d.functionParams = params;
-    d.callbackSite = CUPTI_API_ENTER;
-    sub_cb(sub_ud, CUPTI_CB_DOMAIN_DRIVER_API, cbid, &d);
+    /* the fake libcuda calls once before the launch (result NULL) and once after */
     d.functionReturnValue = (void *)result; /* CUPTI declares it non-const */
-    d.callbackSite = CUPTI_API_EXIT;
+    d.callbackSite = result ? CUPTI_API_EXIT : CUPTI_API_ENTER;
     sub_cb(sub_ud, CUPTI_CB_DOMAIN_DRIVER_API, cbid, &d);
 }
 
