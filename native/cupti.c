@@ -37,11 +37,90 @@ static const CUpti_CallbackId g_cbids[] = {
 
 #define GRID(x, y, z) ((uint64_t)(x) * (uint64_t)(y) * (uint64_t)(z))
 
+/* Swap mode: the launch path runs at API_ENTER (blocks back, waits) and API_EXIT (record,
+ * last-use events, planned swap-outs), with the scan carried between them in this thread. A
+ * callback cannot refuse the launch: if a block cannot be brought back, the launch still runs
+ * (noted once by the executor). */
+struct cupti_launch {
+    uintptr_t f;
+    CUstream s;
+    int per_thread;
+    uint64_t grid;
+    void **kp, **extra;
+    uint16_t flags;
+};
+
+static int decode(CUpti_CallbackId cbid, const void *params, struct cupti_launch *l)
+{
+    memset(l, 0, sizeof *l);
+    l->flags = PYOBMEM_LAUNCH_VIA_CUPTI;
+    switch (cbid) {
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz:
+        l->per_thread = 1;
+        /* fallthrough */
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel: {
+        const cuLaunchKernel_params *p = params;
+        *l = (struct cupti_launch){(uintptr_t)p->f, p->hStream, l->per_thread, GRID(p->gridDimX, p->gridDimY, p->gridDimZ),
+                                   p->kernelParams, p->extra, l->flags};
+        return 1;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz:
+        l->per_thread = 1;
+        /* fallthrough */
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx: {
+        const cuLaunchKernelEx_params *p = params;
+        if (!p->config)
+            return 0;
+        *l = (struct cupti_launch){(uintptr_t)p->f, p->config->hStream, l->per_thread,
+                                   GRID(p->config->gridDimX, p->config->gridDimY, p->config->gridDimZ), p->kernelParams,
+                                   p->extra, (uint16_t)(l->flags | launch_config_flags(p->config))};
+        return 1;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz:
+        l->per_thread = 1;
+        /* fallthrough */
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel: {
+        const cuLaunchCooperativeKernel_params *p = params;
+        *l = (struct cupti_launch){(uintptr_t)p->f, p->hStream, l->per_thread, GRID(p->gridDimX, p->gridDimY, p->gridDimZ),
+                                   p->kernelParams, NULL, (uint16_t)(l->flags | PYOBMEM_LAUNCH_COOPERATIVE)};
+        return 1;
+    }
+    default:
+        return 0;
+    }
+}
+
+static __thread struct launch_swap tls_launch;
+static __thread int tls_launch_open;
+
+static void swap_callback(CUpti_CallbackId cbid, const CUpti_CallbackData *d)
+{
+    struct cupti_launch l;
+    if (!decode(cbid, d->functionParams, &l))
+        return;
+    if (d->callbackSite == CUPTI_API_ENTER) {
+        tls_launch_open = 0;
+        if (!shim_begin())
+            return;
+        tls_launch_open = launch_swap_begin(&tls_launch, l.f, swap_norm_stream(l.s, l.per_thread), l.kp, l.extra,
+                                            l.flags) == CUDA_SUCCESS;
+    } else if (d->callbackSite == CUPTI_API_EXIT && tls_launch_open) {
+        tls_launch_open = 0;
+        CUresult r = d->functionReturnValue ? *(const CUresult *)d->functionReturnValue : CUDA_ERROR_UNKNOWN;
+        launch_swap_end(&tls_launch, l.f, (uint64_t)(uintptr_t)l.s, l.grid, r);
+    }
+}
+
 static void CUPTIAPI on_callback(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
                                  const void *cbdata)
 {
     (void)userdata;
     const CUpti_CallbackData *d = cbdata;
+    if (SHIM_UNLIKELY(g_shim.swap)) {
+        if (domain == CUPTI_CB_DOMAIN_DRIVER_API && d && d->functionParams)
+            swap_callback(cbid, d);
+        return;
+    }
     /* At exit, so that a launch the driver refused is not recorded (as the hooks do). */
     if (domain != CUPTI_CB_DOMAIN_DRIVER_API || !d || d->callbackSite != CUPTI_API_EXIT || !d->functionParams ||
         !d->functionReturnValue || *(const CUresult *)d->functionReturnValue != CUDA_SUCCESS)

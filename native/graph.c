@@ -229,17 +229,58 @@ static void record_graph_launch(CUgraphExec exec, CUstream s)
                           (uint64_t)(uintptr_t)s, kernel_nodes, 0, &t);
 }
 
-#define DEF_GRAPH_LAUNCH(NAME)                              \
+/* Swap mode: the whole touched set of the graph is made resident before it launches (C10);
+ * a graph we could not walk may touch anything. */
+static CUresult graph_swap_begin(struct swap_op *op, CUgraphExec exec, CUstream s)
+{
+    uint64_t *words = NULL;
+    size_t n = 0;
+    int how = SWAP_OP_OPAQUE;
+    pthread_mutex_lock(&g_mu);
+    for (struct exec_info *x = g_execs; x; x = x->next) {
+        if (x->exec != exec)
+            continue;
+        how = (x->flags & PYOBMEM_LAUNCH_OPAQUE) ? SWAP_OP_OPAQUE : 0;
+        if (x->n && (words = malloc(x->n * sizeof *words)) != NULL) {
+            memcpy(words, x->words, x->n * sizeof *words);
+            n = x->n;
+        } else if (x->n) {
+            how |= SWAP_OP_INCOMPLETE;
+        }
+        break;
+    }
+    pthread_mutex_unlock(&g_mu);
+    CUresult r = swap_op_begin(op, (uint64_t)(uintptr_t)exec, s, how, words, n);
+    free(words);
+    return r;
+}
+
+#define DEF_GRAPH_LAUNCH(NAME, PT)                          \
     CUresult CUDAAPI NAME(CUgraphExec hGraphExec, CUstream s) \
     {                                                       \
+        if (SHIM_UNLIKELY(g_shim.swap)) {                   \
+            struct swap_op op;                              \
+            int rec = shim_begin();                         \
+            if (rec) {                                      \
+                CUresult f = graph_swap_begin(&op, hGraphExec, swap_norm_stream(s, PT)); \
+                if (f != CUDA_SUCCESS)                      \
+                    return f;                               \
+            }                                               \
+            CUresult r = REAL(NAME, (hGraphExec, s));       \
+            if (rec && r == CUDA_SUCCESS)                   \
+                record_graph_launch(hGraphExec, s);         \
+            if (rec)                                        \
+                swap_op_end(&op, r);                        \
+            return r;                                       \
+        }                                                   \
         int rec = shim_begin();                             \
         CUresult r = REAL(NAME, (hGraphExec, s));           \
         if (rec && r == CUDA_SUCCESS)                       \
             record_graph_launch(hGraphExec, s);             \
         return r;                                           \
     }
-DEF_GRAPH_LAUNCH(cuGraphLaunch)
-DEF_GRAPH_LAUNCH(cuGraphLaunch_ptsz)
+DEF_GRAPH_LAUNCH(cuGraphLaunch, 0)
+DEF_GRAPH_LAUNCH(cuGraphLaunch_ptsz, 1)
 
 void graphs_atfork_prepare(void) { pthread_mutex_lock(&g_mu); }
 void graphs_atfork_parent(void) { pthread_mutex_unlock(&g_mu); }

@@ -71,6 +71,7 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static void atfork_prepare(void)
 {
+    swap_atfork_prepare();
     params_atfork_prepare();
     graphs_atfork_prepare();
     blocks_atfork_prepare();
@@ -81,6 +82,7 @@ static void atfork_parent(void)
     blocks_atfork_parent();
     graphs_atfork_parent();
     params_atfork_parent();
+    swap_atfork_parent();
 }
 
 static void atfork_child(void)
@@ -88,6 +90,7 @@ static void atfork_child(void)
     blocks_reset_after_fork();
     graphs_atfork_child();
     params_atfork_child();
+    swap_atfork_child();
     ring_reset_after_fork();
     g_shim.ppid = g_shim.pid;
     g_shim.pid = (uint32_t)getpid();
@@ -122,6 +125,13 @@ static void shim_init(void)
         g_shim.driver_version = v;
         pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
         g_shim.need_process = 1;
+        /* Swap mode needs the ring (its events) and a valid control file; it is decided
+         * here, once, before any hook records. */
+        const char *ctl = getenv(PYOBMEM_ENV_CONTROL);
+        if (ctl && *ctl) {
+            shim_emit_process(); /* the process's first record, before the swap notes */
+            g_shim.swap = swap_open(ctl);
+        }
         __atomic_store_n(&g_shim.recording, 1, __ATOMIC_RELEASE);
     }
     shim_tls_guard--;

@@ -25,6 +25,7 @@ void touched_add(struct touched *t, uint64_t word)
         return;
     }
     t->ids[t->n] = b->id;
+    t->starts[t->n] = b->start;
     t->words[t->n] = PYOBMEM_ACCESS_WORD(b->id, word - b->start);
     t->n++;
 }
@@ -132,6 +133,43 @@ void record_launch(uintptr_t handle, uint64_t stream, uint64_t grid, void **kern
     emit_op_with_accesses(PYOBMEM_EV_LAUNCH, flags, shim_next_op(), handle, stream, grid, words, &t);
 }
 
+CUresult launch_swap_begin(struct launch_swap *ls, uintptr_t handle, CUstream run_stream, void **kernelParams,
+                           void **extra, uint16_t flags)
+{
+    ls->t.n = 0;
+    ls->t.truncated = 0;
+    ls->flags = flags;
+    ls->words = scan_launch_args(handle, kernelParams, extra, &ls->t, &ls->flags);
+    int how = (ls->flags & PYOBMEM_LAUNCH_OPAQUE) ? SWAP_OP_OPAQUE : 0;
+    if (ls->flags & PYOBMEM_LAUNCH_TRUNCATED)
+        how |= SWAP_OP_INCOMPLETE;
+    return swap_op_begin(&ls->op, handle, run_stream, how, ls->t.starts, ls->t.n);
+}
+
+void launch_swap_end(struct launch_swap *ls, uintptr_t handle, uint64_t stream, uint64_t grid, CUresult r)
+{
+    if (r == CUDA_SUCCESS)
+        emit_op_with_accesses(PYOBMEM_EV_LAUNCH, ls->flags, shim_next_op(), handle, stream, grid, ls->words, &ls->t);
+    swap_op_end(&ls->op, r);
+}
+
+/* The hooks' swap-mode launch: scan, bring blocks back, launch, record. */
+#define SWAP_LAUNCH(NAME, F, S, G, KP, EXTRA, FLAGS, CALL)                                             \
+    if (SHIM_UNLIKELY(g_shim.swap)) {                                                                  \
+        if (!hooks_record_launches()) /* CUPTI does it, or not recording */                            \
+            return CALL;                                                                               \
+        struct launch_swap ls_;                                                                        \
+        CUresult f_ = launch_swap_begin(&ls_, (uintptr_t)(F), swap_norm_stream((S), is_ptsz(#NAME)), KP, \
+                                        EXTRA, (FLAGS));                                              \
+        if (f_ != CUDA_SUCCESS)                                                                        \
+            return f_;                                                                                 \
+        CUresult r_ = CALL;                                                                            \
+        launch_swap_end(&ls_, (uintptr_t)(F), (uint64_t)(uintptr_t)(S), (G), r_);                     \
+        return r_;                                                                                     \
+    }
+
+static int is_ptsz(const char *name) { return strstr(name, "_ptsz") != NULL; }
+
 uint16_t launch_config_flags(const CUlaunchConfig *config)
 {
     uint16_t f = PYOBMEM_LAUNCH_EX;
@@ -154,6 +192,8 @@ static inline int hooks_record_launches(void)
                           unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **kernelParams, \
                           void **extra)                                                                          \
     {                                                                                                            \
+        SWAP_LAUNCH(NAME, f, s, GRID(gx, gy, gz), kernelParams, extra, 0,                                        \
+                    REAL(NAME, (f, gx, gy, gz, bx, by, bz, shmem, s, kernelParams, extra)))                     \
         int rec = hooks_record_launches();                                                                       \
         CUresult r = REAL(NAME, (f, gx, gy, gz, bx, by, bz, shmem, s, kernelParams, extra));                    \
         if (rec && r == CUDA_SUCCESS)                                                                            \
@@ -166,6 +206,9 @@ DEF_LAUNCH(cuLaunchKernel_ptsz)
 #define DEF_LAUNCH_EX(NAME)                                                                                 \
     CUresult CUDAAPI NAME(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)    \
     {                                                                                                       \
+        if (config)                                                                                         \
+            SWAP_LAUNCH(NAME, f, config->hStream, GRID(config->gridDimX, config->gridDimY, config->gridDimZ), \
+                        kernelParams, extra, launch_config_flags(config), REAL(NAME, (config, f, kernelParams, extra))) \
         int rec = hooks_record_launches();                                                                  \
         CUresult r = REAL(NAME, (config, f, kernelParams, extra));                                          \
         if (rec && r == CUDA_SUCCESS && config)                                                             \
@@ -181,6 +224,8 @@ DEF_LAUNCH_EX(cuLaunchKernelEx_ptsz)
     CUresult CUDAAPI NAME(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,      \
                           unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **kernelParams) \
     {                                                                                                            \
+        SWAP_LAUNCH(NAME, f, s, GRID(gx, gy, gz), kernelParams, NULL, PYOBMEM_LAUNCH_COOPERATIVE,                \
+                    REAL(NAME, (f, gx, gy, gz, bx, by, bz, shmem, s, kernelParams)))                            \
         int rec = hooks_record_launches();                                                                       \
         CUresult r = REAL(NAME, (f, gx, gy, gz, bx, by, bz, shmem, s, kernelParams));                           \
         if (rec && r == CUDA_SUCCESS)                                                                            \

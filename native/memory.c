@@ -5,6 +5,8 @@
  * written only when the call succeeded. A free of a pointer the table does not know goes to the
  * real free like any other and is recorded as UNTRACKED (C12).
  */
+#include <string.h>
+
 #include "shim.h"
 
 static int current_device(void)
@@ -21,10 +23,57 @@ static void on_alloc(CUdeviceptr *dptr, size_t size, CUstream s, int kind)
         blocks_add((uint64_t)*dptr, size, (uint64_t)(uintptr_t)s, kind, current_device());
 }
 
+/* ---- swap mode (swap.c): the op hooks test g_shim.swap once and take these paths ---- */
+
+static int per_thread_name(const char *name) { return strstr(name, "_pt") != NULL; }
+
+/* Candidate words of a copy: both ends of each device side. */
+static void copy_words(uint64_t w[4], int kind, uint64_t dst, uint64_t src, uint64_t n)
+{
+    uint64_t last = n ? n - 1 : 0;
+    w[0] = kind != PYOBMEM_COPY_DTOH ? dst : 0;
+    w[1] = w[0] ? dst + last : 0;
+    w[2] = kind != PYOBMEM_COPY_HTOD ? src : 0;
+    w[3] = w[2] ? src + last : 0;
+}
+
+/* Open a swap op around a copy or set; returns from the hook with the error when a touched
+ * block cannot be brought back (the op is then not issued). */
+#define SWAP_BEGIN(NAME, KEY, S, W)                                                                    \
+    struct swap_op op_;                                                                                \
+    int rec_ = shim_begin();                                                                           \
+    if (rec_) {                                                                                        \
+        CUresult f_ = swap_op_begin(&op_, (KEY), swap_norm_stream((S), per_thread_name(#NAME)), 0, (W), 4); \
+        if (f_ != CUDA_SUCCESS)                                                                        \
+            return f_;                                                                                 \
+    }
+#define SWAP_END(R)                 \
+    if (rec_)                       \
+        swap_op_end(&op_, (R));
+
+static CUresult swap_alloc_hook(CUdeviceptr *dptr, size_t bytesize)
+{
+    int rec = shim_begin();
+    if (rec && swap_alloc(dptr, bytesize)) {
+        on_alloc(dptr, bytesize, 0, PYOBMEM_ALLOC_DRIVER);
+        struct block b;
+        if (blocks_find_start(*dptr, &b))
+            swap_bind_id(*dptr, b.id);
+        return CUDA_SUCCESS;
+    }
+    /* not VMM-backed: the real allocator, its result unchanged */
+    CUresult r = REAL(cuMemAlloc_v2, (dptr, bytesize));
+    if (rec && r == CUDA_SUCCESS)
+        on_alloc(dptr, bytesize, 0, PYOBMEM_ALLOC_DRIVER);
+    return r;
+}
+
 /* ---- allocation and free ---- */
 
 CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
+    if (SHIM_UNLIKELY(g_shim.swap))
+        return swap_alloc_hook(dptr, bytesize);
     int rec = shim_begin();
     CUresult r = REAL(cuMemAlloc_v2, (dptr, bytesize));
     if (rec && r == CUDA_SUCCESS)
@@ -85,12 +134,29 @@ static void after_free(CUdeviceptr dptr, int known, const struct block *b, CUstr
         ring_write1(PYOBMEM_EV_UNTRACKED, 0, dptr, PYOBMEM_UNTRACKED_FREE, 0, 0, 0);
 }
 
+/* A VMM-backed block is freed by the swap executor (after its own last uses), not the driver. */
+static int swap_free_hook(int rec, CUdeviceptr dptr, CUresult *r)
+{
+    struct block b;
+    if (!rec || !g_shim.swap)
+        return 0;
+    int known = blocks_find_start(dptr, &b);
+    if (!swap_free(dptr, r))
+        return 0;
+    if (*r == CUDA_SUCCESS)
+        after_free(dptr, known, &b, 0);
+    return 1;
+}
+
 CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
 {
     int rec = shim_begin();
     struct block b;
+    CUresult r;
+    if (SHIM_UNLIKELY(g_shim.swap) && swap_free_hook(rec, dptr, &r))
+        return r;
     int known = rec && blocks_find_start(dptr, &b);
-    CUresult r = REAL(cuMemFree_v2, (dptr));
+    r = REAL(cuMemFree_v2, (dptr));
     if (rec && r == CUDA_SUCCESS)
         after_free(dptr, known, &b, 0);
     return r;
@@ -101,8 +167,11 @@ CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
     {                                                        \
         int rec = shim_begin();                              \
         struct block b;                                      \
+        CUresult r;                                          \
+        if (SHIM_UNLIKELY(g_shim.swap) && swap_free_hook(rec, dptr, &r)) \
+            return r;                                        \
         int known = rec && blocks_find_start(dptr, &b);      \
-        CUresult r = REAL(NAME, (dptr, s));                  \
+        r = REAL(NAME, (dptr, s));                           \
         if (rec && r == CUDA_SUCCESS)                        \
             after_free(dptr, known, &b, s);                  \
         return r;                                            \
@@ -140,8 +209,20 @@ CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle)
 
 CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
 {
-    shim_begin();
+    int rec = shim_begin();
+    CUresult r;
+    /* on a VMM-backed block: recorded, and granted again at every remap (C17) */
+    if (SHIM_UNLIKELY(g_shim.swap) && rec && swap_set_access(ptr, size, desc, count, &r))
+        return r;
     return REAL(cuMemSetAccess, (ptr, size, desc, count));
+}
+
+CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
+{
+    int rec = shim_begin();
+    if (SHIM_UNLIKELY(g_shim.swap) && rec)
+        swap_never(dptr); /* another process may map it: never swapped from now on */
+    return REAL(cuIpcGetMemHandle, (pHandle, dptr));
 }
 
 CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
@@ -189,6 +270,16 @@ static void emit_set(int async, uint64_t dst, uint64_t value, uint64_t bytes, CU
 #define DEF_COPY(NAME, KIND, DT, ST, DARG, SARG)             \
     CUresult CUDAAPI NAME(DT dst, ST src, size_t n)          \
     {                                                        \
+        if (SHIM_UNLIKELY(g_shim.swap)) {                    \
+            uint64_t w[4];                                   \
+            copy_words(w, KIND, DARG, SARG, n);              \
+            SWAP_BEGIN(NAME, SWAP_KEY_COPY(KIND), 0, w)      \
+            CUresult r = REAL(NAME, (dst, src, n));          \
+            if (rec_ && r == CUDA_SUCCESS)                   \
+                emit_copy(KIND, 0, DARG, SARG, n, 0);        \
+            SWAP_END(r)                                      \
+            return r;                                        \
+        }                                                    \
         int rec = shim_begin();                              \
         CUresult r = REAL(NAME, (dst, src, n));              \
         if (rec && r == CUDA_SUCCESS)                        \
@@ -198,6 +289,16 @@ static void emit_set(int async, uint64_t dst, uint64_t value, uint64_t bytes, CU
 #define DEF_COPY_ASYNC(NAME, KIND, DT, ST, DARG, SARG)                \
     CUresult CUDAAPI NAME(DT dst, ST src, size_t n, CUstream s)       \
     {                                                                 \
+        if (SHIM_UNLIKELY(g_shim.swap)) {                             \
+            uint64_t w[4];                                            \
+            copy_words(w, KIND, DARG, SARG, n);                       \
+            SWAP_BEGIN(NAME, SWAP_KEY_COPY(KIND), s, w)               \
+            CUresult r = REAL(NAME, (dst, src, n, s));                \
+            if (rec_ && r == CUDA_SUCCESS)                            \
+                emit_copy(KIND, 1, DARG, SARG, n, s);                 \
+            SWAP_END(r)                                               \
+            return r;                                                 \
+        }                                                             \
         int rec = shim_begin();                                       \
         CUresult r = REAL(NAME, (dst, src, n, s));                    \
         if (rec && r == CUDA_SUCCESS)                                 \
@@ -226,6 +327,16 @@ DEF_COPY_ASYNC(cuMemcpyDtoDAsync_v2_ptsz, PYOBMEM_COPY_DTOD, CUdeviceptr, CUdevi
 #define DEF_PEER(NAME)                                                                                   \
     CUresult CUDAAPI NAME(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n)    \
     {                                                                                                    \
+        if (SHIM_UNLIKELY(g_shim.swap)) {                                                                \
+            uint64_t w[4];                                                                               \
+            copy_words(w, PYOBMEM_COPY_OTHER, dst, src, n);                                              \
+            SWAP_BEGIN(NAME, SWAP_KEY_COPY(PYOBMEM_COPY_OTHER), 0, w)                                    \
+            CUresult r = REAL(NAME, (dst, dctx, src, sctx, n));                                          \
+            if (rec_ && r == CUDA_SUCCESS)                                                               \
+                emit_copy(PYOBMEM_COPY_OTHER, 0, dst, src, n, 0);                                        \
+            SWAP_END(r)                                                                                  \
+            return r;                                                                                    \
+        }                                                                                                \
         int rec = shim_begin();                                                                          \
         CUresult r = REAL(NAME, (dst, dctx, src, sctx, n));                                              \
         if (rec && r == CUDA_SUCCESS)                                                                    \
@@ -235,6 +346,16 @@ DEF_COPY_ASYNC(cuMemcpyDtoDAsync_v2_ptsz, PYOBMEM_COPY_DTOD, CUdeviceptr, CUdevi
 #define DEF_PEER_ASYNC(NAME)                                                                                         \
     CUresult CUDAAPI NAME(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n, CUstream s)    \
     {                                                                                                                \
+        if (SHIM_UNLIKELY(g_shim.swap)) {                                                                            \
+            uint64_t w[4];                                                                                           \
+            copy_words(w, PYOBMEM_COPY_OTHER, dst, src, n);                                                          \
+            SWAP_BEGIN(NAME, SWAP_KEY_COPY(PYOBMEM_COPY_OTHER), s, w)                                                \
+            CUresult r = REAL(NAME, (dst, dctx, src, sctx, n, s));                                                   \
+            if (rec_ && r == CUDA_SUCCESS)                                                                           \
+                emit_copy(PYOBMEM_COPY_OTHER, 1, dst, src, n, s);                                                    \
+            SWAP_END(r)                                                                                              \
+            return r;                                                                                                \
+        }                                                                                                            \
         int rec = shim_begin();                                                                                      \
         CUresult r = REAL(NAME, (dst, dctx, src, sctx, n, s));                                                       \
         if (rec && r == CUDA_SUCCESS)                                                                                \
@@ -249,16 +370,21 @@ DEF_PEER_ASYNC(cuMemcpyPeerAsync_ptsz)
 /* 2D/3D copies: kind from the memory types, device sides at their first byte. */
 static int side_is_device(CUmemorytype t) { return t == CU_MEMORYTYPE_DEVICE || t == CU_MEMORYTYPE_UNIFIED; }
 
+static int nd_kind(CUmemorytype st, CUmemorytype dt)
+{
+    if (st == CU_MEMORYTYPE_HOST && dt == CU_MEMORYTYPE_DEVICE)
+        return PYOBMEM_COPY_HTOD;
+    if (st == CU_MEMORYTYPE_DEVICE && dt == CU_MEMORYTYPE_HOST)
+        return PYOBMEM_COPY_DTOH;
+    if (st == CU_MEMORYTYPE_DEVICE && dt == CU_MEMORYTYPE_DEVICE)
+        return PYOBMEM_COPY_DTOD;
+    return PYOBMEM_COPY_OTHER;
+}
+
 static void emit_copy_nd(CUmemorytype st, uint64_t src, CUmemorytype dt, uint64_t dst, uint64_t bytes, int async,
                          CUstream s)
 {
-    int kind = PYOBMEM_COPY_OTHER;
-    if (st == CU_MEMORYTYPE_HOST && dt == CU_MEMORYTYPE_DEVICE)
-        kind = PYOBMEM_COPY_HTOD;
-    else if (st == CU_MEMORYTYPE_DEVICE && dt == CU_MEMORYTYPE_HOST)
-        kind = PYOBMEM_COPY_DTOH;
-    else if (st == CU_MEMORYTYPE_DEVICE && dt == CU_MEMORYTYPE_DEVICE)
-        kind = PYOBMEM_COPY_DTOD;
+    int kind = nd_kind(st, dt);
     uint64_t dw = side_is_device(dt) ? blocks_access_word(dst) : 0;
     uint64_t sw = side_is_device(st) ? blocks_access_word(src) : 0;
     ring_write1(PYOBMEM_EV_MEMCPY, (uint16_t)(kind | (async ? PYOBMEM_COPY_ASYNC : 0)), shim_next_op(), dw, sw,
@@ -284,9 +410,57 @@ static void emit_copy3d(const CUDA_MEMCPY3D *p, int async, CUstream s)
                  async, s);
 }
 
+/* Swap mode: an N-D copy's key and words (first and last byte of each device side). */
+static uint64_t nd_words2d(const CUDA_MEMCPY2D *p, uint64_t w[4])
+{
+    memset(w, 0, 4 * sizeof *w);
+    if (!p)
+        return SWAP_KEY_COPY(PYOBMEM_COPY_OTHER);
+    uint64_t span = p->Height ? (p->Height - 1) : 0;
+    if (side_is_device(p->dstMemoryType)) {
+        w[0] = p->dstDevice + p->dstY * p->dstPitch + p->dstXInBytes;
+        w[1] = w[0] + span * p->dstPitch + (p->WidthInBytes ? p->WidthInBytes - 1 : 0);
+    }
+    if (side_is_device(p->srcMemoryType)) {
+        w[2] = p->srcDevice + p->srcY * p->srcPitch + p->srcXInBytes;
+        w[3] = w[2] + span * p->srcPitch + (p->WidthInBytes ? p->WidthInBytes - 1 : 0);
+    }
+    return SWAP_KEY_COPY(nd_kind(p->srcMemoryType, p->dstMemoryType));
+}
+
+static uint64_t nd_words3d(const CUDA_MEMCPY3D *p, uint64_t w[4])
+{
+    memset(w, 0, 4 * sizeof *w);
+    if (!p)
+        return SWAP_KEY_COPY(PYOBMEM_COPY_OTHER);
+    if (side_is_device(p->dstMemoryType)) {
+        w[0] = p->dstDevice + (p->dstZ * p->dstHeight + p->dstY) * p->dstPitch + p->dstXInBytes;
+        w[1] = w[0] + ((p->Depth ? p->Depth - 1 : 0) * p->dstHeight + (p->Height ? p->Height - 1 : 0)) * p->dstPitch +
+               (p->WidthInBytes ? p->WidthInBytes - 1 : 0);
+    }
+    if (side_is_device(p->srcMemoryType)) {
+        w[2] = p->srcDevice + (p->srcZ * p->srcHeight + p->srcY) * p->srcPitch + p->srcXInBytes;
+        w[3] = w[2] + ((p->Depth ? p->Depth - 1 : 0) * p->srcHeight + (p->Height ? p->Height - 1 : 0)) * p->srcPitch +
+               (p->WidthInBytes ? p->WidthInBytes - 1 : 0);
+    }
+    return SWAP_KEY_COPY(nd_kind(p->srcMemoryType, p->dstMemoryType));
+}
+#define nd_words_CUDA_MEMCPY2D nd_words2d
+#define nd_words_CUDA_MEMCPY3D nd_words3d
+
 #define DEF_COPY_ND(NAME, T, EMIT)                           \
     CUresult CUDAAPI NAME(const T *p)                        \
     {                                                        \
+        if (SHIM_UNLIKELY(g_shim.swap)) {                    \
+            uint64_t w[4];                                   \
+            uint64_t key = nd_words_##T(p, w);               \
+            SWAP_BEGIN(NAME, key, 0, w)                      \
+            CUresult r = REAL(NAME, (p));                    \
+            if (rec_ && r == CUDA_SUCCESS)                   \
+                EMIT(p, 0, 0);                               \
+            SWAP_END(r)                                      \
+            return r;                                        \
+        }                                                    \
         int rec = shim_begin();                              \
         CUresult r = REAL(NAME, (p));                        \
         if (rec && r == CUDA_SUCCESS)                        \
@@ -296,6 +470,16 @@ static void emit_copy3d(const CUDA_MEMCPY3D *p, int async, CUstream s)
 #define DEF_COPY_ND_ASYNC(NAME, T, EMIT)                     \
     CUresult CUDAAPI NAME(const T *p, CUstream s)            \
     {                                                        \
+        if (SHIM_UNLIKELY(g_shim.swap)) {                    \
+            uint64_t w[4];                                   \
+            uint64_t key = nd_words_##T(p, w);               \
+            SWAP_BEGIN(NAME, key, s, w)                      \
+            CUresult r = REAL(NAME, (p, s));                 \
+            if (rec_ && r == CUDA_SUCCESS)                   \
+                EMIT(p, 1, s);                               \
+            SWAP_END(r)                                      \
+            return r;                                        \
+        }                                                    \
         int rec = shim_begin();                              \
         CUresult r = REAL(NAME, (p, s));                     \
         if (rec && r == CUDA_SUCCESS)                        \
@@ -313,9 +497,28 @@ DEF_COPY_ND_ASYNC(cuMemcpy3DAsync_v2_ptsz, CUDA_MEMCPY3D, emit_copy3d)
 
 /* Sets: MEMSET d = bytes written (elements x element size); flags = PYOBMEM_COPY_ASYNC for the
  * stream-ordered variants. */
+/* Swap mode: a set's words (its first and last byte). */
+static void set_words(uint64_t w[4], uint64_t dst, uint64_t extent)
+{
+    w[0] = dst;
+    w[1] = extent ? dst + extent - 1 : dst;
+    w[2] = w[3] = 0;
+}
+#define SET_OP(NAME, S, EXTENT, CALL, EMIT)                  \
+    if (SHIM_UNLIKELY(g_shim.swap)) {                        \
+        uint64_t sw_[4];                                     \
+        set_words(sw_, dst, (EXTENT));                       \
+        SWAP_BEGIN(NAME, SWAP_KEY_SET, S, sw_)               \
+        CUresult r = CALL;                                   \
+        if (rec_ && r == CUDA_SUCCESS)                       \
+            EMIT;                                            \
+        SWAP_END(r)                                          \
+        return r;                                            \
+    }
 #define DEF_SET(NAME, VT, ESZ)                               \
     CUresult CUDAAPI NAME(CUdeviceptr dst, VT v, size_t n)   \
     {                                                        \
+        SET_OP(NAME, 0, (uint64_t)n * ESZ, REAL(NAME, (dst, v, n)), emit_set(0, dst, v, (uint64_t)n * ESZ, 0)) \
         int rec = shim_begin();                              \
         CUresult r = REAL(NAME, (dst, v, n));                \
         if (rec && r == CUDA_SUCCESS)                        \
@@ -325,15 +528,19 @@ DEF_COPY_ND_ASYNC(cuMemcpy3DAsync_v2_ptsz, CUDA_MEMCPY3D, emit_copy3d)
 #define DEF_SET_ASYNC(NAME, VT, ESZ)                                     \
     CUresult CUDAAPI NAME(CUdeviceptr dst, VT v, size_t n, CUstream s)   \
     {                                                                    \
+        SET_OP(NAME, s, (uint64_t)n * ESZ, REAL(NAME, (dst, v, n, s)), emit_set(1, dst, v, (uint64_t)n * ESZ, s)) \
         int rec = shim_begin();                                          \
         CUresult r = REAL(NAME, (dst, v, n, s));                         \
         if (rec && r == CUDA_SUCCESS)                                    \
             emit_set(1, dst, v, (uint64_t)n * ESZ, s);                   \
         return r;                                                        \
     }
+#define SET2D_EXTENT(pitch, w, h, ESZ) ((h) ? ((uint64_t)(h) - 1) * (pitch) + (uint64_t)(w) * (ESZ) : 0)
 #define DEF_SET2D(NAME, VT, ESZ)                                                          \
     CUresult CUDAAPI NAME(CUdeviceptr dst, size_t pitch, VT v, size_t w, size_t h)        \
     {                                                                                     \
+        SET_OP(NAME, 0, SET2D_EXTENT(pitch, w, h, ESZ), REAL(NAME, (dst, pitch, v, w, h)), \
+               emit_set(0, dst, v, (uint64_t)w * h * ESZ, 0))                             \
         int rec = shim_begin();                                                           \
         CUresult r = REAL(NAME, (dst, pitch, v, w, h));                                   \
         if (rec && r == CUDA_SUCCESS)                                                     \
@@ -343,6 +550,8 @@ DEF_COPY_ND_ASYNC(cuMemcpy3DAsync_v2_ptsz, CUDA_MEMCPY3D, emit_copy3d)
 #define DEF_SET2D_ASYNC(NAME, VT, ESZ)                                                              \
     CUresult CUDAAPI NAME(CUdeviceptr dst, size_t pitch, VT v, size_t w, size_t h, CUstream s)      \
     {                                                                                               \
+        SET_OP(NAME, s, SET2D_EXTENT(pitch, w, h, ESZ), REAL(NAME, (dst, pitch, v, w, h, s)),       \
+               emit_set(1, dst, v, (uint64_t)w * h * ESZ, s))                                       \
         int rec = shim_begin();                                                                     \
         CUresult r = REAL(NAME, (dst, pitch, v, w, h, s));                                          \
         if (rec && r == CUDA_SUCCESS)                                                               \

@@ -50,6 +50,8 @@ struct shim_state {
     int need_process;         /* atomic: emit PROCESS at the next hook (after fork) */
     int cupti_active;         /* launches are recorded by the CUPTI callback, not the hooks */
     int cuinit_done;          /* atomic: post-cuInit work (notes, CUPTI) done once per process */
+    int swap;                 /* swap mode: PYOBMEM_CONTROL mapped (set once at init, before
+                               * recording; cleared in a fork child). The op hooks test it once. */
 };
 extern struct shim_state g_shim;
 extern __thread int shim_tls_guard; /* >0: inside the shim, hooks pass straight through */
@@ -128,6 +130,54 @@ void params_atfork_prepare(void);
 void params_atfork_parent(void);
 void params_atfork_child(void);
 
+/* ---- swap.c: VMM backing and the swap executor (swap mode only) ---- */
+#define SWAP_MAX_OP_BLOCKS 64
+/* One op (launch, graph launch, copy, set) as the executor sees it, from swap_op_begin to
+ * swap_op_end (same thread). */
+struct swap_op {
+    int active;        /* swap_op_begin ran: call swap_op_end */
+    int capturing;     /* the op's stream is capturing a graph: no swap action, no event on it */
+    int opaque;        /* the op may touch blocks it does not name */
+    int overflow;      /* more swap blocks than `addrs` holds */
+    uint64_t key;      /* PYOBMEM_OP_KEY of the op */
+    CUstream stream;   /* normalised (see swap_norm_stream) */
+    int64_t pos;       /* the op's position in the followed plan, -1 if none */
+    uint32_t n;
+    uint64_t addrs[SWAP_MAX_OP_BLOCKS]; /* start addresses of the swap blocks it touches */
+};
+/* Map the control file; returns 1 when swap mode is on. Called once at init. */
+int swap_open(const char *path);
+/* The stream an op really runs on: a NULL stream of a per-thread (_ptsz/_ptds) entry point is
+ * CU_STREAM_PER_THREAD; the legacy NULL stream stays NULL. */
+static inline CUstream swap_norm_stream(CUstream s, int per_thread)
+{
+    return (!s && per_thread) ? CU_STREAM_PER_THREAD : s;
+}
+/* Before the real call: follow the plan, bring touched blocks back (demand), make the op's
+ * stream wait for their copies. `words` are candidate addresses (launch: the touched blocks'
+ * starts; copies: both ends of each device side). A failure (a block that cannot be brought
+ * back) is returned and the op must not run; the op is then not recorded. */
+#define SWAP_OP_OPAQUE 1     /* blocks it names are never swapped again; implies INCOMPLETE */
+#define SWAP_OP_INCOMPLETE 2 /* it may touch blocks it does not name: all come back first */
+CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int opaque, const uint64_t *words, size_t n);
+/* After the real call: last-use events, planned swap-outs. */
+void swap_op_end(struct swap_op *op, CUresult r);
+/* cuMemAlloc_v2 in swap mode: returns 1 and *rc = CUDA_SUCCESS when the block is VMM-backed;
+ * 0 when the caller must use the real allocator (too small, or any VMM failure). */
+int swap_alloc(CUdeviceptr *dptr, size_t size);
+void swap_bind_id(uint64_t addr, uint32_t id);
+/* cuMemFree_v2/cuMemFreeAsync in swap mode: returns 1 and *rc when dptr is a VMM-backed block. */
+int swap_free(CUdeviceptr dptr, CUresult *rc);
+/* cuMemSetAccess on a VMM-backed block: returns 1 and *rc when handled. */
+int swap_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count, CUresult *rc);
+void swap_never(CUdeviceptr p); /* IPC-exported: never swap */
+void swap_atfork_prepare(void);
+void swap_atfork_parent(void);
+void swap_atfork_child(void);
+/* Copies and sets: the template key (matches pyobmem.planner.op_keys). */
+#define SWAP_KEY_COPY(kind) PYOBMEM_OP_KEY_COPY(PYOBMEM_EV_MEMCPY, (kind))
+#define SWAP_KEY_SET PYOBMEM_OP_KEY_COPY(PYOBMEM_EV_MEMSET, 0)
+
 /* ---- launch.c ---- */
 #define SHIM_MAX_TOUCHED 64
 /* A set of distinct blocks touched by one op (deduplicated by block). */
@@ -136,6 +186,7 @@ struct touched {
     int truncated;
     uint64_t words[SHIM_MAX_TOUCHED]; /* access words */
     uint32_t ids[SHIM_MAX_TOUCHED];
+    uint64_t starts[SHIM_MAX_TOUCHED]; /* block start addresses (for the swap executor) */
 };
 /* Look up one candidate word (caller holds the blocks read lock). */
 void touched_add(struct touched *t, uint64_t word);
@@ -148,6 +199,18 @@ void emit_op_with_accesses(uint16_t type, uint16_t flags, uint64_t seq, uint64_t
 void record_launch(uintptr_t handle, uint64_t stream, uint64_t grid, void **kernelParams, void **extra,
                    uint16_t flags);
 uint16_t launch_config_flags(const CUlaunchConfig *config);
+/* Swap mode: the launch path split around the real call (hooks and CUPTI). begin scans the
+ * arguments and runs swap_op_begin; a non-success result means: do not launch. end emits the
+ * LAUNCH record (if r succeeded) and runs swap_op_end. */
+struct launch_swap {
+    struct touched t;
+    struct swap_op op;
+    uint16_t flags;
+    uint32_t words;
+};
+CUresult launch_swap_begin(struct launch_swap *ls, uintptr_t handle, CUstream run_stream, void **kernelParams,
+                           void **extra, uint16_t flags);
+void launch_swap_end(struct launch_swap *ls, uintptr_t handle, uint64_t stream, uint64_t grid, CUresult r);
 
 /* ---- graph.c ---- */
 void graphs_atfork_prepare(void);

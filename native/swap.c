@@ -1,0 +1,1115 @@
+/*
+ * Swap mode (DESIGN.md "Swapping"): VMM backing of cuMemAlloc_v2, the swap executor, the
+ * pinned host pool, plan following and the budget. It runs only when PYOBMEM_CONTROL names a
+ * control file with the right magic and ABI version (swap_open at init sets g_shim.swap); the
+ * op hooks test that flag once and otherwise never reach this file.
+ *
+ * A swap block is one cuMemAlloc_v2 of at least control.min_swap_bytes served by
+ * cuMemAddressReserve + cuMemCreate + cuMemMap + cuMemSetAccess; the application gets the
+ * reserved address, which stays valid while the physical memory comes and goes:
+ *
+ *   RESIDENT     physical memory mapped, the contents are on the device
+ *   OUT_PENDING  D2H copy issued on the shim stream (after the block's last-use events); the
+ *                physical memory stays mapped until the copy event has completed, seen by a
+ *                cuEventQuery at a later op, then unmap + release -> OUT (SWAP_OUT event)
+ *   OUT          no physical memory; the contents are in a pinned host slot
+ *   IN_PENDING   new physical memory mapped at the same address, access granted again to
+ *                every device that had it, H2D copy issued on the shim stream; the next op
+ *                touching the block makes its stream wait on the copy event -> RESIDENT
+ *                (SWAP_IN event; cause PREFETCH/LATE for a planned prefetch, DEMAND otherwise)
+ *
+ * Ordering rules:
+ *   - every op touching a swap block re-records that block's last-use event on the op's stream
+ *     (one event per block and stream); a swap-out makes the shim stream wait on all of them;
+ *     an op that may touch blocks it does not name (opaque, or more blocks than tracked)
+ *     records a process-wide fence every swap-out also waits on, and first brings every block
+ *     back;
+ *   - all shim copies run on ONE non-blocking stream, in issue order, so a host slot freed
+ *     after its copy was issued can be reused at once: the next copy into or out of it is
+ *     ordered after;
+ *   - the application thread never waits, except in cuMemFree of a swap block (it waits for
+ *     that block's own last-use events, as the real cuMemFree would wait for the device) and
+ *     while a capture is active on the op's stream (cuStreamSynchronize of the shim stream,
+ *     never of an application stream). No cuCtxSynchronize, no work on the legacy stream.
+ *   - during a stream capture on the op's stream: no plan action, no event recorded on or
+ *     waited by the capturing stream; touched blocks are made resident synchronously.
+ *
+ * Swap blocks live in the first context that allocates one (one shim stream); allocations in
+ * other contexts are served by the real allocator. One mutex guards everything here; the
+ * driver calls made under it are real functions (never our hooks), made with this thread's
+ * capture mode set to RELAXED so that they cannot invalidate another thread's capture.
+ * Every driver return code is checked; a failure leaves the block resident (or, for a block
+ * that is out, its host copy intact), never half-mapped.
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "shim.h"
+
+enum { SB_RESIDENT, SB_OUT_PENDING, SB_OUT, SB_IN_PENDING };
+
+#define SBF_NEVER 1u      /* IPC-exported: never swapped */
+#define SBF_OPAQUE 2u     /* named by an opaque op: never swapped */
+#define SBF_LOST 4u       /* its uses could not be tracked: never swapped */
+#define SBF_PREFETCHED 8u /* IN_PENDING because of a planned prefetch */
+
+#define MAX_USES 8        /* streams tracked per block between two swaps */
+#define MAX_FENCES 32     /* streams with an opaque op in flight */
+#define MAX_DEVICES 64
+#define MAX_CHUNKS 64
+#define POOL_CHUNK ((size_t)1 << 30)
+#define HOST_ALIGN ((size_t)4096)
+
+struct use {
+    CUstream stream;
+    CUevent ev;
+    int live;
+};
+
+struct sblock {
+    uint64_t addr, size, vsize; /* address given to the app, bytes asked, bytes reserved/mapped */
+    uint32_t id;                /* block id of the trace (ALLOC record) */
+    int device;
+    unsigned flags;
+    int state;
+    CUmemGenericAllocationHandle handle; /* while mapped */
+    uint64_t rw, ro;            /* devices with read-write / read-only access (bit = ordinal) */
+    struct use uses[MAX_USES];
+    CUevent copy_ev;            /* last copy of this block on the shim stream */
+    void *host;                 /* host slot (OUT_PENDING, OUT) */
+    uint64_t t_issue;           /* ns when the last copy was issued */
+    uint64_t lru;               /* op stamp of the last op touching it */
+    uint64_t stamp;             /* op stamp: dedupe within one op */
+};
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct pyobmem_control *g_ctl;
+static CUcontext g_ctx;   /* the context of the swap blocks */
+static CUstream g_stream; /* the shim's non-blocking stream in it */
+static struct sblock **g_tab; /* sorted by addr */
+static size_t g_n, g_cap;
+static uint64_t g_tick;
+static uint64_t g_mapped;   /* vsize of blocks with physical memory */
+static uint64_t g_leaving;  /* vsize of OUT_PENDING blocks */
+static unsigned g_out_pending;
+static struct use g_fences[MAX_FENCES];
+static int g_fences_lost;   /* a fence could not be kept: no more swap-outs */
+static size_t g_gran[MAX_DEVICES];
+static uint64_t g_peers[MAX_DEVICES];
+static int g_peers_known[MAX_DEVICES];
+static int g_noted_nomem, g_noted_swapin;
+
+/* ---- plan state ---- */
+static struct {
+    int following;
+    uint64_t gen;
+    uint32_t period;
+    int64_t next; /* position expected next; -1: waiting for template_keys[0] */
+    uint64_t *keys;
+    struct pyobmem_action *acts;
+    uint32_t n_acts;
+} g_plan;
+static uint64_t g_adopted;
+
+/* ---- small helpers ---- */
+
+static CUevent ev_new(void)
+{
+    CUevent e = NULL;
+    if (real_cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+        return NULL;
+    return e;
+}
+
+static int ctx_enter(void)
+{
+    CUcontext cur = NULL;
+    if (!g_ctx || real_cuCtxGetCurrent(&cur) != CUDA_SUCCESS || cur == g_ctx)
+        return 0;
+    return real_cuCtxPushCurrent_v2(g_ctx) == CUDA_SUCCESS;
+}
+
+static void ctx_leave(int pushed)
+{
+    CUcontext c;
+    if (pushed)
+        real_cuCtxPopCurrent_v2(&c);
+}
+
+/* This thread's capture mode -> RELAXED for the shim's own calls, restored after. */
+static int relax(CUstreamCaptureMode *old)
+{
+    *old = CU_STREAM_CAPTURE_MODE_RELAXED;
+    return real_cuThreadExchangeStreamCaptureMode(old) == CUDA_SUCCESS;
+}
+
+static void unrelax(int did, CUstreamCaptureMode old)
+{
+    if (did)
+        real_cuThreadExchangeStreamCaptureMode(&old);
+}
+
+static int swappable(const struct sblock *b) { return !(b->flags & (SBF_NEVER | SBF_OPAQUE | SBF_LOST)); }
+
+static void emit_swap(uint16_t type, uint16_t cause, const struct sblock *b, uint64_t dur)
+{
+    ring_write1(type, cause, b->id, b->size, dur, (uint64_t)(uintptr_t)g_stream, 0);
+}
+
+/* ---- the block table ---- */
+
+static size_t upper(uint64_t addr)
+{
+    size_t lo = 0, hi = g_n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (g_tab[mid]->addr <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static struct sblock *find(uint64_t addr)
+{
+    size_t i = upper(addr);
+    if (i == 0)
+        return NULL;
+    struct sblock *b = g_tab[i - 1];
+    return addr < b->addr + b->vsize ? b : NULL;
+}
+
+static int insert(struct sblock *b)
+{
+    if (g_n == g_cap) {
+        size_t cap = g_cap ? g_cap * 2 : 256;
+        struct sblock **t = realloc(g_tab, cap * sizeof *t);
+        if (!t)
+            return 0;
+        g_tab = t;
+        g_cap = cap;
+    }
+    size_t i = upper(b->addr);
+    memmove(&g_tab[i + 1], &g_tab[i], (g_n - i) * sizeof *g_tab);
+    g_tab[i] = b;
+    g_n++;
+    return 1;
+}
+
+static void erase(struct sblock *b)
+{
+    size_t i = upper(b->addr);
+    if (i > 0 && g_tab[i - 1] == b) {
+        memmove(&g_tab[i - 1], &g_tab[i], (g_n - i) * sizeof *g_tab);
+        g_n--;
+    }
+}
+
+/* ---- the pinned host pool: chunks of cuMemHostAlloc, first fit ---- */
+
+struct ext {
+    char *p;
+    size_t len;
+    int chunk;
+};
+static struct ext *g_free;
+static size_t g_nfree, g_capfree;
+static int g_nchunks;
+static size_t g_pinned, g_pin_cap;
+static int g_pool_dead;
+
+static size_t mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "re");
+    size_t kb = 0;
+    char line[256];
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %zu kB", &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kb * 1024;
+}
+
+static struct {
+    char *p;
+    size_t len;
+} g_chunks[MAX_CHUNKS];
+
+static int pool_chunk_of(const char *p)
+{
+    for (int c = 0; c < g_nchunks; c++)
+        if (p >= g_chunks[c].p && p < g_chunks[c].p + g_chunks[c].len)
+            return c;
+    return -1;
+}
+
+static int free_insert(size_t at, struct ext e)
+{
+    if (g_nfree == g_capfree) {
+        size_t cap = g_capfree ? g_capfree * 2 : 64;
+        struct ext *n = realloc(g_free, cap * sizeof *n);
+        if (!n)
+            return 0;
+        g_free = n;
+        g_capfree = cap;
+    }
+    memmove(&g_free[at + 1], &g_free[at], (g_nfree - at) * sizeof *g_free);
+    g_free[at] = e;
+    g_nfree++;
+    return 1;
+}
+
+static void pool_free(void *ptr, size_t n)
+{
+    if (!ptr)
+        return;
+    n = (n + HOST_ALIGN - 1) & ~(HOST_ALIGN - 1);
+    char *p = ptr;
+    size_t i = 0;
+    while (i < g_nfree && g_free[i].p < p)
+        i++;
+    int chunk = pool_chunk_of(p);
+    if (i > 0 && g_free[i - 1].chunk == chunk && g_free[i - 1].p + g_free[i - 1].len == p) {
+        g_free[i - 1].len += n;
+        if (i < g_nfree && g_free[i].chunk == chunk && g_free[i - 1].p + g_free[i - 1].len == g_free[i].p) {
+            g_free[i - 1].len += g_free[i].len;
+            memmove(&g_free[i], &g_free[i + 1], (g_nfree - i - 1) * sizeof *g_free);
+            g_nfree--;
+        }
+        return;
+    }
+    if (i < g_nfree && g_free[i].chunk == chunk && p + n == g_free[i].p) {
+        g_free[i].p = p;
+        g_free[i].len += n;
+        return;
+    }
+    free_insert(i, (struct ext){p, n, chunk}); /* on ENOMEM the slot is lost, never reused */
+}
+
+static int pool_grow(size_t need)
+{
+    if (g_pool_dead)
+        return 0;
+    if (!g_pin_cap) {
+        size_t avail = mem_available();
+        g_pin_cap = avail ? avail / 2 : (size_t)16 << 30;
+    }
+    size_t room = g_pin_cap > g_pinned ? g_pin_cap - g_pinned : 0;
+    size_t c = need > POOL_CHUNK ? need : POOL_CHUNK;
+    if (c > room)
+        c = room & ~(HOST_ALIGN - 1);
+    while (g_nchunks < MAX_CHUNKS && c >= need) {
+        void *h = NULL;
+        if (real_cuMemHostAlloc(&h, c, CU_MEMHOSTALLOC_PORTABLE) == CUDA_SUCCESS && h) {
+            g_chunks[g_nchunks].p = h;
+            g_chunks[g_nchunks].len = c;
+            size_t i = 0;
+            while (i < g_nfree && g_free[i].p < (char *)h)
+                i++;
+            if (!free_insert(i, (struct ext){h, c, g_nchunks})) {
+                real_cuMemFreeHost(h);
+                break;
+            }
+            g_nchunks++;
+            g_pinned += c;
+            ring_note("swap.pinned_bytes=%zu", g_pinned);
+            return 1;
+        }
+        c = (c / 2) & ~(HOST_ALIGN - 1);
+    }
+    g_pool_dead = 1;
+    ring_note("swap: pinned host memory exhausted (%zu bytes pinned, a %zu-byte block stays resident)", g_pinned,
+              need);
+    return 0;
+}
+
+static void *pool_alloc(size_t n)
+{
+    n = (n + HOST_ALIGN - 1) & ~(HOST_ALIGN - 1);
+    for (int tries = 0; tries < 2; tries++) {
+        for (size_t i = 0; i < g_nfree; i++) {
+            if (g_free[i].len < n)
+                continue;
+            char *p = g_free[i].p;
+            g_free[i].p += n;
+            g_free[i].len -= n;
+            if (g_free[i].len == 0) {
+                memmove(&g_free[i], &g_free[i + 1], (g_nfree - i - 1) * sizeof *g_free);
+                g_nfree--;
+            }
+            return p;
+        }
+        if (!pool_grow(n))
+            return NULL;
+    }
+    return NULL;
+}
+
+/* ---- last-use events and fences ---- */
+
+/* Record on stream s in one of the slots: the slot of s, a free one, or one whose event has
+ * completed. Returns 0 when no slot could be used. */
+static int slot_record(struct use *u, int n, CUstream s)
+{
+    struct use *slot = NULL;
+    for (int i = 0; i < n && !slot; i++)
+        if (u[i].live && u[i].stream == s)
+            slot = &u[i];
+    for (int i = 0; i < n && !slot; i++)
+        if (!u[i].live)
+            slot = &u[i];
+    for (int i = 0; i < n && !slot; i++)
+        if (real_cuEventQuery(u[i].ev) == CUDA_SUCCESS)
+            slot = &u[i];
+    if (!slot)
+        return 0;
+    if (!slot->ev && !(slot->ev = ev_new()))
+        return 0;
+    if (real_cuEventRecord(slot->ev, s) != CUDA_SUCCESS) {
+        slot->live = 0;
+        return 0;
+    }
+    slot->stream = s;
+    slot->live = 1;
+    return 1;
+}
+
+static int slots_idle(struct use *u, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (u[i].live && real_cuEventQuery(u[i].ev) != CUDA_SUCCESS)
+            return 0;
+    return 1;
+}
+
+static int slots_wait(struct use *u, int n, CUstream s)
+{
+    for (int i = 0; i < n; i++)
+        if (u[i].live && real_cuStreamWaitEvent(s, u[i].ev, 0) != CUDA_SUCCESS)
+            return 0;
+    return 1;
+}
+
+static void slots_sync(struct use *u, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (u[i].live)
+            real_cuEventSynchronize(u[i].ev);
+}
+
+/* ---- physical memory ---- */
+
+static void peers_of(int device)
+{
+    if (device < 0 || device >= MAX_DEVICES || g_peers_known[device])
+        return;
+    g_peers_known[device] = 1;
+    int n = 0;
+    if (!real_cuDeviceGetCount || real_cuDeviceGetCount(&n) != CUDA_SUCCESS)
+        return;
+    for (int p = 0; p < n && p < MAX_DEVICES; p++) {
+        int can = 0;
+        if (p != device && real_cuDeviceCanAccessPeer &&
+            real_cuDeviceCanAccessPeer(&can, (CUdevice)p, (CUdevice)device) == CUDA_SUCCESS && can)
+            g_peers[device] |= 1ull << p;
+    }
+}
+
+static CUresult grant(const struct sblock *b)
+{
+    CUmemAccessDesc d[2 * MAX_DEVICES];
+    size_t n = 0;
+    for (int i = 0; i < MAX_DEVICES; i++) {
+        uint64_t bit = 1ull << i;
+        if (!((b->rw | b->ro) & bit))
+            continue;
+        memset(&d[n], 0, sizeof d[n]);
+        d[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        d[n].location.id = i;
+        d[n].flags = (b->rw & bit) ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ;
+        n++;
+    }
+    return n ? real_cuMemSetAccess(b->addr, b->vsize, d, n) : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* Create, map and grant access: all or nothing. */
+static CUresult map_new(struct sblock *b)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = b->device;
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r = real_cuMemCreate(&h, b->vsize, &prop, 0);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = real_cuMemMap(b->addr, b->vsize, 0, h, 0);
+    if (r != CUDA_SUCCESS) {
+        real_cuMemRelease(h);
+        return r;
+    }
+    r = grant(b);
+    if (r != CUDA_SUCCESS) {
+        real_cuMemUnmap(b->addr, b->vsize);
+        real_cuMemRelease(h);
+        return r;
+    }
+    b->handle = h;
+    g_mapped += b->vsize;
+    return CUDA_SUCCESS;
+}
+
+/* Unmap exactly what was mapped, then release the handle. */
+static CUresult unmap_phys(struct sblock *b)
+{
+    CUresult r = real_cuMemUnmap(b->addr, b->vsize);
+    if (r != CUDA_SUCCESS)
+        return r;
+    g_mapped -= b->vsize;
+    if (real_cuMemRelease(b->handle) != CUDA_SUCCESS && !g_noted_nomem) {
+        g_noted_nomem = 1;
+        ring_note("swap: cuMemRelease failed; device memory leaked");
+    }
+    b->handle = 0;
+    return CUDA_SUCCESS;
+}
+
+/* ---- the executor ---- */
+
+static void forget_uses(struct sblock *b)
+{
+    for (int i = 0; i < MAX_USES; i++)
+        b->uses[i].live = 0;
+}
+
+/* OUT_PENDING -> RESIDENT: the copy goes on, its result is dropped. Its slot may be reused
+ * at once: later copies on the shim stream are ordered after this one. */
+static void cancel_out(struct sblock *b)
+{
+    pool_free(b->host, b->size);
+    b->host = NULL;
+    b->state = SB_RESIDENT;
+    g_out_pending--;
+    g_leaving -= b->vsize;
+}
+
+static int swap_out(struct sblock *b)
+{
+    if (b->state != SB_RESIDENT || !swappable(b) || g_fences_lost || !g_stream)
+        return 0;
+    void *h = pool_alloc(b->size);
+    if (!h)
+        return 0;
+    int ok = (b->copy_ev || (b->copy_ev = ev_new())) && slots_wait(b->uses, MAX_USES, g_stream) &&
+             slots_wait(g_fences, MAX_FENCES, g_stream) &&
+             real_cuMemcpyDtoHAsync_v2(h, b->addr, b->size, g_stream) == CUDA_SUCCESS &&
+             real_cuEventRecord(b->copy_ev, g_stream) == CUDA_SUCCESS;
+    if (!ok) {
+        pool_free(h, b->size); /* a copy already queued into it is ordered before any reuse */
+        return 0;
+    }
+    b->host = h;
+    b->state = SB_OUT_PENDING;
+    b->t_issue = shim_now_ns();
+    g_out_pending++;
+    g_leaving += b->vsize;
+    return 1;
+}
+
+/* OUT_PENDING blocks whose copy has completed: release their physical memory. */
+static void poll_releases(void)
+{
+    for (size_t i = 0; i < g_n && g_out_pending; i++) {
+        struct sblock *b = g_tab[i];
+        if (b->state != SB_OUT_PENDING)
+            continue;
+        CUresult q = real_cuEventQuery(b->copy_ev);
+        if (q == CUDA_ERROR_NOT_READY)
+            continue;
+        if (q != CUDA_SUCCESS || unmap_phys(b) != CUDA_SUCCESS) {
+            cancel_out(b); /* keep it resident; the host copy is dropped */
+            continue;
+        }
+        b->state = SB_OUT;
+        g_out_pending--;
+        g_leaving -= b->vsize;
+        forget_uses(b);
+        emit_swap(PYOBMEM_EV_SWAP_OUT, 0, b, shim_now_ns() - b->t_issue);
+    }
+}
+
+/* Finish every swap-out in flight (synchronise the shim stream only) and release. */
+static void drain_outs(void)
+{
+    if (g_out_pending && real_cuStreamSynchronize(g_stream) == CUDA_SUCCESS)
+        poll_releases();
+}
+
+/* The least recently used block that can be swapped out now and is idle (all its uses done),
+ * not touched by the op with stamp `stamp`. */
+static struct sblock *lru_victim(uint64_t stamp)
+{
+    struct sblock *v = NULL;
+    for (size_t i = 0; i < g_n; i++) {
+        struct sblock *b = g_tab[i];
+        if (b->state == SB_RESIDENT && swappable(b) && b->stamp != stamp && (!v || b->lru < v->lru) &&
+            slots_idle(b->uses, MAX_USES))
+            v = b;
+    }
+    return v;
+}
+
+/* Free at least `need` bytes of device memory now: finish swap-outs in flight, then evict idle
+ * blocks and wait for their copies (on the shim stream). */
+static void make_room(uint64_t need, uint64_t stamp)
+{
+    uint64_t before = g_mapped;
+    drain_outs();
+    while (before - g_mapped + g_leaving < need) {
+        struct sblock *v = lru_victim(stamp);
+        if (!v)
+            break;
+        v->stamp = stamp; /* tried once */
+        swap_out(v);
+    }
+    drain_outs();
+}
+
+/* OUT -> IN_PENDING. */
+static CUresult swap_in(struct sblock *b, int planned, uint64_t stamp)
+{
+    CUresult r = map_new(b);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+        make_room(b->vsize, stamp);
+        r = map_new(b);
+    }
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = real_cuMemcpyHtoDAsync_v2(b->addr, b->host, b->size, g_stream);
+    if (r == CUDA_SUCCESS) {
+        r = real_cuEventRecord(b->copy_ev, g_stream);
+        if (r != CUDA_SUCCESS)
+            real_cuStreamSynchronize(g_stream); /* the copy is queued: let it finish before unmapping */
+    }
+    if (r != CUDA_SUCCESS) {
+        unmap_phys(b);
+        return r; /* still OUT, host copy intact */
+    }
+    pool_free(b->host, b->size);
+    b->host = NULL;
+    b->state = SB_IN_PENDING;
+    b->flags = planned ? (b->flags | SBF_PREFETCHED) : (b->flags & ~SBF_PREFETCHED);
+    b->t_issue = shim_now_ns();
+    forget_uses(b);
+    return CUDA_SUCCESS;
+}
+
+/* IN_PENDING -> RESIDENT for an op on stream s (NULL `op`: no consumer, e.g. a swap-out). */
+static CUresult finish_in(struct sblock *b, const struct swap_op *op, int demand)
+{
+    uint16_t cause = PYOBMEM_SWAP_IN_DEMAND;
+    if (!demand && (b->flags & SBF_PREFETCHED))
+        cause = real_cuEventQuery(b->copy_ev) == CUDA_SUCCESS ? PYOBMEM_SWAP_IN_PREFETCH : PYOBMEM_SWAP_IN_LATE;
+    if (op && !op->capturing) {
+        if (real_cuStreamWaitEvent(op->stream, b->copy_ev, 0) != CUDA_SUCCESS) {
+            CUresult r = real_cuStreamSynchronize(g_stream);
+            if (r != CUDA_SUCCESS)
+                return r;
+        }
+    } else if (op) {
+        CUresult r = real_cuStreamSynchronize(g_stream);
+        if (r != CUDA_SUCCESS)
+            return r;
+    }
+    b->state = SB_RESIDENT;
+    b->flags &= ~SBF_PREFETCHED;
+    emit_swap(PYOBMEM_EV_SWAP_IN, cause, b, shim_now_ns() - b->t_issue);
+    return CUDA_SUCCESS;
+}
+
+/* Make b usable by op. */
+static CUresult consume(struct sblock *b, const struct swap_op *op, uint64_t stamp)
+{
+    int demand = 0;
+    switch (b->state) {
+    case SB_RESIDENT:
+        return CUDA_SUCCESS;
+    case SB_OUT_PENDING:
+        cancel_out(b);
+        return CUDA_SUCCESS;
+    case SB_OUT: {
+        CUresult r = swap_in(b, 0, stamp);
+        if (r != CUDA_SUCCESS) {
+            if (!g_noted_swapin) {
+                g_noted_swapin = 1;
+                ring_note("swap: a block could not be brought back (CUresult %d); the op was refused", (int)r);
+            }
+            return r;
+        }
+        demand = 1;
+    }
+        /* fallthrough */
+    case SB_IN_PENDING:
+    default:
+        return finish_in(b, op, demand);
+    }
+}
+
+/* ---- plan following ---- */
+
+static int cmp_at(const void *a, const void *b)
+{
+    const struct pyobmem_action *x = a, *y = b;
+    return x->at < y->at ? -1 : x->at > y->at;
+}
+
+static void maybe_adopt(void)
+{
+    uint64_t a = __atomic_load_n(&g_ctl->active, __ATOMIC_ACQUIRE) & 1;
+    struct pyobmem_plan *p = &g_ctl->plans[a];
+    uint64_t gen = __atomic_load_n(&p->generation, __ATOMIC_ACQUIRE);
+    if (gen == 0 || gen <= g_adopted || p->pid != g_shim.pid)
+        return;
+    uint32_t period = p->period, na = p->n_actions;
+    if (period == 0 || period > PYOBMEM_PLAN_MAX_OPS || na > PYOBMEM_PLAN_MAX_ACTIONS) {
+        g_adopted = gen; /* malformed: never looked at again */
+        ring_note("swap: plan %llu rejected (period %u, %u actions)", (unsigned long long)gen, period, na);
+        return;
+    }
+    uint64_t *keys = malloc(period * sizeof *keys);
+    struct pyobmem_action *acts = malloc((na ? na : 1) * sizeof *acts);
+    if (!keys || !acts) {
+        free(keys);
+        free(acts);
+        return;
+    }
+    memcpy(keys, p->template_keys, period * sizeof *keys);
+    memcpy(acts, p->actions, na * sizeof *acts);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&p->generation, __ATOMIC_ACQUIRE) != gen) { /* rewritten meanwhile */
+        free(keys);
+        free(acts);
+        return;
+    }
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < na; i++)
+        if (acts[i].at < period && (acts[i].kind == PYOBMEM_ACT_SWAP_OUT || acts[i].kind == PYOBMEM_ACT_PREFETCH))
+            acts[k++] = acts[i];
+    qsort(acts, k, sizeof *acts, cmp_at);
+    free(g_plan.keys);
+    free(g_plan.acts);
+    g_plan.keys = keys;
+    g_plan.acts = acts;
+    g_plan.n_acts = k;
+    g_plan.period = period;
+    g_plan.gen = gen;
+    g_plan.next = -1;
+    g_plan.following = 1;
+    g_adopted = gen;
+    __atomic_store_n(&g_ctl->adopted, gen, __ATOMIC_RELEASE);
+    ring_write1(PYOBMEM_EV_PLAN, 0, gen, k, 0, 0, 0);
+}
+
+/* The position of the op with `key` in the followed plan, or -1. */
+static int64_t plan_step(uint64_t key)
+{
+    if (!g_plan.following || g_plan.next <= 0)
+        maybe_adopt(); /* only at an iteration boundary or when none is followed */
+    if (!g_plan.following)
+        return -1;
+    int64_t pos;
+    if (g_plan.next >= 0 && key == g_plan.keys[g_plan.next])
+        pos = g_plan.next;
+    else if (key == g_plan.keys[0])
+        pos = 0; /* a new iteration: resync */
+    else if (g_plan.next < 0)
+        return -1; /* waiting for the iteration to start */
+    else {
+        ring_write1(PYOBMEM_EV_PLAN, 1, g_plan.gen, (uint64_t)g_plan.next, 0, 0, 0);
+        __atomic_add_fetch(&g_ctl->plan_drops, 1, __ATOMIC_RELAXED);
+        g_plan.following = 0;
+        return -1;
+    }
+    g_plan.next = (pos + 1) % g_plan.period;
+    return pos;
+}
+
+static void run_actions(int64_t pos, uint16_t kind, uint64_t stamp)
+{
+    size_t lo = 0, hi = g_plan.n_acts;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if ((int64_t)g_plan.acts[mid].at < pos)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    for (size_t i = lo; i < g_plan.n_acts && (int64_t)g_plan.acts[i].at == pos; i++) {
+        const struct pyobmem_action *a = &g_plan.acts[i];
+        if (a->kind != kind)
+            continue;
+        struct sblock *b = find(a->addr);
+        if (!b || b->addr != a->addr || b->size != a->size || !swappable(b))
+            continue;
+        if (kind == PYOBMEM_ACT_PREFETCH) {
+            if (b->state == SB_OUT)
+                swap_in(b, 1, stamp); /* a failure leaves it out: the consumer brings it back */
+            else if (b->state == SB_OUT_PENDING)
+                cancel_out(b);
+        } else {
+            if (b->state == SB_IN_PENDING)
+                finish_in(b, NULL, 0);
+            swap_out(b);
+        }
+    }
+}
+
+/* ---- entry points ---- */
+
+static void evict_for_budget(uint64_t need, uint64_t stamp)
+{
+    uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED);
+    if (!budget || g_plan.following)
+        return;
+    while (g_mapped - g_leaving + need > budget) {
+        struct sblock *v = lru_victim(stamp);
+        if (!v)
+            break;
+        v->stamp = stamp;
+        swap_out(v);
+    }
+}
+
+static int capturing(CUstream s, int *unknown)
+{
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    *unknown = 0;
+    if (real_cuStreamIsCapturing(s, &st) != CUDA_SUCCESS) {
+        *unknown = 1; /* e.g. the legacy stream while another thread captures */
+        return 0;
+    }
+    return st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int opaque, const uint64_t *words, size_t n)
+{
+    int unknown;
+    op->active = 1;
+    op->key = key;
+    op->stream = s;
+    op->opaque = opaque;
+    op->overflow = 0;
+    op->n = 0;
+    op->pos = -1;
+    op->capturing = capturing(s, &unknown);
+    int paused = op->capturing || unknown;
+    CUstreamCaptureMode old;
+    int relaxed = relax(&old);
+    pthread_mutex_lock(&g_mu);
+    uint64_t stamp = ++g_tick;
+    int pushed = ctx_enter();
+    if (!paused && g_out_pending)
+        poll_releases();
+    op->pos = plan_step(key);
+    if (op->pos >= 0 && !paused)
+        run_actions(op->pos, PYOBMEM_ACT_PREFETCH, stamp);
+    /* During a capture (or when unsure) the op's stream gets nothing of ours: consume() then
+     * synchronises the shim stream instead of making the op's stream wait. */
+    struct swap_op view = *op;
+    view.capturing = paused;
+    CUresult fail = CUDA_SUCCESS;
+    for (size_t i = 0; i < n; i++) {
+        struct sblock *b = words[i] ? find(words[i]) : NULL;
+        if (!b || b->stamp == stamp)
+            continue;
+        b->stamp = stamp;
+        b->lru = stamp;
+        if (opaque & SWAP_OP_OPAQUE)
+            b->flags |= SBF_OPAQUE;
+        if (op->n < SWAP_MAX_OP_BLOCKS)
+            op->addrs[op->n++] = b->addr;
+        else
+            op->overflow = 1;
+        CUresult r = consume(b, &view, stamp);
+        if (r != CUDA_SUCCESS && fail == CUDA_SUCCESS)
+            fail = r;
+    }
+    if (opaque || op->overflow) /* it may touch anything: everything comes back first */
+        for (size_t i = 0; i < g_n && fail == CUDA_SUCCESS; i++)
+            if (g_tab[i]->state != SB_RESIDENT) {
+                g_tab[i]->stamp = stamp;
+                fail = consume(g_tab[i], &view, stamp);
+            }
+    ctx_leave(pushed);
+    pthread_mutex_unlock(&g_mu);
+    unrelax(relaxed, old);
+    if (fail != CUDA_SUCCESS)
+        op->active = 0;
+    return fail;
+}
+
+void swap_op_end(struct swap_op *op, CUresult r)
+{
+    if (!op->active)
+        return;
+    op->active = 0;
+    CUstreamCaptureMode old;
+    int relaxed = relax(&old);
+    pthread_mutex_lock(&g_mu);
+    int pushed = ctx_enter();
+    if (r == CUDA_SUCCESS && !op->capturing) {
+        if ((op->opaque || op->overflow) && !slot_record(g_fences, MAX_FENCES, op->stream) && !g_fences_lost) {
+            g_fences_lost = 1;
+            ring_note("swap: too many streams with opaque work in flight; swap-outs stopped");
+        }
+        for (uint32_t i = 0; i < op->n; i++) {
+            struct sblock *b = find(op->addrs[i]);
+            if (b && b->addr == op->addrs[i] && !slot_record(b->uses, MAX_USES, op->stream))
+                b->flags |= SBF_LOST;
+        }
+        if (op->pos >= 0)
+            run_actions(op->pos, PYOBMEM_ACT_SWAP_OUT, g_tick);
+    }
+    ctx_leave(pushed);
+    pthread_mutex_unlock(&g_mu);
+    unrelax(relaxed, old);
+}
+
+int swap_alloc(CUdeviceptr *dptr, size_t size)
+{
+    uint64_t min = __atomic_load_n(&g_ctl->min_swap_bytes, __ATOMIC_RELAXED);
+    CUcontext ctx = NULL;
+    CUdevice dev = 0;
+    if (!dptr || size == 0 || size < min || real_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx ||
+        !real_cuCtxGetDevice || real_cuCtxGetDevice(&dev) != CUDA_SUCCESS || dev < 0 || dev >= MAX_DEVICES)
+        return 0;
+    CUstreamCaptureMode old;
+    int relaxed = relax(&old);
+    pthread_mutex_lock(&g_mu);
+    int served = 0;
+    struct sblock *b = NULL;
+    if (g_ctx && g_ctx != ctx)
+        goto out;
+    if (!g_gran[dev]) {
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof prop);
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = dev;
+        size_t g = 0;
+        if (real_cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || !g)
+            goto out;
+        g_gran[dev] = g;
+    }
+    if (!g_stream) {
+        CUstream s = NULL;
+        if (real_cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS || !s)
+            goto out;
+        g_stream = s;
+        g_ctx = ctx;
+    }
+    size_t gran = g_gran[dev];
+    if (size > SIZE_MAX - gran)
+        goto out;
+    uint64_t vsize = (size + gran - 1) / gran * gran;
+    uint64_t stamp = ++g_tick;
+    evict_for_budget(vsize, stamp);
+    b = calloc(1, sizeof *b);
+    CUdeviceptr va = 0;
+    if (!b || real_cuMemAddressReserve(&va, vsize, gran, 0, 0) != CUDA_SUCCESS || !va)
+        goto out;
+    b->addr = va;
+    b->size = size;
+    b->vsize = vsize;
+    b->device = (int)dev;
+    b->lru = stamp;
+    peers_of((int)dev);
+    b->rw = (1ull << dev) | g_peers[dev];
+    CUresult r = map_new(b);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && g_out_pending) {
+        drain_outs();
+        r = map_new(b);
+    }
+    if (r != CUDA_SUCCESS || !insert(b)) {
+        if (r == CUDA_SUCCESS)
+            unmap_phys(b);
+        real_cuMemAddressFree(va, vsize);
+        goto out;
+    }
+    *dptr = va;
+    served = 1;
+out:
+    if (!served)
+        free(b);
+    pthread_mutex_unlock(&g_mu);
+    unrelax(relaxed, old);
+    return served;
+}
+
+void swap_bind_id(uint64_t addr, uint32_t id)
+{
+    pthread_mutex_lock(&g_mu);
+    struct sblock *b = find(addr);
+    if (b && b->addr == addr)
+        b->id = id;
+    pthread_mutex_unlock(&g_mu);
+}
+
+int swap_free(CUdeviceptr dptr, CUresult *rc)
+{
+    pthread_mutex_lock(&g_mu);
+    struct sblock *b = find(dptr);
+    if (!b || b->addr != dptr) {
+        pthread_mutex_unlock(&g_mu);
+        return 0;
+    }
+    erase(b);
+    if (b->state == SB_OUT_PENDING) {
+        g_out_pending--;
+        g_leaving -= b->vsize;
+    }
+    CUstreamCaptureMode old;
+    int relaxed = relax(&old);
+    int pushed = ctx_enter();
+    /* Wait for what may still use it: its own last uses, opaque ops, our copy. Never a device
+     * or application-stream synchronisation (C16). */
+    slots_sync(b->uses, MAX_USES);
+    slots_sync(g_fences, MAX_FENCES);
+    if (b->copy_ev && b->state != SB_RESIDENT && b->state != SB_OUT)
+        real_cuEventSynchronize(b->copy_ev);
+    CUresult r = CUDA_SUCCESS;
+    if (b->state != SB_OUT)
+        r = unmap_phys(b);
+    if (r == CUDA_SUCCESS) {
+        pool_free(b->host, b->size);
+        r = real_cuMemAddressFree(b->addr, b->vsize);
+        for (int i = 0; i < MAX_USES; i++)
+            if (b->uses[i].ev)
+                real_cuEventDestroy_v2(b->uses[i].ev);
+        if (b->copy_ev)
+            real_cuEventDestroy_v2(b->copy_ev);
+        free(b);
+    } else {
+        insert(b); /* still mapped: keep it, resident */
+        b->state = SB_RESIDENT;
+        pool_free(b->host, b->size);
+        b->host = NULL;
+    }
+    ctx_leave(pushed);
+    unrelax(relaxed, old);
+    pthread_mutex_unlock(&g_mu);
+    *rc = r;
+    return 1;
+}
+
+int swap_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count, CUresult *rc)
+{
+    pthread_mutex_lock(&g_mu);
+    struct sblock *b = find(ptr);
+    if (!b) {
+        pthread_mutex_unlock(&g_mu);
+        return 0;
+    }
+    CUresult r = CUDA_SUCCESS;
+    if (b->state != SB_OUT)
+        r = real_cuMemSetAccess(ptr, size, desc, count);
+    else if (!desc)
+        r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS) /* granted again at every remap (C17) */
+        for (size_t i = 0; i < count; i++) {
+            if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id < 0 ||
+                desc[i].location.id >= MAX_DEVICES)
+                continue;
+            uint64_t bit = 1ull << desc[i].location.id;
+            b->rw &= ~bit;
+            b->ro &= ~bit;
+            if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+                b->rw |= bit;
+            else if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ)
+                b->ro |= bit;
+        }
+    pthread_mutex_unlock(&g_mu);
+    *rc = r;
+    return 1;
+}
+
+void swap_never(CUdeviceptr p)
+{
+    pthread_mutex_lock(&g_mu);
+    struct sblock *b = find(p);
+    if (b)
+        b->flags |= SBF_NEVER;
+    pthread_mutex_unlock(&g_mu);
+}
+
+int swap_open(const char *path)
+{
+    if (!path || !*path)
+        return 0;
+    /* every driver function the executor needs, or no swap mode at all */
+    void *need[] = {
+        (void *)real_cuCtxGetCurrent, (void *)real_cuCtxPushCurrent_v2, (void *)real_cuCtxPopCurrent_v2,
+        (void *)real_cuCtxGetDevice, (void *)real_cuMemGetAllocationGranularity, (void *)real_cuMemHostAlloc,
+        (void *)real_cuMemFreeHost, (void *)real_cuStreamCreate, (void *)real_cuStreamSynchronize,
+        (void *)real_cuStreamWaitEvent, (void *)real_cuStreamIsCapturing, (void *)real_cuThreadExchangeStreamCaptureMode,
+        (void *)real_cuEventCreate, (void *)real_cuEventRecord, (void *)real_cuEventQuery,
+        (void *)real_cuEventSynchronize, (void *)real_cuEventDestroy_v2, (void *)real_cuMemAddressReserve,
+        (void *)real_cuMemAddressFree, (void *)real_cuMemCreate, (void *)real_cuMemRelease, (void *)real_cuMemMap,
+        (void *)real_cuMemUnmap, (void *)real_cuMemSetAccess, (void *)real_cuMemcpyDtoHAsync_v2,
+        (void *)real_cuMemcpyHtoDAsync_v2,
+    };
+    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
+        if (!need[i]) {
+            ring_note("swap=off: the driver lacks a function the executor needs");
+            return 0;
+        }
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        ring_note("swap=off: control file cannot be opened");
+        return 0;
+    }
+    struct stat st;
+    void *m = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && (uint64_t)st.st_size >= sizeof(struct pyobmem_control))
+        m = mmap(NULL, sizeof(struct pyobmem_control), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) {
+        ring_note("swap=off: control file too small");
+        return 0;
+    }
+    struct pyobmem_control *c = m;
+    if (__atomic_load_n(&c->magic, __ATOMIC_ACQUIRE) != PYOBMEM_CONTROL_MAGIC || c->abi_version != PYOBMEM_ABI_VERSION) {
+        munmap(m, sizeof *c);
+        ring_note("swap=off: control file has a wrong magic or version");
+        return 0;
+    }
+    g_ctl = c;
+    g_adopted = 0;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0)
+        ring_note("swap.memlock_limit=%lld", rl.rlim_cur == RLIM_INFINITY ? -1ll : (long long)rl.rlim_cur);
+    ring_note("swap=on budget=%llu min_swap_bytes=%llu", (unsigned long long)c->budget_bytes,
+              (unsigned long long)c->min_swap_bytes);
+    return 1;
+}
+
+void swap_atfork_prepare(void) { pthread_mutex_lock(&g_mu); }
+void swap_atfork_parent(void) { pthread_mutex_unlock(&g_mu); }
+void swap_atfork_child(void)
+{
+    /* The child has no CUDA context of its own: it traces, it does not swap. */
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    g_mu = fresh;
+    g_shim.swap = 0;
+}
