@@ -1,0 +1,480 @@
+/*
+ * Swap-mode test driver (tests/test_swap_shim.py): behaves like a training loop against the fake
+ * libcuda (fake_vmm.inc), with entry points from cuGetProcAddress like a runtime. It prints
+ * "pid=N" and waits for a line on stdin before the first CUDA call, and "sync=K" + a line at
+ * each numbered sync point, so that the test can write plans for this pid into the control
+ * file. Results are "key=value" lines.
+ */
+#include <dlfcn.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fake_cuda.h"
+
+typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+typedef CUresult (*free_fn)(CUdeviceptr);
+typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              CUstream, void **, void **);
+typedef CUresult (*htod_fn)(CUdeviceptr, const void *, size_t);
+typedef CUresult (*dtoh_fn)(void *, CUdeviceptr, size_t);
+typedef CUresult (*memset32a_fn)(CUdeviceptr, unsigned int, size_t, CUstream);
+typedef CUresult (*access_fn)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+typedef CUresult (*ipc_fn)(CUipcMemHandle *, CUdeviceptr);
+typedef CUresult (*capture_fn)(CUstream, CUstreamCaptureMode);
+typedef CUresult (*endcap_fn)(CUstream, CUgraph *);
+typedef CUresult (*inst_fn)(CUgraphExec *, CUgraph, unsigned long long);
+typedef CUresult (*glaunch_fn)(CUgraphExec, CUstream);
+
+static gpa_fn gpa;
+static void *lib;
+static alloc_fn p_alloc, p_managed_raw;
+static free_fn p_free;
+static launch_fn p_launch;
+static htod_fn p_htod;
+static dtoh_fn p_dtoh;
+static memset32a_fn p_memset;
+static long (*fakeAdvance)(long);
+static long long (*fakeCounter)(const char *);
+static long long (*fakeAccess)(CUdeviceptr);
+
+#define S1 ((CUstream)0x77) /* the application's stream */
+
+static void *get(const char *name)
+{
+    void *p = NULL;
+    CUdriverProcAddressQueryResult st;
+    return gpa(name, &p, 12080, CU_GET_PROC_ADDRESS_DEFAULT, &st) == CUDA_SUCCESS ? p : NULL;
+}
+
+static void sync_point(int k)
+{
+    char line[64];
+    printf("sync=%d\n", k);
+    fflush(stdout);
+    if (!fgets(line, sizeof line, stdin))
+        exit(5);
+}
+
+static void setup(void)
+{
+    printf("pid=%d\n", (int)getpid());
+    sync_point(0);
+    lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib)
+        exit(3);
+    gpa_fn g = (gpa_fn)dlsym(lib, "cuGetProcAddress_v2");
+    void *self = NULL;
+    CUdriverProcAddressQueryResult st;
+    g("cuGetProcAddress", &self, 12000, 0, &st);
+    gpa = self ? (gpa_fn)self : g;
+    fakeAdvance = (long (*)(long))dlsym(lib, "fakeAdvance");
+    fakeCounter = (long long (*)(const char *))dlsym(lib, "fakeCounter");
+    fakeAccess = (long long (*)(CUdeviceptr))dlsym(lib, "fakeAccess");
+    ((CUresult(*)(unsigned))get("cuInit"))(0);
+    p_alloc = (alloc_fn)get("cuMemAlloc");
+    p_free = (free_fn)get("cuMemFree");
+    p_launch = (launch_fn)get("cuLaunchKernel");
+    p_htod = (htod_fn)get("cuMemcpyHtoD");
+    p_dtoh = (dtoh_fn)get("cuMemcpyDtoH");
+    p_memset = (memset32a_fn)get("cuMemsetD32Async");
+    (void)p_managed_raw;
+}
+
+static CUdeviceptr must_alloc(size_t n)
+{
+    CUdeviceptr p = 0;
+    CUresult r = p_alloc(&p, n);
+    if (r != CUDA_SUCCESS) {
+        printf("error=alloc %d\n", (int)r);
+        exit(4);
+    }
+    return p;
+}
+
+/* kernel_a: y[i] = x[i] + 1 for i < n (n = 0: it only touches x and y) */
+static CUresult op_a(CUdeviceptr x, int n, CUdeviceptr y)
+{
+    void *args[] = {&x, &n, &y};
+    return p_launch(FAKE_FUNC_A, 1, 1, 1, 1, 1, 1, 0, S1, args, NULL);
+}
+
+/* kernel_b: touches p (a CUkernel with a layout) */
+static CUresult op_b(CUdeviceptr p)
+{
+    struct { CUdeviceptr p, q; } pair = {p, 0};
+    CUdeviceptr third = 0;
+    void *args[] = {&pair, &third};
+    return p_launch(FAKE_KERN_B, 1, 1, 1, 1, 1, 1, 0, S1, args, NULL);
+}
+
+/* kernel_c: no layout (opaque), its packed buffer names p */
+static CUresult op_c(CUdeviceptr p)
+{
+    struct { int n; int pad; CUdeviceptr p; } packed = {0, 0, p};
+    size_t size = sizeof packed;
+    void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &packed, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
+    return p_launch(FAKE_FUNC_C, 1, 1, 1, 1, 1, 1, 0, S1, NULL, extra);
+}
+
+static void fill(CUdeviceptr p, size_t n, unsigned seed)
+{
+    unsigned char *h = malloc(n);
+    for (size_t i = 0; i < n; i++)
+        h[i] = (unsigned char)(i * 7 + seed);
+    p_htod(p, h, n);
+    free(h);
+}
+
+/* Bytes of p that differ from the fill pattern plus `delta` (read through the shim). */
+static long check(CUdeviceptr p, size_t n, unsigned seed, int delta)
+{
+    unsigned char *h = malloc(n);
+    memset(h, 0, n);
+    CUresult r = p_dtoh(h, p, n);
+    long bad = r == CUDA_SUCCESS ? 0 : (long)n;
+    for (size_t i = 0; r == CUDA_SUCCESS && i < n; i++)
+        bad += h[i] != (unsigned char)(i * 7 + seed + delta);
+    free(h);
+    return bad;
+}
+
+static void counters(void)
+{
+    const char *names[] = {"faults", "unsafe_unmaps", "app_syncs", "ctx_syncs", "legacy_async", "capture_violations",
+                           "handles", "mappings", "reservations", "pinned_bytes", "blocked_waits", "create_calls",
+                           "map_calls"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        printf("%s=%lld\n", names[i], fakeCounter(names[i]));
+}
+
+#define MIB ((size_t)1 << 20)
+#define LEN (4 * MIB + 100) /* a block of 3 granules, the last one partly used */
+
+/* Iterations of [op_b(T), op_a(A, LEN, B), op_b(T)]; the plan (written by the test) prefetches
+ * A at 0 and swaps it out at 1. Odd iterations let the prefetch land before the consumer
+ * (advance first), even ones do not (late). */
+static int scenario_roundtrip(int iters)
+{
+    CUdeviceptr a = must_alloc(LEN), b = must_alloc(LEN), t = must_alloc(2 * MIB);
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nt=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)t);
+    fill(a, LEN, 3);
+    sync_point(1); /* the test writes the plan now */
+    for (int i = 0; i < iters; i++) {
+        op_b(t);
+        if (i % 2)
+            fakeAdvance(-1); /* the prefetch lands before its consumer */
+        op_a(a, LEN, b);
+        fakeAdvance(-1); /* the swap-out copy completes; released at the next op */
+        op_b(t);
+    }
+    fakeAdvance(-1);
+    printf("bad_a=%ld\n", check(a, LEN, 3, 0));
+    printf("bad_b=%ld\n", check(b, LEN, 3, 1));
+    counters();
+    int fa = (int)p_free(a), fb = (int)p_free(b), ft = (int)p_free(t); /* in this order */
+    printf("free_a_rc=%d\nfree_b_rc=%d\nfree_t_rc=%d\n", fa, fb, ft);
+    printf("after_free_handles=%lld\nafter_free_reservations=%lld\n", fakeCounter("handles"),
+           fakeCounter("reservations"));
+    return 0;
+}
+
+/* C17: a peer's access granted by the app is granted again after the remap. */
+static int scenario_remap(void)
+{
+    CUdeviceptr a = must_alloc(2 * MIB), t = must_alloc(2 * MIB);
+    printf("a=%" PRIu64 "\nt=%" PRIu64 "\n", (uint64_t)a, (uint64_t)t);
+    fill(a, 2 * MIB, 5);
+    CUmemAccessDesc d;
+    memset(&d, 0, sizeof d);
+    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    d.location.id = 1;
+    d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    printf("set_access_rc=%d\n", (int)((access_fn)get("cuMemSetAccess"))(a, 2 * MIB, &d, 1));
+    printf("access_before=%lld\n", fakeAccess(a));
+    sync_point(1); /* plan [b, b, a]: prefetch a at 1, swap it out after 2 */
+    op_b(t);
+    op_b(t);
+    op_a(a, 0, 0);
+    fakeAdvance(-1);
+    op_b(t); /* release */
+    printf("access_out=%lld\n", fakeAccess(a));
+    op_b(t); /* prefetch */
+    fakeAdvance(-1);
+    op_a(a, 0, 0);
+    printf("access_after=%lld\n", fakeAccess(a));
+    fakeAdvance(-1);
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 5, 0));
+    counters();
+    return 0;
+}
+
+/* C17: cuMemMap fails (FAKE_FAIL_MAP lists call numbers): at allocation -> the real allocator;
+ * at a swap-in -> the op is refused with the driver's code, the block keeps its host copy. */
+static int scenario_mapfail(void)
+{
+    CUdeviceptr a = must_alloc(2 * MIB); /* map call 1 fails: legacy */
+    printf("a=%" PRIu64 "\n", (uint64_t)a);
+    printf("after_fail_handles=%lld\nafter_fail_reservations=%lld\nafter_fail_mappings=%lld\n",
+           fakeCounter("handles"), fakeCounter("reservations"), fakeCounter("mappings"));
+    CUdeviceptr b = must_alloc(2 * MIB); /* map call 2: VMM */
+    printf("b=%" PRIu64 "\n", (uint64_t)b);
+    fill(b, 2 * MIB, 9);
+    sync_point(1); /* plan: swap b out after op 1 */
+    op_b(a);
+    op_a(b, 0, 0);
+    fakeAdvance(-1);
+    op_b(a); /* release of b */
+    printf("b_out=%d\n", fakeAccess(b) == -1);
+    printf("swapin_fail_rc=%d\n", (int)op_a(b, 0, 0)); /* map call 3 fails */
+    printf("b_still_out=%d\n", fakeAccess(b) == -1);
+    printf("swapin_ok_rc=%d\n", (int)op_a(b, 0, 0)); /* map call 4 */
+    fakeAdvance(-1);
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 9, 0));
+    counters();
+    return 0;
+}
+
+/* C08: an opaque launch names A: A is never swapped; it brings B (out) back first. */
+static int scenario_opaque(void)
+{
+    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB);
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b);
+    fill(a, 2 * MIB, 1);
+    fill(b, 2 * MIB, 2);
+    sync_point(1); /* plan: [op_b(b), op_c(a)]; swap-out of a and b after op 0, of a after op 1 */
+    op_b(b);
+    fakeAdvance(-1);
+    op_c(a); /* opaque: b must come back, a is marked */
+    fakeAdvance(-1);
+    op_b(b);
+    fakeAdvance(-1);
+    op_c(a);
+    fakeAdvance(-1);
+    printf("a_mapped=%d\n", fakeAccess(a) != -1);
+    printf("bad_a=%ld\nbad_b=%ld\n", check(a, 2 * MIB, 1, 0), check(b, 2 * MIB, 2, 0));
+    counters();
+    return 0;
+}
+
+/* C11: A is out when a capture on stream S2 starts touching it: brought back synchronously,
+ * nothing of the shim on the capturing stream, no planned action during the capture. */
+static int scenario_capture(void)
+{
+    CUstream s2 = (CUstream)0x99;
+    CUdeviceptr a = must_alloc(2 * MIB), t = must_alloc(2 * MIB);
+    printf("a=%" PRIu64 "\nt=%" PRIu64 "\n", (uint64_t)a, (uint64_t)t);
+    fill(a, 2 * MIB, 4);
+    sync_point(1); /* plan: [op_b(t), op_a(a)], swap a out after op 1 */
+    op_b(t);
+    op_a(a, 0, 0);
+    fakeAdvance(-1);
+    op_b(t); /* a released */
+    printf("a_out=%d\n", fakeAccess(a) == -1);
+    capture_fn begin = (capture_fn)dlsym(lib, "cuStreamBeginCapture_v2");
+    endcap_fn end = (endcap_fn)dlsym(lib, "cuStreamEndCapture");
+    begin(s2, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    int n = 0;
+    CUdeviceptr zero = 0;
+    void *args[] = {&a, &n, &zero};
+    printf("captured_rc=%d\n", (int)p_launch(FAKE_FUNC_A, 1, 1, 1, 1, 1, 1, 0, s2, args, NULL));
+    printf("a_in_during_capture=%d\n", fakeAccess(a) != -1);
+    CUgraph g;
+    end(s2, &g);
+    op_b(t); /* a fresh iteration after the capture */
+    printf("a_in_after_capture=%d\n", fakeAccess(a) != -1);
+    fakeAdvance(-1);
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 4, 0));
+    counters();
+    return 0;
+}
+
+/* C18 and IPC: a managed block and an IPC-exported one are named by the plan, never swapped. */
+static int scenario_never(void)
+{
+    CUdeviceptr m = 0;
+    CUresult (*managed)(CUdeviceptr *, size_t, unsigned) =
+        (CUresult(*)(CUdeviceptr *, size_t, unsigned))get("cuMemAllocManaged");
+    printf("managed_rc=%d\n", (int)managed(&m, 4 * MIB, CU_MEM_ATTACH_GLOBAL));
+    CUdeviceptr x = must_alloc(2 * MIB), t = must_alloc(2 * MIB);
+    CUipcMemHandle h;
+    printf("ipc_rc=%d\n", (int)((ipc_fn)get("cuIpcGetMemHandle"))(&h, x));
+    printf("m=%" PRIu64 "\nx=%" PRIu64 "\nt=%" PRIu64 "\n", (uint64_t)m, (uint64_t)x, (uint64_t)t);
+    long long creates = fakeCounter("create_calls");
+    sync_point(1); /* plan: [op_b(t), op_a(m, 0, x)], swap-outs of m and x after op 1 */
+    for (int i = 0; i < 3; i++) {
+        op_b(t);
+        op_a(m, 0, x);
+        fakeAdvance(-1);
+    }
+    printf("creates_during_plan=%lld\n", fakeCounter("create_calls") - creates);
+    printf("x_mapped=%d\n", fakeAccess(x) != -1);
+    counters();
+    return 0;
+}
+
+/* Budget without a plan: LRU idle eviction before an allocation over the budget. */
+static int scenario_budget(void)
+{
+    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB);
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)c);
+    fill(a, 2 * MIB, 1);
+    fill(b, 2 * MIB, 2);
+    fill(c, 2 * MIB, 3);
+    op_a(a, 0, 0);
+    op_a(b, 0, 0);
+    op_a(c, 0, 0);
+    op_a(a, 0, 0); /* LRU order now: b, c, a */
+    CUdeviceptr d = must_alloc(2 * MIB); /* over the budget of 3: b goes */
+    fakeAdvance(-1);
+    op_a(d, 0, 0); /* b released */
+    printf("b_out=%d\nc_in=%d\n", fakeAccess(b) == -1, fakeAccess(c) != -1);
+    CUdeviceptr e = must_alloc(2 * MIB); /* c goes (d is newer, a newer) */
+    fakeAdvance(-1);
+    op_a(e, 0, 0);
+    printf("c_out=%d\n", fakeAccess(c) == -1);
+    printf("d=%" PRIu64 "\ne=%" PRIu64 "\n", (uint64_t)d, (uint64_t)e);
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0)); /* demand: b comes back */
+    fakeAdvance(-1);
+    printf("bad_c=%ld\n", check(c, 2 * MIB, 3, 0));
+    counters();
+    return 0;
+}
+
+/* Budget with nothing evictable: the allocation fails exactly as the driver says. */
+static int scenario_oom(void)
+{
+    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB);
+    op_c(a); /* opaque: never swapped */
+    op_c(b);
+    CUdeviceptr c = 0;
+    printf("oom_rc=%d\n", (int)p_alloc(&c, 2 * MIB));
+    printf("c=%" PRIu64 "\n", (uint64_t)c);
+    counters();
+    return 0;
+}
+
+/* The pinned pool runs out: fewer blocks are swapped, none is corrupted. */
+static int scenario_pool(void)
+{
+    CUdeviceptr x[3], t = must_alloc(2 * MIB);
+    for (int i = 0; i < 3; i++) {
+        x[i] = must_alloc(2 * MIB);
+        fill(x[i], 2 * MIB, (unsigned)(10 + i));
+        printf("x%d=%" PRIu64 "\n", i, (uint64_t)x[i]);
+    }
+    sync_point(1); /* plan: [op_b(t), op_a(x0, 0, x1), op_b(x2)]; swap-outs of all three after op 2 */
+    op_b(t);
+    op_a(x[0], 0, x[1]);
+    op_b(x[2]);
+    fakeAdvance(-1);
+    op_b(t);
+    for (int i = 0; i < 3; i++)
+        printf("x%d_out=%d\n", i, fakeAccess(x[i]) == -1);
+    for (int i = 0; i < 3; i++)
+        printf("bad_x%d=%ld\n", i, check(x[i], 2 * MIB, (unsigned)(10 + i), 0));
+    counters();
+    return 0;
+}
+
+/* Plan following: resync at a new iteration, a mismatch that drops the plan, a new generation
+ * adopted, prefetch hits. Template [op_b(t), op_a(a), memset(t)]. */
+static int scenario_plan(void)
+{
+    CUdeviceptr a = must_alloc(2 * MIB), t = must_alloc(2 * MIB);
+    printf("a=%" PRIu64 "\nt=%" PRIu64 "\n", (uint64_t)a, (uint64_t)t);
+    fill(a, 2 * MIB, 6);
+    sync_point(1); /* plan gen 1: prefetch a at 0, swap a out at 1 */
+    /* iteration 1: full */
+    op_b(t);
+    op_a(a, 0, 0);
+    fakeAdvance(-1);
+    p_memset(t, 0, 16, S1);
+    /* iteration 2 cut short: b, a, then b again (resync to 0, no drop) */
+    op_b(t);
+    fakeAdvance(-1);
+    op_a(a, 0, 0);
+    fakeAdvance(-1);
+    op_b(t);
+    fakeAdvance(-1);
+    op_a(a, 0, 0);
+    fakeAdvance(-1);
+    p_memset(t, 0, 16, S1);
+    printf("drops_before_mismatch=%d\n", 0);
+    /* iteration 4: b then memset where a was expected: the plan is dropped */
+    op_b(t);
+    p_memset(t, 0, 16, S1);
+    /* after the drop: a is touched while out: demand */
+    op_a(a, 0, 0);
+    fakeAdvance(-1);
+    sync_point(2); /* the test writes gen 2 */
+    op_b(t); /* adopted here (none followed) */
+    op_a(a, 0, 0);
+    fakeAdvance(-1);
+    p_memset(t, 0, 16, S1);
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 6, 0));
+    counters();
+    return 0;
+}
+
+/* C10: a graph launch whose kernel node touches a block that is out brings it back first. */
+static int scenario_graph(void)
+{
+    CUdeviceptr a = must_alloc(2 * MIB), t = must_alloc(2 * MIB);
+    printf("a=%" PRIu64 "\n", (uint64_t)a);
+    fill(a, 2 * MIB, 8);
+    sync_point(1); /* plan: [op_b(t), op_a(a)], swap a out after op 1 */
+    op_b(t);
+    op_a(a, 0, 0);
+    fakeAdvance(-1);
+    op_b(t);
+    printf("a_out=%d\n", fakeAccess(a) == -1);
+    int n = 0;
+    CUdeviceptr zero = 0;
+    void *args[] = {&a, &n, &zero};
+    struct fake_node k = {.type = CU_GRAPH_NODE_TYPE_KERNEL, .func = FAKE_FUNC_A, .kernelParams = args};
+    struct fake_graph g = {.n = 1, .nodes = {&k}};
+    CUgraphExec exec = NULL;
+    ((inst_fn)get("cuGraphInstantiateWithFlags"))(&exec, (CUgraph)&g, 0);
+    printf("graph_rc=%d\n", (int)((glaunch_fn)get("cuGraphLaunch"))(exec, S1));
+    fakeAdvance(-1);
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 8, 0));
+    counters();
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2)
+        return 2;
+    setup();
+    const char *s = argv[1];
+    int rc = 2;
+    if (!strcmp(s, "roundtrip"))
+        rc = scenario_roundtrip(argc > 2 ? atoi(argv[2]) : 20);
+    else if (!strcmp(s, "remap"))
+        rc = scenario_remap();
+    else if (!strcmp(s, "mapfail"))
+        rc = scenario_mapfail();
+    else if (!strcmp(s, "opaque"))
+        rc = scenario_opaque();
+    else if (!strcmp(s, "capture"))
+        rc = scenario_capture();
+    else if (!strcmp(s, "never"))
+        rc = scenario_never();
+    else if (!strcmp(s, "budget"))
+        rc = scenario_budget();
+    else if (!strcmp(s, "oom"))
+        rc = scenario_oom();
+    else if (!strcmp(s, "pool"))
+        rc = scenario_pool();
+    else if (!strcmp(s, "plan"))
+        rc = scenario_plan();
+    else if (!strcmp(s, "graph"))
+        rc = scenario_graph();
+    printf("done=1\n");
+    return rc;
+}

@@ -1,0 +1,483 @@
+"""CPU tests of the shim's swap mode (native/swap.c) against the fake libcuda.
+
+tests/fake_cuda/fake_vmm.inc gives the fake driver real bytes behind VMM mappings, queued
+streams and events (the shim's own stream only runs when the driver calls fakeAdvance), stream
+capture and counters of everything a swapper must never do. tests/fake_cuda/swap_driver.c plays a
+training loop: it prints its pid and waits at numbered sync points, where the test writes plans
+for that pid into the control file (numpy, pyobmem.abi.CONTROL_DTYPE), as the daemon would.
+Every test asserts exact records, bytes and counters.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pyobmem import abi
+from pyobmem.abi import ActionKind, AllocKind, CopyKind, Ev, SwapInCause
+from pyobmem.ring import Ring
+
+ROOT = Path(__file__).resolve().parent.parent
+FAKE = ROOT / "tests" / "fake_cuda"
+SHIM = ROOT / "pyobmem" / "libpyobmem.so"
+CUDA_INCLUDE = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
+
+FUNC_A, KERN_B, FUNC_C = 0x1000, 0x2000, 0x3000
+KEY_SET = abi.op_key_copy(Ev.MEMSET, 0)
+MIB = 1 << 20
+GRAN = 2 * MIB
+LEN = 4 * MIB + 100  # swap_driver.c: LEN
+VMM_BASE = 0x20000000000
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("gcc") is None or not (CUDA_INCLUDE / "cuda.h").exists(), reason="needs gcc and the CUDA headers"
+)
+
+
+@pytest.fixture(scope="session")
+def fake(tmp_path_factory):
+    if not SHIM.exists() or any(
+        p.stat().st_mtime > SHIM.stat().st_mtime for p in (ROOT / "native").rglob("*") if p.is_file()
+    ):
+        subprocess.run(["make", "-s", "native"], cwd=ROOT, check=True)
+    d = tmp_path_factory.mktemp("fake_cuda_swap")
+    inc = ["-I", str(CUDA_INCLUDE)]
+    flags = ["-O1", "-g", "-Wall", "-Wextra", "-Werror"]
+    subprocess.run(
+        ["gcc", *flags, "-fPIC", "-shared", "-Wl,-Bsymbolic", "-Wl,-soname,libcuda.so.1", *inc,
+         "-o", str(d / "libcuda.so.1"), str(FAKE / "fake_cuda.c"), "-lpthread"],
+        check=True,
+    )
+    subprocess.run(
+        ["gcc", *flags, "-fPIC", "-shared", *inc, "-o", str(d / "libcupti.so"), str(FAKE / "fake_cupti.c"), "-ldl"],
+        check=True,
+    )
+    subprocess.run(["gcc", *flags, *inc, "-o", str(d / "swap_driver"), str(FAKE / "swap_driver.c"), "-ldl"], check=True)
+    return d
+
+
+# ---------------------------------------------------------------- the control file, as the daemon writes it
+
+
+def make_control(path: Path, budget: int = 0, min_swap: int = MIB) -> Path:
+    c = np.zeros(1, dtype=abi.CONTROL_DTYPE)
+    c["magic"] = abi.CONTROL_MAGIC
+    c["abi_version"] = abi.ABI_VERSION
+    c["budget_bytes"] = budget
+    c["min_swap_bytes"] = min_swap
+    c.tofile(path)
+    return path
+
+
+def control(path: Path):
+    return np.memmap(path, dtype=abi.CONTROL_DTYPE, mode="r+", shape=(1,))
+
+
+def write_plan(path: Path, pid: int, gen: int, keys, actions):
+    """Double buffer: fill plans[1 - active], then flip active."""
+    c = control(path)
+    slot = 1 - int(c["active"][0])
+    p = c["plans"][0, slot]
+    p["pid"] = pid
+    p["period"] = len(keys)
+    p["template_keys"][: len(keys)] = keys
+    p["n_actions"] = len(actions)
+    for i, (at, kind, addr, size) in enumerate(actions):
+        p["actions"][i]["at"] = at
+        p["actions"][i]["kind"] = int(kind)
+        p["actions"][i]["addr"] = addr
+        p["actions"][i]["size"] = size
+    p["generation"] = gen
+    c["plans"][0, slot] = p
+    c["active"] = slot
+    c.flush()
+
+
+class Run:
+    def __init__(self, rc, stdout, stderr, records, ctl):
+        self.rc, self.stdout, self.stderr, self.records = rc, stdout, stderr, records
+        self.out = {}
+        for line in stdout.splitlines():
+            if "=" in line:
+                k, v = line.split("=", 1)
+                self.out[k] = int(v) if v.lstrip("-").isdigit() else v
+        self.control = ctl
+
+    def of(self, ev):
+        return self.records[self.records["type"] == int(ev)]
+
+    def notes(self):
+        out, cur = [], b""
+        for r in self.of(Ev.NOTE):
+            if int(r["flags"]) & 0x7FFF == 0:
+                cur = b""
+            cur += np.array([r["b"], r["c"], r["d"], r["e"]], dtype="<u8").tobytes()
+            if int(r["flags"]) & abi.TEXT_LAST:
+                out.append(cur.rstrip(b"\0").decode())
+        return out
+
+    def block_id(self, addr):
+        a = self.of(Ev.ALLOC)
+        return int(a["a"][a["b"] == addr][-1])
+
+    def swaps(self, ev, addr=None):
+        s = self.of(ev)
+        return s if addr is None else s[s["a"] == self.block_id(addr)]
+
+
+def run_swap(fake, tmp_path, scenario, *args, budget=0, min_swap=MIB, plans=None, env=None, ctl=True,
+             cupti=False, timeout=60):
+    """Run swap_driver with the shim and a control file; plans: {sync point: fn(path, pid, out)}."""
+    ring = Ring.create(capacity=1 << 16, directory=str(tmp_path))
+    path = make_control(tmp_path / "control", budget, min_swap) if ctl else None
+    e = {k: v for k, v in os.environ.items() if not k.startswith("PYOBMEM_") and not k.startswith("FAKE_")}
+    e.update(LD_LIBRARY_PATH=str(fake), LD_PRELOAD=str(SHIM), PYOBMEM_RING=ring.path,
+             PYOBMEM_CUPTI=str(fake / "libcupti.so") if cupti else "0")
+    if path is not None:
+        e["PYOBMEM_CONTROL"] = str(path)
+    e.update(env or {})
+    err = open(tmp_path / "stderr", "w+")
+    proc = subprocess.Popen([str(fake / "swap_driver"), scenario, *map(str, args)], env=e, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=err, text=True)
+    lines, out, pid = [], {}, None
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            k, _, v = line.strip().partition("=")
+            out[k] = int(v) if v.lstrip("-").isdigit() else v
+            if k == "pid":
+                pid = int(v)
+            if k == "sync":
+                fn = (plans or {}).get(int(v))
+                if fn is not None:
+                    fn(path, pid, out)
+                proc.stdin.write("\n")
+                proc.stdin.flush()
+        proc.wait(timeout=timeout)
+        recs = ring.drain()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        ring.close()
+    err.seek(0)
+    ctl_now = np.array(control(path)) if path is not None else None
+    run = Run(proc.returncode, "".join(lines), err.read(), recs, ctl_now)
+    assert run.rc == 0, (run.stdout, run.stderr)
+    assert run.out.get("done") == 1, run.stdout
+    return run
+
+
+def no_misbehaviour(run):
+    """What a swapper must never do (C11, C16), as counted by the fake driver."""
+    for k in ("faults", "unsafe_unmaps", "app_syncs", "ctx_syncs", "legacy_async", "capture_violations"):
+        assert run.out[k] == 0, (k, run.stdout)
+
+
+def roundtrip_plan(path, pid, out):
+    a = out["a"]
+    write_plan(path, pid, 1, [KERN_B, FUNC_A, KERN_B],
+               [(0, ActionKind.PREFETCH, a, LEN), (1, ActionKind.SWAP_OUT, a, LEN)])
+
+
+# ---------------------------------------------------------------- VMM backing and byte-exact round trips
+
+
+@pytest.mark.parametrize("cupti", [False, True], ids=["hooks", "cupti"])
+def test_block_swapped_out_and_in_20_times_keeps_every_byte(fake, tmp_path, cupti):
+    run = run_swap(fake, tmp_path, "roundtrip", 20, plans={1: roundtrip_plan}, cupti=cupti)
+    a, b, t = run.out["a"], run.out["b"], run.out["t"]
+    # VMM-backed: addresses in the reserved range, one allocation each, kind DRIVER as the app asked
+    assert all(VMM_BASE <= x < 0x30000000000 for x in (a, b, t))
+    allocs = run.of(Ev.ALLOC)
+    assert allocs["b"].tolist() == [a, b, t]
+    assert allocs["c"].tolist() == [LEN, LEN, 2 * MIB]
+    assert allocs["e"].tolist() == [AllocKind.DRIVER] * 3
+    assert run.out["bad_a"] == 0 and run.out["bad_b"] == 0
+    ida = run.block_id(a)
+    outs = run.swaps(Ev.SWAP_OUT)
+    assert outs["a"].tolist() == [ida] * 20
+    assert outs["b"].tolist() == [LEN] * 20
+    ins = run.swaps(Ev.SWAP_IN)
+    assert ins["a"].tolist() == [ida] * 20
+    # iterations 1..19 prefetch: odd ones land before the consumer (hit), even ones late;
+    # the final read-back brings the 20th swap-out back on demand
+    causes = ins["flags"].tolist()
+    assert causes == [SwapInCause.PREFETCH if i % 2 else SwapInCause.LATE for i in range(1, 20)] + [
+        SwapInCause.DEMAND]
+    # late consumers waited on the copy event (blocked), the final DtoH too
+    assert run.out["blocked_waits"] >= 10
+    assert set(outs["d"].tolist()) == set(ins["d"].tolist())  # one shim stream
+    assert len(set(outs["d"].tolist())) == 1 and outs["d"][0] != 0
+    no_misbehaviour(run)
+    # plan adopted once (gen 1, 2 actions); the final read-back copies leave the template: one drop
+    plan = run.of(Ev.PLAN)
+    assert [(int(r["a"]), int(r["b"]), int(r["flags"])) for r in plan] == [(1, 2, 0), (1, 0, 1)]
+    assert int(run.control["adopted"][0]) == 1
+    assert int(run.control["plan_drops"][0]) == 1
+    # free: unmapped, released and the range freed (C17: exactly what was mapped)
+    assert (run.out["free_a_rc"], run.out["free_b_rc"], run.out["free_t_rc"]) == (0, 0, 0)
+    assert run.out["after_free_handles"] == 0 and run.out["after_free_reservations"] == 0
+    assert run.of(Ev.FREE)["b"].tolist() == [a, b, t]
+    # the pool: one chunk, noted
+    assert run.out["pinned_bytes"] == 1 << 30
+    assert "swap.pinned_bytes=1073741824" in run.notes()
+
+
+def test_c16_no_synchronising_calls(fake, tmp_path):
+    """The executor never synchronises the device or an application stream, never unmaps memory
+    a queued op still uses, never works on the legacy stream (fake driver counters)."""
+    run = run_swap(fake, tmp_path, "roundtrip", 6, plans={1: roundtrip_plan})
+    assert len(run.of(Ev.SWAP_OUT)) == 6
+    assert run.out["app_syncs"] == 0
+    assert run.out["ctx_syncs"] == 0
+    assert run.out["unsafe_unmaps"] == 0
+    assert run.out["legacy_async"] == 0
+    assert run.out["faults"] == 0
+
+
+def test_no_control_file_traces_as_today(fake, tmp_path):
+    run = run_swap(fake, tmp_path, "roundtrip", 3, ctl=False)
+    assert all(x < VMM_BASE for x in (run.out["a"], run.out["b"], run.out["t"]))  # the real allocator
+    assert len(run.of(Ev.SWAP_OUT)) == len(run.of(Ev.SWAP_IN)) == len(run.of(Ev.PLAN)) == 0
+    assert not [n for n in run.notes() if n.startswith("swap")]
+    assert run.out["create_calls"] == 0 and run.out["pinned_bytes"] == 0
+    launches = run.of(Ev.LAUNCH)
+    assert launches["b"].tolist() == [KERN_B, FUNC_A, KERN_B] * 3
+
+
+def test_bad_control_file_means_no_swap(fake, tmp_path):
+    bad = tmp_path / "bad"
+    bad.write_bytes(b"\0" * abi.CONTROL_DTYPE.itemsize)
+    run = run_swap(fake, tmp_path, "roundtrip", 1, ctl=False, env={"PYOBMEM_CONTROL": str(bad)})
+    assert "swap=off: control file has a wrong magic or version" in run.notes()
+    assert run.out["a"] < VMM_BASE
+    assert run.out["create_calls"] == 0
+
+
+def test_small_blocks_use_the_real_allocator(fake, tmp_path):
+    run = run_swap(fake, tmp_path, "roundtrip", 1, min_swap=8 * MIB)
+    assert all(x < VMM_BASE for x in (run.out["a"], run.out["b"], run.out["t"]))
+    assert run.out["create_calls"] == 0
+
+
+# ---------------------------------------------------------------- field cases
+
+
+def test_c17_remap_regrants_access(fake, tmp_path):
+    def plan(path, pid, out):
+        a = out["a"]
+        write_plan(path, pid, 1, [KERN_B, KERN_B, FUNC_A],
+                   [(1, ActionKind.PREFETCH, a, 2 * MIB), (2, ActionKind.SWAP_OUT, a, 2 * MIB)])
+
+    run = run_swap(fake, tmp_path, "remap", plans={1: plan})
+    assert run.out["set_access_rc"] == 0
+    assert run.out["access_before"] == 0b11  # device 0 (ours) and device 1 (the app's peer)
+    assert run.out["access_out"] == -1  # unmapped while out
+    assert run.out["access_after"] == 0b11  # granted again on remap
+    assert run.out["bad_a"] == 0
+    # the prefetch landed before its consumer; the read-back after the next swap-out is on demand
+    assert run.swaps(Ev.SWAP_IN, run.out["a"])["flags"].tolist() == [SwapInCause.PREFETCH, SwapInCause.DEMAND]
+    no_misbehaviour(run)
+
+
+def test_c17_map_failure_leaves_block_resident(fake, tmp_path):
+    def plan(path, pid, out):
+        b = out["b"]
+        write_plan(path, pid, 1, [KERN_B, FUNC_A], [(1, ActionKind.SWAP_OUT, b, 2 * MIB)])
+
+    run = run_swap(fake, tmp_path, "mapfail", plans={1: plan}, env={"FAKE_FAIL_MAP": "1,3"})
+    # allocation: the map failed halfway (reserve and create done): both undone, real allocator used
+    assert run.out["a"] < VMM_BASE
+    assert run.out["after_fail_handles"] == 0
+    assert run.out["after_fail_reservations"] == 0
+    assert run.out["after_fail_mappings"] == 0
+    assert run.out["b"] >= VMM_BASE
+    # swap-in: the map failed: the op is refused with the driver's code, nothing half-mapped,
+    # the host copy kept; the next op brings the block back with every byte
+    assert run.out["b_out"] == 1
+    assert run.out["swapin_fail_rc"] == 999  # CUDA_ERROR_UNKNOWN from the fake cuMemMap
+    assert run.out["b_still_out"] == 1
+    assert run.out["swapin_ok_rc"] == 0
+    assert run.out["bad_b"] == 0
+    assert run.out["map_calls"] == 4
+    assert run.swaps(Ev.SWAP_IN, run.out["b"])["flags"].tolist() == [SwapInCause.DEMAND]
+    # the refused launch is not recorded: b's launches are the 2 that ran
+    la = run.of(Ev.LAUNCH)
+    assert la["b"].tolist() == [KERN_B, FUNC_A, KERN_B, FUNC_A]
+    assert any(n.startswith("swap: a block could not be brought back (CUresult 999)") for n in run.notes())
+    no_misbehaviour(run)
+
+
+def test_c08_opaque_block_never_swapped(fake, tmp_path):
+    def plan(path, pid, out):
+        a, b = out["a"], out["b"]
+        write_plan(path, pid, 1, [KERN_B, FUNC_C], [
+            (0, ActionKind.SWAP_OUT, a, 2 * MIB), (0, ActionKind.SWAP_OUT, b, 2 * MIB),
+            (1, ActionKind.SWAP_OUT, a, 2 * MIB)])
+
+    run = run_swap(fake, tmp_path, "opaque", plans={1: plan})
+    a, b = run.out["a"], run.out["b"]
+    # iteration 1: a and b swapped out after op 0; the opaque op names a (now never swapped) and
+    # may touch anything: b comes back first (demand). Iteration 2: only b goes out, comes back.
+    assert run.swaps(Ev.SWAP_OUT, a)["a"].size == 1  # before any opaque op touched it
+    assert run.swaps(Ev.SWAP_OUT, b)["a"].size == 2
+    assert run.swaps(Ev.SWAP_IN, b)["flags"].tolist() == [SwapInCause.DEMAND] * 2
+    assert run.swaps(Ev.SWAP_IN, a)["flags"].tolist() == [SwapInCause.DEMAND]
+    la = run.of(Ev.LAUNCH)
+    assert (la["flags"][la["b"] == FUNC_C] & abi.LaunchFlag.OPAQUE).all()
+    assert run.out["a_mapped"] == 1
+    assert run.out["bad_a"] == 0 and run.out["bad_b"] == 0
+    no_misbehaviour(run)
+
+
+def test_c11_no_swap_during_capture(fake, tmp_path):
+    def plan(path, pid, out):
+        a = out["a"]
+        write_plan(path, pid, 1, [KERN_B, FUNC_A], [(1, ActionKind.SWAP_OUT, a, 2 * MIB)])
+
+    run = run_swap(fake, tmp_path, "capture", plans={1: plan})
+    a = run.out["a"]
+    assert run.out["a_out"] == 1
+    assert run.out["captured_rc"] == 0
+    # brought back before the launch was captured, synchronously on the shim stream
+    assert run.out["a_in_during_capture"] == 1
+    # the planned swap-out after the captured op (position 1) was not done
+    assert run.out["a_in_after_capture"] == 1
+    assert run.swaps(Ev.SWAP_OUT, a)["a"].size == 1
+    assert run.swaps(Ev.SWAP_IN, a)["flags"].tolist() == [SwapInCause.DEMAND]
+    assert run.out["capture_violations"] == 0  # no event recorded on / waited by the capturing stream
+    assert run.out["bad_a"] == 0
+    no_misbehaviour(run)
+
+
+def test_c18_managed_never_swapped(fake, tmp_path):
+    def plan(path, pid, out):
+        m, x = out["m"], out["x"]
+        write_plan(path, pid, 1, [KERN_B, FUNC_A], [
+            (1, ActionKind.SWAP_OUT, m, 4 * MIB), (1, ActionKind.SWAP_OUT, x, 2 * MIB),
+            (0, ActionKind.PREFETCH, m, 4 * MIB)])
+
+    run = run_swap(fake, tmp_path, "never", plans={1: plan})
+    assert run.out["managed_rc"] == 0 and run.out["ipc_rc"] == 0
+    allocs = run.of(Ev.ALLOC)
+    assert int(allocs["e"][allocs["b"] == run.out["m"]][0]) == AllocKind.MANAGED
+    assert run.out["m"] < VMM_BASE  # never VMM-backed
+    assert len(run.of(Ev.SWAP_OUT)) == 0 and len(run.of(Ev.SWAP_IN)) == 0
+    assert run.out["creates_during_plan"] == 0
+    assert run.out["x_mapped"] == 1  # the IPC-exported block stays resident
+    no_misbehaviour(run)
+
+
+def test_c10_graph_launch_brings_blocks_back(fake, tmp_path):
+    def plan(path, pid, out):
+        a = out["a"]
+        write_plan(path, pid, 1, [KERN_B, FUNC_A], [(1, ActionKind.SWAP_OUT, a, 2 * MIB)])
+
+    run = run_swap(fake, tmp_path, "graph", plans={1: plan})
+    assert run.out["a_out"] == 1
+    assert run.out["graph_rc"] == 0
+    assert run.swaps(Ev.SWAP_IN, run.out["a"])["flags"].tolist() == [SwapInCause.DEMAND]
+    assert run.out["bad_a"] == 0
+    no_misbehaviour(run)
+
+
+# ---------------------------------------------------------------- plan following
+
+
+def test_plan_prefetch_resync_mismatch_and_new_generation(fake, tmp_path):
+    def plan1(path, pid, out):
+        a = out["a"]
+        write_plan(path, pid, 1, [KERN_B, FUNC_A, KEY_SET],
+                   [(0, ActionKind.PREFETCH, a, 2 * MIB), (1, ActionKind.SWAP_OUT, a, 2 * MIB)])
+
+    def plan2(path, pid, out):
+        c = control(path)
+        assert int(c["adopted"][0]) == 1 and int(c["plan_drops"][0]) == 1  # what the daemon sees
+        a = out["a"]
+        write_plan(path, pid, 2, [KERN_B, FUNC_A, KEY_SET], [(1, ActionKind.SWAP_OUT, a, 2 * MIB)])
+
+    run = run_swap(fake, tmp_path, "plan", plans={1: plan1, 2: plan2})
+    a = run.out["a"]
+    plan = run.of(Ev.PLAN)
+    # gen 1 adopted (2 actions), dropped at position 1 of iteration 4 (memset where a launch of
+    # kernel_a was expected), gen 2 adopted (1 action); the final read-back copy drops gen 2
+    assert [(int(r["a"]), int(r["b"]), int(r["flags"])) for r in plan] == [
+        (1, 2, 0), (1, 1, 1), (2, 1, 0), (2, 0, 1)]
+    assert int(run.control["adopted"][0]) == 2
+    assert int(run.control["plan_drops"][0]) == 2
+    # swap-outs after op 1 of iterations 1, 2 (the resync at b kept the plan), 3, and gen 2's
+    outs = run.swaps(Ev.SWAP_OUT, a)
+    assert outs["a"].size == 4
+    # prefetches at the start of iterations 2 and 3 (advanced before the consumer: hits); the
+    # one at the start of iteration 4 is consumed, not advanced, after the drop (late); the
+    # final read-back brings gen 2's swap-out back on demand
+    assert run.swaps(Ev.SWAP_IN, a)["flags"].tolist() == [
+        SwapInCause.PREFETCH, SwapInCause.PREFETCH, SwapInCause.LATE, SwapInCause.DEMAND]
+    assert run.out["bad_a"] == 0
+    no_misbehaviour(run)
+
+
+def test_plan_for_another_pid_is_ignored(fake, tmp_path):
+    def plan(path, pid, out):
+        roundtrip_plan(path, pid + 1, out)
+
+    run = run_swap(fake, tmp_path, "roundtrip", 3, plans={1: plan})
+    assert len(run.of(Ev.PLAN)) == 0 and len(run.of(Ev.SWAP_OUT)) == 0
+    assert int(run.control["adopted"][0]) == 0
+
+
+# ---------------------------------------------------------------- budget, OOM, pinned pool, no daemon
+
+
+def test_budget_evicts_least_recently_used_idle_block(fake, tmp_path):
+    run = run_swap(fake, tmp_path, "budget", budget=3 * GRAN)
+    b, c = run.out["b"], run.out["c"]
+    assert run.out["b_out"] == 1 and run.out["c_in"] == 1
+    assert run.out["c_out"] == 1
+    outs = run.of(Ev.SWAP_OUT)
+    assert outs["a"].tolist() == [run.block_id(b), run.block_id(c)]
+    ins = run.of(Ev.SWAP_IN)
+    assert ins["a"].tolist() == [run.block_id(b), run.block_id(c)]
+    assert ins["flags"].tolist() == [SwapInCause.DEMAND] * 2
+    assert run.out["bad_b"] == 0 and run.out["bad_c"] == 0
+    # daemon-less: no plan ever written, none adopted, nothing dropped
+    assert len(run.of(Ev.PLAN)) == 0
+    assert int(run.control["adopted"][0]) == 0 and int(run.control["plan_drops"][0]) == 0
+    no_misbehaviour(run)
+
+
+def test_oom_code_passed_unchanged_when_nothing_can_be_evicted(fake, tmp_path):
+    env = {"FAKE_DEVICE_BYTES": str(2 * GRAN)}
+    run = run_swap(fake, tmp_path, "oom", budget=GRAN, env=env)
+    assert run.out["oom_rc"] == 2  # CUDA_ERROR_OUT_OF_MEMORY, as the real allocator said
+    assert run.out["c"] == 0
+    assert len(run.of(Ev.SWAP_OUT)) == 0
+    assert len(run.of(Ev.ALLOC)) == 2
+    assert run.out["handles"] == 2 and run.out["reservations"] == 2  # the failed try left nothing
+    # and the same program without the shim fails the same way
+    e = {k: v for k, v in os.environ.items() if not k.startswith("PYOBMEM_")}
+    e.update(LD_LIBRARY_PATH=str(fake), **env)
+    p = subprocess.run([str(fake / "swap_driver"), "oom"], env=e, input="\n", capture_output=True, text=True,
+                       timeout=30)
+    assert "oom_rc=2" in p.stdout.splitlines()
+
+
+def test_pinned_pool_exhaustion_degrades_to_fewer_swapped_blocks(fake, tmp_path):
+    def plan(path, pid, out):
+        acts = [(2, ActionKind.SWAP_OUT, out[f"x{i}"], 2 * MIB) for i in range(3)]
+        write_plan(path, pid, 1, [KERN_B, FUNC_A, KERN_B], acts)
+
+    run = run_swap(fake, tmp_path, "pool", plans={1: plan}, env={"FAKE_HOST_BYTES": str(5 * MIB)})
+    # chunks tried from 1 GiB down: 4 MiB fits (two blocks), then 2 MiB more would pass 5 MiB
+    assert run.out["pinned_bytes"] == 4 * MIB
+    assert [run.out[f"x{i}_out"] for i in range(3)] == [1, 1, 0]
+    assert [run.out[f"bad_x{i}"] for i in range(3)] == [0, 0, 0]
+    notes = run.notes()
+    assert "swap.pinned_bytes=4194304" in notes
+    assert sum(n.startswith("swap: pinned host memory exhausted") for n in notes) == 1
+    no_misbehaviour(run)
