@@ -87,7 +87,8 @@ struct sblock {
     void *host;                 /* host slot (OUT_PENDING, OUT) */
     uint64_t t_issue;           /* ns when the last copy was issued */
     uint64_t lru;               /* op stamp of the last op touching it */
-    uint64_t stamp;             /* op stamp: dedupe within one op */
+    uint64_t stamp;             /* op stamp: the op being prepared touches it (never evicted for it) */
+    uint64_t tried;             /* eviction round that already tried it */
 };
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -557,16 +558,18 @@ static void drain_outs(void)
 }
 
 /* The least recently used block that can be swapped out now and is idle (all its uses done),
- * not touched by the op with stamp `stamp`. */
-static struct sblock *lru_victim(uint64_t stamp)
+ * not touched by the op with stamp `stamp`, not yet tried in eviction round `round`. */
+static struct sblock *lru_victim(uint64_t stamp, uint64_t round)
 {
     struct sblock *v = NULL;
     for (size_t i = 0; i < g_n; i++) {
         struct sblock *b = g_tab[i];
-        if (b->state == SB_RESIDENT && swappable(b) && b->stamp != stamp && (!v || b->lru < v->lru) &&
-            slots_idle(b->uses, MAX_USES))
+        if (b->state == SB_RESIDENT && swappable(b) && b->stamp != stamp && b->tried != round &&
+            (!v || b->lru < v->lru) && slots_idle(b->uses, MAX_USES))
             v = b;
     }
+    if (v)
+        v->tried = round;
     return v;
 }
 
@@ -574,13 +577,12 @@ static struct sblock *lru_victim(uint64_t stamp)
  * blocks and wait for their copies (on the shim stream). */
 static void make_room(uint64_t need, uint64_t stamp)
 {
-    uint64_t before = g_mapped;
+    uint64_t before = g_mapped, round = ++g_tick;
     drain_outs();
     while (before - g_mapped + g_leaving < need) {
-        struct sblock *v = lru_victim(stamp);
+        struct sblock *v = lru_victim(stamp, round);
         if (!v)
             break;
-        v->stamp = stamp; /* tried once */
         swap_out(v);
     }
     drain_outs();
@@ -638,6 +640,8 @@ static CUresult finish_in(struct sblock *b, const struct swap_op *op, int demand
     return CUDA_SUCCESS;
 }
 
+static void evict_for_budget(uint64_t need, uint64_t stamp);
+
 /* Make b usable by op. */
 static CUresult consume(struct sblock *b, const struct swap_op *op, uint64_t stamp)
 {
@@ -649,6 +653,8 @@ static CUresult consume(struct sblock *b, const struct swap_op *op, uint64_t sta
         cancel_out(b);
         return CUDA_SUCCESS;
     case SB_OUT: {
+        if (!op || !op->capturing)
+            evict_for_budget(b->vsize, stamp); /* without a plan, a demand swap-in keeps the budget too */
         CUresult r = swap_in(b, 0, stamp);
         if (r != CUDA_SUCCESS) {
             if (!g_noted_swapin) {
@@ -782,11 +788,11 @@ static void evict_for_budget(uint64_t need, uint64_t stamp)
     uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED);
     if (!budget || g_plan.following)
         return;
+    uint64_t round = ++g_tick;
     while (g_mapped - g_leaving + need > budget) {
-        struct sblock *v = lru_victim(stamp);
+        struct sblock *v = lru_victim(stamp, round);
         if (!v)
             break;
-        v->stamp = stamp;
         swap_out(v);
     }
 }
@@ -821,14 +827,12 @@ CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int opaque,
     int pushed = ctx_enter();
     if (!paused && g_out_pending)
         poll_releases();
-    op->pos = plan_step(key);
-    if (op->pos >= 0 && !paused)
-        run_actions(op->pos, PYOBMEM_ACT_PREFETCH, stamp);
     /* During a capture (or when unsure) the op's stream gets nothing of ours: consume() then
      * synchronises the shim stream instead of making the op's stream wait. */
     struct swap_op view = *op;
     view.capturing = paused;
-    CUresult fail = CUDA_SUCCESS;
+    /* first every block of the op is stamped (so no eviction for it picks one of them), then
+     * each is made usable */
     for (size_t i = 0; i < n; i++) {
         struct sblock *b = words[i] ? find(words[i]) : NULL;
         if (!b || b->stamp == stamp)
@@ -841,16 +845,26 @@ CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int opaque,
             op->addrs[op->n++] = b->addr;
         else
             op->overflow = 1;
-        CUresult r = consume(b, &view, stamp);
-        if (r != CUDA_SUCCESS && fail == CUDA_SUCCESS)
-            fail = r;
     }
-    if (opaque || op->overflow) /* it may touch anything: everything comes back first */
+    /* the plan: prefetches before the op (never evicting one of its blocks) */
+    op->pos = plan_step(key);
+    if (op->pos >= 0 && !paused)
+        run_actions(op->pos, PYOBMEM_ACT_PREFETCH, stamp);
+    CUresult fail = CUDA_SUCCESS;
+    if (!op->overflow) {
+        for (uint32_t i = 0; i < op->n && fail == CUDA_SUCCESS; i++)
+            fail = consume(find(op->addrs[i]), &view, stamp);
+    } else {
         for (size_t i = 0; i < g_n && fail == CUDA_SUCCESS; i++)
-            if (g_tab[i]->state != SB_RESIDENT) {
-                g_tab[i]->stamp = stamp;
+            if (g_tab[i]->stamp == stamp)
                 fail = consume(g_tab[i], &view, stamp);
-            }
+    }
+    if (opaque) { /* it may touch anything: everything comes back first, nothing is evicted for it */
+        for (size_t i = 0; i < g_n; i++)
+            g_tab[i]->stamp = stamp;
+        for (size_t i = 0; i < g_n && fail == CUDA_SUCCESS; i++)
+            fail = consume(g_tab[i], &view, stamp);
+    }
     ctx_leave(pushed);
     pthread_mutex_unlock(&g_mu);
     unrelax(relaxed, old);
