@@ -224,8 +224,14 @@ static const char *const g_families[] = {
     "cuGraphLaunch", "cuGraphInstantiate", "cuMemcpy", "cuMemset",
 };
 
+/* Names in those families that never touch device memory: not worth a note. */
+static const char *const g_host_only[] = {"cuLaunchHostFunc", "cuMemAllocHost", "cuMemFreeHost"};
+
 static int in_family(const char *name)
 {
+    for (size_t i = 0; i < sizeof g_host_only / sizeof g_host_only[0]; i++)
+        if (strncmp(name, g_host_only[i], strlen(g_host_only[i])) == 0)
+            return 0;
     for (size_t i = 0; i < sizeof g_families / sizeof g_families[0]; i++)
         if (strncmp(name, g_families[i], strlen(g_families[i])) == 0)
             return 1;

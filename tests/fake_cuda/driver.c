@@ -247,6 +247,7 @@ static int scenario_unhooked(void)
     for (int i = 0; i < 3; i++)
         get("cuMemcpyBatchAsync", 12080, 0);
     get("cuMemAlloc", 3000, 0);
+    get("cuLaunchHostFunc", 10000, 0); /* in the cuLaunch family, but host-only: no note */
     void *none = get("cuDoesNotExist", 12080, 0);
     printf("none=%d\n", none == NULL);
     void *unknown = get("cuDriverGetVersion", 12080, 0);

@@ -143,6 +143,11 @@ API CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { (void)s; return re
 #include "fake_vmm.inc"
 
 /* a copy family member the shim does not hook */
+API CUresult cuLaunchHostFunc(CUstream st, CUhostFn fn, void *ud)
+{
+    (void)st; (void)fn; (void)ud;
+    return CUDA_SUCCESS;
+}
 API CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *d, CUdeviceptr *s, size_t *sz, size_t n, CUmemcpyAttributes *a,
                                    size_t *ai, size_t na, CUstream st)
 {
@@ -343,6 +348,7 @@ static const struct sym syms[] = {
     S("cuMemcpyAsync", 4000, cuMemcpyAsync, NULL),
     S("cuMemcpy2D", 3020, cuMemcpy2D_v2, NULL),
     S("cuMemcpyBatchAsync", 12080, cuMemcpyBatchAsync_v2, NULL),
+    S("cuLaunchHostFunc", 10000, cuLaunchHostFunc, NULL),
     S("cuMemsetD8", 3020, cuMemsetD8_v2, NULL),
     S("cuMemsetD32Async", 3020, cuMemsetD32Async, NULL),
     S("cuMemcpyDtoHAsync", 3020, cuMemcpyDtoHAsync_v2, NULL),
