@@ -13,13 +13,12 @@ after the plan's stores, which is the release the protocol asks for.
 
 from __future__ import annotations
 
-import errno
 import mmap
-import os
 
 import numpy as np
 
 from . import abi
+from .ring import map_file, map_new_file, unmap_file
 
 SUFFIX = ".ctl"
 
@@ -41,21 +40,7 @@ class Control:
     def create(cls, path: str, budget_bytes: int = 0, min_swap_bytes: int = 0) -> "Control":
         """Create the file (mode 0600, refusing an existing one), zeroed, with the header.
         Raises OSError (ENOSPC when the directory is full)."""
-        size = abi.CONTROL_DTYPE.itemsize
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.ftruncate(fd, size)
-            try:
-                os.posix_fallocate(fd, 0, size)
-            except OSError as e:
-                if e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                    raise
-            mm = mmap.mmap(fd, size)
-        except BaseException:
-            os.close(fd)
-            os.unlink(path)
-            raise
-        os.close(fd)
+        mm = map_new_file(path, abi.CONTROL_DTYPE.itemsize)
         ctl = np.frombuffer(mm, dtype=abi.CONTROL_DTYPE, count=1)
         ctl["abi_version"] = abi.ABI_VERSION
         ctl["budget_bytes"] = int(budget_bytes)
@@ -66,9 +51,9 @@ class Control:
 
     @classmethod
     def open(cls, path: str) -> "Control":
-        with open(path, "r+b") as f:
-            mm = mmap.mmap(f.fileno(), 0)
-        return cls(path, mm)
+        """Map an existing control file. Raises OSError, or ValueError for a file that is no
+        control file of this ABI version."""
+        return cls(path, map_file(path))
 
     # --- fields ---------------------------------------------------------------------------------
 
@@ -133,13 +118,6 @@ class Control:
         return gen
 
     def close(self, unlink: bool = False) -> None:
-        self.ctl = None
-        try:
-            self._mm.close()
-        except BufferError:
-            pass
-        if unlink:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
+        """Unmap the control file and, when ``unlink``, remove it."""
+        self.ctl = None  # release the buffer export before closing the map
+        unmap_file(self._mm, self.path, unlink)

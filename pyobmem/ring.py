@@ -44,27 +44,11 @@ class Ring:
         """Create a ring of ``capacity`` records (rounded up to a power of two) in ``directory``.
 
         Raises OSError when the file cannot be created or its memory reserved (e.g. /dev/shm
-        full: ENOSPC). The memory is reserved up front with posix_fallocate: a tmpfs file that
-        is only truncated to size gets its pages when they are first written, and on a full
-        /dev/shm that write is a SIGBUS, here or, worse, in the traced application.
+        full: ENOSPC; see ``map_new_file``).
         """
         capacity = 1 << max(4, (capacity - 1).bit_length())
         path = os.path.join(directory, f"pyobmem-{os.getuid()}-{os.getpid()}-{secrets.token_hex(4)}")
-        size = abi.RING_HEADER_SIZE + capacity * abi.RECORD_SIZE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.ftruncate(fd, size)
-            try:
-                os.posix_fallocate(fd, 0, size)
-            except OSError as e:
-                if e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                    raise
-            mm = mmap.mmap(fd, size)
-        except BaseException:
-            os.close(fd)
-            os.unlink(path)
-            raise
-        os.close(fd)
+        mm = map_new_file(path, abi.RING_HEADER_SIZE + capacity * abi.RECORD_SIZE)
         hdr = np.frombuffer(mm, dtype=abi.RING_HEADER_DTYPE, count=1)
         recs = np.frombuffer(mm, dtype=abi.RECORD_DTYPE, count=capacity, offset=abi.RING_HEADER_SIZE)
         recs["seq"] = np.arange(capacity, dtype=np.uint64)
@@ -79,9 +63,7 @@ class Ring:
     @classmethod
     def open(cls, path: str) -> "Ring":
         """Map an existing ring file. Raises OSError, or ValueError for a file that is no ring."""
-        with open(path, "r+b") as f:
-            mm = mmap.mmap(f.fileno(), 0)
-        return cls(path, mm)
+        return cls(path, map_file(path))
 
     @property
     def dropped(self) -> int:
@@ -129,12 +111,48 @@ class Ring:
     def close(self, unlink: bool = True) -> None:
         """Unmap the ring and, by default, remove its file."""
         self.header = self.records = None  # release the buffer exports before closing the map
+        unmap_file(self._mm, self.path, unlink)
+
+
+def map_new_file(path: str, size: int) -> mmap.mmap:
+    """Create ``path`` (mode 0600, refusing an existing file) with ``size`` bytes reserved and
+    zeroed, and map it shared. Raises OSError (ENOSPC when the directory is full); on failure
+    the file is removed.
+
+    The memory is reserved up front with posix_fallocate: a tmpfs file that is only truncated to
+    size gets its pages when they are first written, and on a full /dev/shm that write is a
+    SIGBUS, here or, worse, in the traced application."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, size)
         try:
-            self._mm.close()
-        except BufferError:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise
+        return mmap.mmap(fd, size)
+    except BaseException:
+        os.unlink(path)
+        raise
+    finally:
+        os.close(fd)
+
+
+def map_file(path: str) -> mmap.mmap:
+    """Map an existing file shared, read-write, whole. Raises OSError."""
+    with open(path, "r+b") as f:
+        return mmap.mmap(f.fileno(), 0)
+
+
+def unmap_file(mm: mmap.mmap, path: str, unlink: bool) -> None:
+    """Close ``mm`` (left to the garbage collector while numpy views of it remain) and, when
+    ``unlink``, remove ``path`` (already gone is fine)."""
+    try:
+        mm.close()
+    except BufferError:
+        pass
+    if unlink:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
             pass
-        if unlink:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
