@@ -15,6 +15,7 @@ import numpy as np
 from .. import abi
 from ..capture import Capture
 from ..export import cuda_span
+from ..model.blocks import live_bytes_peak
 from .common import load
 
 NAME = "summary"
@@ -117,19 +118,6 @@ def _duration(cap: Capture) -> int | None:
     return last - first
 
 
-def peak_live_bytes(blocks: np.ndarray) -> tuple[int, int | None]:
-    """(peak of the bytes allocated at once, time of the peak); frees at a tie count first."""
-    if not len(blocks):
-        return 0, None
-    freed = blocks["t_free"] >= 0
-    t = np.concatenate([blocks["t_alloc"], blocks["t_free"][freed]])
-    delta = np.concatenate([blocks["size"].astype(np.int64), -blocks["size"][freed].astype(np.int64)])
-    order = np.lexsort((delta, t))  # by time, frees (negative) before allocations
-    live = np.cumsum(delta[order])
-    i = int(np.argmax(live))
-    return int(live[i]), int(t[order][i])
-
-
 def size_histogram(sizes: np.ndarray) -> list[dict]:
     """Power-of-two buckets [2^k, 2^(k+1)) with count and bytes; empty buckets left out."""
     if not len(sizes):
@@ -146,7 +134,7 @@ def size_histogram(sizes: np.ndarray) -> list[dict]:
 
 
 def _allocations(blocks: np.ndarray) -> dict:
-    peak, t_peak = peak_live_bytes(blocks)
+    peak, t_peak = live_bytes_peak(blocks)
     by_kind = {}
     for kind in np.unique(blocks["kind"]):
         sel = blocks["kind"] == kind
@@ -157,7 +145,7 @@ def _allocations(blocks: np.ndarray) -> dict:
         "count": len(blocks),
         "bytes": int(blocks["size"].sum()),
         "peak_live_bytes": peak,
-        "peak_ts_ns": t_peak,
+        "peak_ts_ns": t_peak if len(blocks) else None,
         "live_at_end": {"count": int(never_freed.sum()), "bytes": int(blocks["size"][never_freed].sum())},
         "by_kind": by_kind,
         "histogram": size_histogram(blocks["size"]),

@@ -135,9 +135,9 @@ def capture_end_ns(capture) -> int:
     return max(cands)
 
 
-def live_bytes_peak(blocks: np.ndarray, end: int) -> tuple[int, int]:
-    """(peak of the sum of live block sizes, its time); a free at time t counts before an
-    allocation at t."""
+def live_bytes_peak(blocks: np.ndarray) -> tuple[int, int]:
+    """(peak of the sum of live block sizes in B, its time in ns; 0, -1 without blocks) over
+    ``blocks`` (rows of ``capture.blocks``); a free at time t counts before an allocation at t."""
     if not len(blocks):
         return 0, -1
     size = blocks["size"].astype(np.int64)
@@ -160,7 +160,7 @@ def build_blocks(capture, it: IterationModel) -> BlockModel:
     t_free = blocks["t_free"].astype(np.int64)
     t_end = np.where(t_free >= 0, t_free, end)
     lifetime = t_end - t_alloc
-    peak, peak_t = live_bytes_peak(blocks, end)
+    peak, peak_t = live_bytes_peak(blocks)
 
     # Accesses, one per (block, op), sorted by block then op.
     acc = capture.accesses

@@ -95,16 +95,21 @@ def _regularity(key: np.ndarray, x: np.ndarray) -> tuple[float | None, int]:
     return float(np.mean(1.0 - np.minimum(cv, 1.0))), int(np.count_nonzero(g))
 
 
+def _iterative_shares(n_iterations, cls, iterative, size) -> tuple[float | None, float | None]:
+    """Shares (by count, by bytes) of the iterative ones among the blocks or sub-blocks touched in
+    a main iteration, arenas left out; (None, None) when there is none. Arguments: one row each."""
+    touched = (n_iterations > 0) & (cls != ARENA)
+    if not np.any(touched):
+        return None, None
+    return (float(np.count_nonzero(iterative & touched) / np.count_nonzero(touched)),
+            float(size[iterative & touched].sum() / max(size[touched].sum(), 1)))
+
+
 def compute_properties(it: IterationModel, bm: BlockModel) -> Properties:
     """The three properties (see Properties); NONE when the capture has no iteration."""
     if it.main < 0:
         return NONE
-    touched = (bm.n_iterations > 0) & (bm.cls != ARENA)
-    if np.any(touched):
-        it_blocks = float(np.count_nonzero(bm.iterative & touched) / np.count_nonzero(touched))
-        it_bytes = float(bm.size[bm.iterative & touched].sum() / max(bm.size[touched].sum(), 1))
-    else:
-        it_blocks = it_bytes = None
+    it_blocks, it_bytes = _iterative_shares(bm.n_iterations, bm.cls, bm.iterative, bm.size)
     iv = bm.intervals
     m = in_iteration_intervals(it, bm)
     role = bm.role[iv.block[m]]
@@ -126,12 +131,7 @@ def compute_tensor_properties(it: IterationModel, bm: BlockModel, tm: TensorMode
     seg = compute_properties(it, bm)
     if it.main < 0:
         return NONE
-    touched = (tm.n_iterations > 0) & (tm.cls != ARENA)
-    if np.any(touched):
-        it_blocks = float(np.count_nonzero(tm.iterative & touched) / np.count_nonzero(touched))
-        it_bytes = float(tm.size[tm.iterative & touched].sum() / max(tm.size[touched].sum(), 1))
-    else:
-        it_blocks = it_bytes = None
+    it_blocks, it_bytes = _iterative_shares(tm.n_iterations, tm.cls, tm.iterative, tm.size)
     iv = tm.intervals
     m = iv.measured & (tm.cls[iv.sub] != ARENA) if len(iv) else np.zeros(0, bool)
     n_meas = int(np.count_nonzero(m))

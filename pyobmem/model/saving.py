@@ -7,8 +7,8 @@ Model (docs/model.md, "Swap saving bound"):
 
 - One iteration [t0, t1) of length T, on an estimated execution clock (``saving_curve``: an op
   runs at max(its launch time, t0 + T * position / P)), since launch times run ahead of the GPU.
-- One iteration [t0, t1) of length T. Resident bytes R(t) = sizes of the live blocks at t,
-  evaluated at every op time and allocation/free time in the iteration (the grid).
+  Resident bytes R(t) = sizes of the live blocks at t, evaluated at every op time and
+  allocation/free time in the iteration (the grid).
 - A block may leave the device during an idle window (a, b) between two accesses (the launch
   times of its two kernels). Copying it out or in takes d = size / bandwidth each way. Out over
   [a+u, b-v) needs u, v of copy time overlapped with compute and stalls (d-u) + (d-v): the window
@@ -20,7 +20,7 @@ Model (docs/model.md, "Swap saving bound"):
   time; a slowdown s allows (s-1)*T of stalls, and each copy direction (one copy engine each
   way) must fit its total copy time in s*T.
 - It is an estimate under ideal copies (full bandwidth, copies of different blocks do not slow
-  each other beyond the per-direction total, VMM remap cost and launch-time skew ignored), so it
+  each other beyond the per-direction total, VMM remap cost ignored) on an estimated clock, so it
   bounds what a planner on this capture can reach; greedy, so not a proven optimum.
 """
 
