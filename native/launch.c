@@ -159,7 +159,7 @@ void launch_swap_end(struct launch_swap *ls, uintptr_t handle, uint64_t stream, 
         if (!hooks_record_launches()) /* CUPTI does it, or not recording */                            \
             return CALL;                                                                               \
         struct launch_swap ls_;                                                                        \
-        CUresult f_ = launch_swap_begin(&ls_, (uintptr_t)(F), swap_norm_stream((S), is_ptsz(#NAME)), KP, \
+        CUresult f_ = launch_swap_begin(&ls_, (uintptr_t)(F), swap_norm_stream((S), per_thread_name(#NAME)), KP, \
                                         EXTRA, (FLAGS));                                              \
         if (f_ != CUDA_SUCCESS)                                                                        \
             return f_;                                                                                 \
@@ -167,8 +167,6 @@ void launch_swap_end(struct launch_swap *ls, uintptr_t handle, uint64_t stream, 
         launch_swap_end(&ls_, (uintptr_t)(F), (uint64_t)(uintptr_t)(S), (G), r_);                     \
         return r_;                                                                                     \
     }
-
-static int is_ptsz(const char *name) { return strstr(name, "_ptsz") != NULL; }
 
 uint16_t launch_config_flags(const CUlaunchConfig *config)
 {

@@ -25,8 +25,6 @@ static void on_alloc(CUdeviceptr *dptr, size_t size, CUstream s, int kind)
 
 /* ---- swap mode (swap.c): the op hooks test g_shim.swap once and take these paths ---- */
 
-static int per_thread_name(const char *name) { return strstr(name, "_pt") != NULL; }
-
 /* Candidate words of a copy: both ends of each device side. */
 static void copy_words(uint64_t w[4], int kind, uint64_t dst, uint64_t src, uint64_t n)
 {

@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/types.h>
 
 #include "pyobmem/abi.h"
@@ -153,13 +154,15 @@ static inline CUstream swap_norm_stream(CUstream s, int per_thread)
 {
     return (!s && per_thread) ? CU_STREAM_PER_THREAD : s;
 }
+/* Whether a hooked entry point's name is a per-thread-stream one (_ptsz, _ptds). */
+static inline int per_thread_name(const char *name) { return strstr(name, "_pt") != NULL; }
 /* Before the real call: follow the plan, bring touched blocks back (demand), make the op's
  * stream wait for their copies. `words` are candidate addresses (launch: the touched blocks'
  * starts; copies: both ends of each device side). A failure (a block that cannot be brought
- * back) is returned and the op must not run; the op is then not recorded. */
+ * back) is returned and the op must not run; the op is then not recorded. `how`: SWAP_OP_* flags. */
 #define SWAP_OP_OPAQUE 1     /* blocks it names are never swapped again; implies INCOMPLETE */
 #define SWAP_OP_INCOMPLETE 2 /* it may touch blocks it does not name: all come back first */
-CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int opaque, const uint64_t *words, size_t n);
+CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int how, const uint64_t *words, size_t n);
 /* After the real call: last-use events, planned swap-outs. */
 void swap_op_end(struct swap_op *op, CUresult r);
 /* cuMemAlloc_v2 in swap mode: returns 1 and *rc = CUDA_SUCCESS when the block is VMM-backed;

@@ -808,13 +808,13 @@ static int capturing(CUstream s, int *unknown)
     return st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int opaque, const uint64_t *words, size_t n)
+CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int how, const uint64_t *words, size_t n)
 {
     int unknown;
     op->active = 1;
     op->key = key;
     op->stream = s;
-    op->opaque = opaque;
+    op->opaque = how != 0;
     op->overflow = 0;
     op->n = 0;
     op->pos = -1;
@@ -839,7 +839,7 @@ CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int opaque,
             continue;
         b->stamp = stamp;
         b->lru = stamp;
-        if (opaque & SWAP_OP_OPAQUE)
+        if (how & SWAP_OP_OPAQUE)
             b->flags |= SBF_OPAQUE;
         if (op->n < SWAP_MAX_OP_BLOCKS)
             op->addrs[op->n++] = b->addr;
@@ -859,7 +859,7 @@ CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int opaque,
             if (g_tab[i]->stamp == stamp)
                 fail = consume(g_tab[i], &view, stamp);
     }
-    if (opaque) { /* it may touch anything: everything comes back first, nothing is evicted for it */
+    if (how) { /* it may touch anything: everything comes back first, nothing is evicted for it */
         for (size_t i = 0; i < g_n; i++)
             g_tab[i]->stamp = stamp;
         for (size_t i = 0; i < g_n && fail == CUDA_SUCCESS; i++)
