@@ -37,26 +37,9 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="session")
-def fake(tmp_path_factory):
-    """Build the shim (if missing), the fake libcuda and the driver; returns their directory."""
-    if not SHIM.exists() or any(p.stat().st_mtime > SHIM.stat().st_mtime for p in (ROOT / "native").glob("*.[ch]")):
-        subprocess.run(["make", "-s", "native"], cwd=ROOT, check=True)
-    d = tmp_path_factory.mktemp("fake_cuda")
-    inc = ["-I", str(CUDA_INCLUDE)]
-    flags = ["-O1", "-g", "-Wall", "-Wextra", "-Werror"]
-    subprocess.run(
-        ["gcc", *flags, "-fPIC", "-shared", "-Wl,-Bsymbolic", "-Wl,-soname,libcuda.so.1", *inc,
-         "-o", str(d / "libcuda.so.1"), str(FAKE / "fake_cuda.c"), "-lpthread"],
-        check=True,
-    )
-    subprocess.run(
-        ["gcc", *flags, "-fPIC", "-shared", *inc, "-o", str(d / "libcupti.so"), str(FAKE / "fake_cupti.c"), "-ldl"],
-        check=True,
-    )
-    subprocess.run(
-        ["gcc", *flags, *inc, "-o", str(d / "driver"), str(FAKE / "driver.c"), "-ldl", "-lpthread"], check=True
-    )
-    return d
+def fake(build_fake_program):
+    """The fake libcuda and libcupti (conftest.fake_cuda) with the driver program; their directory."""
+    return build_fake_program("driver", "-ldl", "-lpthread")
 
 
 class Run:

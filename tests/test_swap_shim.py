@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from pyobmem import abi
-from pyobmem.abi import ActionKind, AllocKind, CopyKind, Ev, SwapInCause
+from pyobmem.abi import ActionKind, AllocKind, Ev, SwapInCause
 from pyobmem.ring import Ring
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,25 +40,9 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="session")
-def fake(tmp_path_factory):
-    if not SHIM.exists() or any(
-        p.stat().st_mtime > SHIM.stat().st_mtime for p in (ROOT / "native").rglob("*") if p.is_file()
-    ):
-        subprocess.run(["make", "-s", "native"], cwd=ROOT, check=True)
-    d = tmp_path_factory.mktemp("fake_cuda_swap")
-    inc = ["-I", str(CUDA_INCLUDE)]
-    flags = ["-O1", "-g", "-Wall", "-Wextra", "-Werror"]
-    subprocess.run(
-        ["gcc", *flags, "-fPIC", "-shared", "-Wl,-Bsymbolic", "-Wl,-soname,libcuda.so.1", *inc,
-         "-o", str(d / "libcuda.so.1"), str(FAKE / "fake_cuda.c"), "-lpthread"],
-        check=True,
-    )
-    subprocess.run(
-        ["gcc", *flags, "-fPIC", "-shared", *inc, "-o", str(d / "libcupti.so"), str(FAKE / "fake_cupti.c"), "-ldl"],
-        check=True,
-    )
-    subprocess.run(["gcc", *flags, *inc, "-o", str(d / "swap_driver"), str(FAKE / "swap_driver.c"), "-ldl"], check=True)
-    return d
+def fake(build_fake_program):
+    """The fake libcuda and libcupti (conftest.fake_cuda) with the swap driver; their directory."""
+    return build_fake_program("swap_driver", "-ldl")
 
 
 # ---------------------------------------------------------------- the control file, as the daemon writes it

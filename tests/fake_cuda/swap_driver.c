@@ -31,7 +31,7 @@ typedef CUresult (*glaunch_fn)(CUgraphExec, CUstream);
 
 static gpa_fn gpa;
 static void *lib;
-static alloc_fn p_alloc, p_managed_raw;
+static alloc_fn p_alloc;
 static free_fn p_free;
 static launch_fn p_launch;
 static htod_fn p_htod;
@@ -81,7 +81,6 @@ static void setup(void)
     p_htod = (htod_fn)get("cuMemcpyHtoD");
     p_dtoh = (dtoh_fn)get("cuMemcpyDtoH");
     p_memset = (memset32a_fn)get("cuMemsetD32Async");
-    (void)p_managed_raw;
 }
 
 static CUdeviceptr must_alloc(size_t n)
