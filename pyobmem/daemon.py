@@ -44,6 +44,7 @@ from . import abi
 from .capture import CaptureWriter, _texts_sequential, decode_records
 from .errors import PyobmemError
 from .ring import Ring
+from .units import format_bytes
 
 BATCH = 1 << 16  # records per drain and write (4 MiB)
 IDLE_S = 0.003  # sleep when the ring is empty
@@ -164,9 +165,9 @@ class SwapAgent:
         plan = planner.make_plan(learned, self.budget_bytes)
         if not plan.feasible:
             self.last_reason = (
-                f"no plan fits the budget {planner.format_bytes(self.budget_bytes)}: the job needs at least "
-                f"{planner.format_bytes(plan.needed_bytes)} at one op, and the best plan reaches "
-                f"{planner.format_bytes(plan.predicted_peak)}"
+                f"no plan fits the budget {format_bytes(self.budget_bytes, digits=2)}: the job needs at least "
+                f"{format_bytes(plan.needed_bytes, digits=2)} at one op, and the best plan reaches "
+                f"{format_bytes(plan.predicted_peak, digits=2)}"
             )
             if self.last_reason not in self._warned:
                 self._warned.add(self.last_reason)

@@ -44,6 +44,7 @@ from .errors import PyobmemError
 from .model.blocks import ARENA, NEVER, build_blocks
 from .model.iterations import IterationModel, detect_iterations
 from .model.saving import TIME_RATIOS, bandwidth_of, execution_clock, saving_bound, saving_curve
+from .units import format_bytes
 
 DEFAULT_MIN_SWAP_BYTES = 4 << 20  # 2 MiB segments (PyTorch's small pool, one VMM granule) are never swapped
 REMAP_NS = 150_000.0  # unmap+release+create+map+set-access of 64 MiB on the H200 (DESIGN.md)
@@ -82,7 +83,7 @@ class Budget:
 
     def describe(self) -> str:
         if self.bytes is not None:
-            return format_bytes(self.bytes)
+            return format_bytes(self.bytes, digits=2)
         return f"{self.fraction * 100:g}% of the card"
 
 
@@ -117,15 +118,6 @@ def parse_size(text: str, what: str = "size") -> int:
     if b is None or b.bytes is None:
         raise PyobmemError(f"bad {what} {text!r}: use a size such as 4MiB or a number of bytes", 2)
     return b.bytes
-
-
-def format_bytes(n) -> str:
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024:
-            return f"{int(n)} B" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TiB"
 
 
 # --- the learned iteration -----------------------------------------------------------------------
@@ -268,7 +260,7 @@ def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, ba
     accessed[acc["block"]] = True
     reasons = [
         ("not VMM-backable (not cuMemAlloc)", blocks["kind"] != abi.AllocKind.DRIVER),
-        (f"under {format_bytes(min_swap_bytes)}", size < min_swap_bytes),
+        (f"under {format_bytes(min_swap_bytes, digits=2)}", size < min_swap_bytes),
         ("touched by an opaque launch", bm.opaque),
         ("arena", bm.cls == ARENA),
         ("never accessed", bm.cls == NEVER),

@@ -12,8 +12,9 @@ import textwrap
 
 from ..model import analyse
 from ..model.inefficiency import IDLE_PCT, KINDS, SLACK_PCT
+from ..units import format_bytes, format_duration
 from .common import _demangle_all, count, load, percent, short_name, terminal_width
-from .stats import NO_ITERATION, drops_dict, human_bytes, human_ns, table
+from .stats import NO_ITERATION, drops_dict, table
 
 NAME = "patterns"
 EXPLAIN = {
@@ -89,7 +90,7 @@ def _where(f) -> str:
 
 def _for(x) -> str:
     """How long the waste lasts, with its share of an iteration (or iterations, past one)."""
-    text = human_ns(x["wasted_ns"])
+    text = format_duration(x["wasted_ns"], digits=3)
     share = x["iteration_share"]
     if share is None:
         return text
@@ -105,7 +106,7 @@ def format_patterns(d: dict, limit: int = 50, width: int | None = None) -> str:
     if d["message"]:
         out.append(f"{d['message']}: thresholds are relative to the capture's span, positions n/a")
     else:
-        out.append(f"iteration {human_ns(d['iteration_ns'])}; positions are % of the iteration")
+        out.append(f"iteration {format_duration(d['iteration_ns'], digits=3)}; positions are % of the iteration")
     if d["drops"]["dropped"]:
         out.append(f"warning: {d['drops']['dropped']} events were dropped; findings may be wrong near "
                    f"ops {d['drops'].get('first_op', '?')}..{d['drops'].get('last_op', '?')}")
@@ -118,7 +119,7 @@ def format_patterns(d: dict, limit: int = 50, width: int | None = None) -> str:
     shown = f if limit <= 0 else f[:limit]
     width = terminal_width() if width is None else width
     head = ["kind", "bytes", "blocks", "class", "for", "where"]
-    cells = [[x["kind"], human_bytes(x["bytes"]), x["instances"], x["cls"], _for(x), _where(x)] for x in shown]
+    cells = [[x["kind"], format_bytes(x["bytes"], digits=2), x["instances"], x["cls"], _for(x), _where(x)] for x in shown]
     used = sum(max(len(str(h)), *(len(str(r[i])) for r in cells)) + 2 for i, h in enumerate(head)) + 2
     room = max(width - used, 24)
     names = [n for x in shown for n in (x["kernel_before"], x["kernel_after"]) if n]

@@ -12,7 +12,8 @@ import json
 from ..capture import read_capture
 from ..errors import PyobmemError
 from .. import planner
-from .summary import format_bytes, format_duration, table
+from ..units import format_bytes, format_duration
+from .summary import table
 
 NAME = "plan"
 
@@ -75,7 +76,7 @@ def format_plan(plan, cap, path: str) -> str:
         f"  peak        {format_bytes(plan.peak_bytes)} without swapping, at op {plan.peak_at}",
         f"  predicted   {format_bytes(plan.predicted_peak)} peak ({'fits' if plan.feasible else 'does not fit'}), "
         f"saving {format_bytes(plan.saved_bytes)} (model bound at this slowdown: "
-        f"{'-' if plan.bound_bytes is None else format_bytes(plan.bound_bytes)})",
+        f"{format_bytes(plan.bound_bytes)})",
         f"  time        {plan.time_ratio:.3f}x the iteration (stalls {format_duration(int(plan.stall_ns))} per iteration)",
         f"  needs       at least {format_bytes(plan.needed_bytes)} resident at op {plan.needed_at}, whatever the plan",
         f"  swapped     {len({s.block for s in plan.swaps})} blocks, {format_bytes(plan.swapped_bytes)}; "

@@ -16,6 +16,7 @@ import numpy as np
 from ..export import cuda_span
 from ..model import CLASSES, analyse, blocks_by_class
 from ..model.properties import in_iteration_intervals
+from ..units import format_bytes, format_duration
 from .common import TIME_ORIGIN, count, load, positive_float
 
 NAME = "stats"
@@ -154,27 +155,6 @@ def stats_dict(a, top: int = 10) -> dict:
 # --- text --------------------------------------------------------------------------------------
 
 
-def human_bytes(n) -> str:
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n} B"
-
-
-def human_ns(ns) -> str:
-    ns = float(ns)
-    sign, ns = ("-" if ns < 0 else ""), abs(ns)
-    if ns >= 1e9:
-        return f"{sign}{ns / 1e9:.3f} s"
-    if ns >= 1e6:
-        return f"{sign}{ns / 1e6:.3f} ms"
-    if ns >= 1e3:
-        return f"{sign}{ns / 1e3:.1f} µs"
-    return f"{sign}{ns:.0f} ns"
-
-
 def _pct(x) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
@@ -195,7 +175,7 @@ def format_stats(d: dict) -> str:
     if dr["dropped"]:
         where = ""
         if dr["records"]:
-            where = (f" between {human_ns(dr['first_ns'])} and {human_ns(dr['last_ns'])}"
+            where = (f" between {format_duration(dr['first_ns'], digits=3)} and {format_duration(dr['last_ns'], digits=3)}"
                      f" (around ops {dr['first_op']}..{dr['last_op']})")
         out.append(f"warning: {dr['dropped']} events were dropped{where}; the model may miss accesses there")
     out.append("")
@@ -205,13 +185,13 @@ def format_stats(d: dict) -> str:
     else:
         micro = f", micro-step {d['micro_period_ops']} ops x {d['micro_steps']}" if d["micro_period_ops"] else ""
         out.append(f"iterations: {d['iterations_found']} (main: {d['period_ops']} ops per iteration{micro}, "
-                   f"{human_ns(d['iteration_ns'])}, pid {d['pid']})")
+                   f"{format_duration(d['iteration_ns'], digits=3)}, pid {d['pid']})")
         out.append(table(
             ["regime", "period", "micro-step", "iterations", "ops", "time", "iteration", "match", "phase"],
             [[f"{i}{' *' if r['main'] else ''}", r["period_ops"],
               f"{r['micro_period_ops']} x {r['micro_steps']}" if r["micro_period_ops"] else "-", r["iterations"],
-              f"{r['first_op']}..{r['end_op']}", f"{human_ns(r['start_ns'])}..{human_ns(r['end_ns'])}",
-              human_ns(r["iteration_ns"]), _pct(r["confidence"]), r["phase"]] for i, r in enumerate(d["regimes"])]))
+              f"{r['first_op']}..{r['end_op']}", f"{format_duration(r['start_ns'], digits=3)}..{format_duration(r['end_ns'], digits=3)}",
+              format_duration(r["iteration_ns"], digits=3), _pct(r["confidence"]), r["phase"]] for i, r in enumerate(d["regimes"])]))
     na = d["message"] is not None
     for key, title in (("properties", "tensor level: sub-blocks at the offsets kernels point at"),
                        ("segment_properties", "block level: whole allocations / segments")):
@@ -232,13 +212,13 @@ def format_stats(d: dict) -> str:
         ]))
     for key, title in (("blocks_by_class", f"sub-blocks by class ({d.get('sub_blocks')} sub-blocks"),
                        ("segments_by_class", "blocks by class (whole allocations")):
-        out += ["", f"{title}; peak live {human_bytes(d['peak_live_bytes'])}):"]
-        out.append(table(["class", "count", "bytes"], [[c, v["count"], human_bytes(v["bytes"])]
+        out += ["", f"{title}; peak live {format_bytes(d['peak_live_bytes'], digits=2)}):"]
+        out.append(table(["class", "count", "bytes"], [[c, v["count"], format_bytes(v["bytes"], digits=2)]
                                                         for c, v in d[key].items() if v["count"]]))
     if d["top_blocks"]:
         out += ["", f"largest {len(d['top_blocks'])} blocks:"]
         out.append(table(["block", "size", "class", "lifetime", "accesses", "longest idle"], [
-            [f"{b['pid']}:{b['block_id']}", human_bytes(b["size"]), b["class"],
+            [f"{b['pid']}:{b['block_id']}", format_bytes(b["size"], digits=2), b["class"],
              "n/a" if b["lifetime_iterations"] is None else f"{b['lifetime_iterations']} it", b["accesses"],
              _pct(b["longest_idle_share"]) + (" of it" if b["longest_idle_share"] is not None else "")]
             for b in d["top_blocks"]]))
@@ -247,8 +227,8 @@ def format_stats(d: dict) -> str:
     if s is None:
         out.append("swap saving bound: n/a (no iteration)")
     else:
-        out.append(f"swap saving bound (iteration {s['iteration']}, peak {human_bytes(s['peak_bytes'])}, "
+        out.append(f"swap saving bound (iteration {s['iteration']}, peak {format_bytes(s['peak_bytes'], digits=2)}, "
                    f"{s['bandwidth'] / 1e9:.1f} GB/s each way):")
         out.append(table(["slowdown", "saved", "of peak"], [
-            [f"{r:.2f}x", human_bytes(b), _pct(b / s["peak_bytes"] if s["peak_bytes"] else 0)] for r, b in s["curve"]]))
+            [f"{r:.2f}x", format_bytes(b, digits=2), _pct(b / s["peak_bytes"] if s["peak_bytes"] else 0)] for r, b in s["curve"]]))
     return "\n".join(out)

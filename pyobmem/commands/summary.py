@@ -16,6 +16,7 @@ from .. import abi
 from ..capture import Capture
 from ..export import cuda_span
 from ..model.blocks import live_bytes_peak
+from ..units import format_bytes, format_duration
 from .common import load
 
 NAME = "summary"
@@ -233,27 +234,6 @@ def _iteration(cap: Capture) -> dict | None:
 
 
 # --- text ------------------------------------------------------------------------------------
-
-
-def format_bytes(n: int | float | None) -> str:
-    if n is None:
-        return "-"
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{int(n)} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def format_duration(ns: int | None) -> str:
-    if ns is None:
-        return "-"
-    if ns >= 10**9:
-        return f"{ns / 1e9:.2f} s"
-    if ns >= 10**6:
-        return f"{ns / 1e6:.1f} ms"
-    return f"{ns / 1e3:.1f} µs"
 
 
 def _num(n) -> str:

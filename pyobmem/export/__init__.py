@@ -144,13 +144,3 @@ def op_names(capture) -> list[str]:
     _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
     names = [capture.kernel_name(int(i)) for i in first]
     return [names[i] for i in inverse.reshape(-1)]
-
-
-def fmt_bytes(n: float) -> str:
-    """1536 -> '1.5 KiB'."""
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"

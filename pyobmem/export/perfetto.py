@@ -20,7 +20,8 @@ import json
 import numpy as np
 
 from .. import abi
-from . import block_end_times, cuda_span, fmt_bytes, live_bytes, op_names
+from ..units import format_bytes
+from . import block_end_times, cuda_span, live_bytes, op_names
 from .classes import block_classes
 
 TOP_BLOCKS = 64
@@ -115,7 +116,7 @@ def block_events(capture, t0: int, top: int) -> list[dict]:
     for rank, r in enumerate(order.tolist()):
         b = blocks[r]
         pid, tid = int(b["pid"]), BLOCK_TID_BASE + rank
-        label = f"block {int(b['block_id'])} {fmt_bytes(int(b['size']))} {classes[r]}"
+        label = f"block {int(b['block_id'])} {format_bytes(int(b['size']))} {classes[r]}"
         events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": label}})
         events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
                        "args": {"sort_index": BLOCK_TID_BASE + rank}})

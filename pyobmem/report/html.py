@@ -13,7 +13,8 @@ from html import escape
 import numpy as np
 
 from .. import abi
-from ..export import block_end_times, cuda_span, fmt_bytes, live_bytes
+from ..export import block_end_times, cuda_span, live_bytes
+from ..units import format_bytes, format_duration
 from . import svg
 from .analysis import CLASSES, Analysis, analyse
 
@@ -35,8 +36,6 @@ th{background:#f6f6f6}td.n{text-align:right;font-variant-numeric:tabular-nums}
 code{background:#f3f3f3;padding:1px 4px;border-radius:3px}
 """
 
-
-_dur = svg._dur
 
 
 def _table(head: list[str], rows: list[list], numeric: set[int] = frozenset()) -> str:
@@ -115,7 +114,7 @@ def access_map(capture, a: Analysis, width: int = MAP_WIDTH) -> str:
         colour = CLASS_COLOURS.get(a.block_class[r], "#999")
         la, le = max(int(blocks["t_alloc"][r]), w0) - w0, min(int(end[r]), w1) - w0
         x0, x1 = float(f.px(la)), float(f.px(le))
-        label = f"block {int(blocks['block_id'][r])} {fmt_bytes(int(blocks['size'][r]))} {a.block_class[r]}"
+        label = f"block {int(blocks['block_id'][r])} {format_bytes(int(blocks['size'][r]))} {a.block_class[r]}"
         f.add(f'<rect x="{x0:.1f}" y="{y}" width="{max(x1 - x0, 0.5):.1f}" height="{rh - 1}" fill="#f0f0f0">'
               f'<title>{escape(label)}</title></rect>')
         full = a.accesses_of(r)
@@ -128,7 +127,7 @@ def access_map(capture, a: Analysis, width: int = MAP_WIDTH) -> str:
                 xs, xe = float(f.px(s)), float(f.px(e))
                 if xe - xs >= 1:
                     f.add(f'<rect x="{xs:.1f}" y="{y}" width="{xe - xs:.1f}" height="{rh - 1}" fill="{colour}" '
-                          f'opacity="0.22"><title>idle {escape(_dur(e - s))}</title></rect>')
+                          f'opacity="0.22"><title>idle {escape(format_duration(e - s, significant=3))}</title></rect>')
         xs = np.unique(np.round(f.px(t - w0)).astype(int))
         f.add(f'<path d="{"".join(f"M{x} {y}v{rh - 1}" for x in xs.tolist())}" stroke="{colour}" stroke-width="1.5"/>')
         if rh >= 9:
@@ -176,7 +175,7 @@ def _environment(capture) -> str:
             if name:
                 total = notes.get(f"device{d}.total_bytes")
                 cc = notes.get(f"device{d}.cc", "?")
-                mem = fmt_bytes(int(total)) if total and total.isdigit() else "?"
+                mem = format_bytes(int(total)) if total and total.isdigit() else "?"
                 rows.append([f"pid {pid}: GPU {d}", f"{name}, {mem}, compute capability {cc}"])
         for key in ("driver_version", "cupti"):
             if key in notes:
@@ -230,9 +229,10 @@ def render(capture, generated: str | None = None) -> str:
 
     n_iter = len(a.iterations)
     stats = [
-        ["duration (first to last CUDA event)", _dur(t1 - t0)], ["processes", len(capture.processes)], ["blocks", len(blocks)],
+        ["duration (first to last CUDA event)", format_duration(t1 - t0, significant=3)],
+        ["processes", len(capture.processes)], ["blocks", len(blocks)],
         ["kernel launches, copies, sets", len(ops)], ["accesses", len(capture.accesses)],
-        ["peak live bytes", fmt_bytes(peak)], ["bytes never freed", fmt_bytes(int(blocks["size"][blocks["t_free"] < 0].sum()))],
+        ["peak live bytes", format_bytes(peak)], ["bytes never freed", format_bytes(int(blocks["size"][blocks["t_free"] < 0].sum()))],
         ["dropped events", capture.dropped], ["complete", "yes" if capture.complete else "no"],
         ["exit status", "?" if capture.exit_status is None else capture.exit_status],
         ["iterations found", n_iter],
@@ -240,14 +240,14 @@ def render(capture, generated: str | None = None) -> str:
     for cls in CLASSES:
         m = a.block_class == cls
         if m.any():
-            stats.append([f"{cls} blocks", f"{int(m.sum())} ({fmt_bytes(int(blocks['size'][m].sum()))})"])
+            stats.append([f"{cls} blocks", f"{int(m.sum())} ({format_bytes(int(blocks['size'][m].sum()))})"])
     tm = a.model.tensors
     if tm is not None and np.any(tm.refined):
         stats.append(["sub-blocks (tensors in segments)", f"{len(tm)} in {len(np.unique(tm.block))} blocks"])
         for i, cls in enumerate(CLASSES):
             m = tm.cls == i
             if m.any():
-                stats.append([f"{cls} sub-blocks", f"{int(m.sum())} ({fmt_bytes(int(tm.size[m].sum()))})"])
+                stats.append([f"{cls} sub-blocks", f"{int(m.sum())} ({format_bytes(int(tm.size[m].sum()))})"])
     parts.append(_section("Summary", _table(["", ""], stats, {1}), "summary"))
 
     t_s, layers = memory_series(capture, a)
@@ -266,11 +266,12 @@ def render(capture, generated: str | None = None) -> str:
         lens = a.iterations[:, 1] - a.iterations[:, 0]
         it_body = _table(["", ""], [
             ["iterations", n_iter], ["ops per iteration", a.iteration_ops],
-            ["iteration time (median)", _dur(float(np.median(lens)))],
-            ["iteration time (min / max)", f"{_dur(float(lens.min()))} / {_dur(float(lens.max()))}"],
-            ["first iteration starts", f"t = {_dur(int(a.iterations[0, 0]) - t0)} (t = 0 at the first CUDA event)"],
+            ["iteration time (median)", format_duration(float(np.median(lens)), significant=3)],
+            ["iteration time (min / max)",
+             f"{format_duration(float(lens.min()), significant=3)} / {format_duration(float(lens.max()), significant=3)}"],
+            ["first iteration starts", f"t = {format_duration(int(a.iterations[0, 0]) - t0, significant=3)} (t = 0 at the first CUDA event)"],
             ["analysed iteration", "-" if a.window is None else f"number {int(np.searchsorted(a.iterations[:, 0], a.window[0])) + 1}, "
-                                   f"{_dur(a.window[1] - a.window[0])}, peak {fmt_bytes(a.peak_bytes)} resident"],
+                                   f"{format_duration(a.window[1] - a.window[0], significant=3)}, peak {format_bytes(a.peak_bytes)} resident"],
         ], {1})
     else:
         it_body = ("<p class=bad><b>No iteration was found</b>: the sequence of kernel launches does not repeat "
@@ -298,15 +299,17 @@ def render(capture, generated: str | None = None) -> str:
     if a.window is not None:
         curve = svg.line_plot(a.curve_ratio, a.curve_saved.astype(np.float64), width=600,
                               xtitle="time ratio (iteration time with swapping / without)")
-        rows = [[f"{r:g}x", fmt_bytes(int(s)), f"{100 * s / a.peak_bytes:.1f}%" if a.peak_bytes else "-"]
+        rows = [[f"{r:g}x", format_bytes(int(s)), f"{100 * s / a.peak_bytes:.1f}%" if a.peak_bytes else "-"]
                 for r, s in zip(a.curve_ratio.tolist(), a.curve_saved.tolist())]
         body = (f'<div class=grid><div>{curve}</div><div>{_table(["time ratio", "peak saved", "of peak"], rows, {1, 2})}'
                 f"</div></div><p class=muted>Peak device memory of the analysed iteration that swapping idle blocks "
                 f"to host memory could save, if the iteration may run that much longer (pyobmem.model's saving "
                 f"bound, copies at {a.model.saving.bandwidth / 1e9:g} GB/s each way).</p>")
         parts.append(_section("Saving curve", body, "saving"))
-        cand = [[f'{c["block_id"]}+{fmt_bytes(c["offset"])}' if c.get("offset") else c["block_id"], fmt_bytes(c["size"]), c["class"], c["accesses"], _dur(c["longest_idle_ns"]),
-                 _dur(c["out_ns"]), _dur(c["copy_ns"]), _dur(c["stall_ns"]) if c["stall_ns"] else "none"]
+        cand = [[f'{c["block_id"]}+{format_bytes(c["offset"])}' if c.get("offset") else c["block_id"], format_bytes(c["size"]),
+                 c["class"], c["accesses"], format_duration(c["longest_idle_ns"], significant=3),
+                 format_duration(c["out_ns"], significant=3), format_duration(c["copy_ns"], significant=3),
+                 format_duration(c["stall_ns"], significant=3) if c["stall_ns"] else "none"]
                 for c in a.candidates]
         body = (_table(["block", "size", "class", "accesses / iteration", "longest idle", "out of device",
                         "copy out + in", "stall"], cand, {1, 3, 4, 5, 6, 7}) if cand

@@ -11,6 +11,8 @@ from html import escape
 
 import numpy as np
 
+from ..units import BYTE_UNITS, DURATION_UNITS, format_duration
+
 FONT = 'font-family="system-ui,sans-serif" font-size="11"'
 
 
@@ -29,7 +31,7 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
 def bytes_ticks(hi: float, n: int = 5) -> tuple[list[float], str, float]:
     """Ticks for a byte axis in a binary unit: (ticks in bytes, unit name, unit)."""
     unit, name = 1, "B"
-    for u, nm in ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+    for nm, u in reversed(BYTE_UNITS[1:]):
         if hi >= u:
             unit, name = u, nm
             break
@@ -38,7 +40,7 @@ def bytes_ticks(hi: float, n: int = 5) -> tuple[list[float], str, float]:
 
 def time_unit(span_ns: float) -> tuple[float, str]:
     """(ns per unit, unit name) suited to a span."""
-    for u, nm in ((1e9, "s"), (1e6, "ms"), (1e3, "µs")):
+    for nm, u in reversed(DURATION_UNITS[1:]):
         if span_ns >= 2 * u:
             return u, nm
     return 1.0, "ns"
@@ -144,18 +146,14 @@ def histogram_log(values: np.ndarray, width=540, height=260, xtitle="", bins_per
     f = Frame(width, height, lo, hi, 0.8, ytop, logx=True, logy=True)
     xt = [10 ** k for k in range(int(math.log10(lo)), int(math.log10(hi)) + 1)]
     yt = [10 ** k for k in range(0, int(math.log10(ytop)) + 1)]
-    f.axes(xt, [_dur(x) for x in xt], yt, [_fmt(y) for y in yt], xtitle, "count")
+    f.axes(xt, [format_duration(x, significant=3) for x in xt], yt, [_fmt(y) for y in yt], xtitle, "count")
     for c, a, b in zip(counts, edges[:-1], edges[1:]):
         if c:
             x0, x1, y = float(f.px(a)), float(f.px(b)), float(f.py(c))
             f.add(f'<rect x="{x0 + 0.5:.1f}" y="{y:.1f}" width="{max(x1 - x0 - 1, 0.5):.1f}" '
-                  f'height="{f.h - f.bottom - y:.1f}" fill="#4e79a7"><title>{_dur(a)}–{_dur(b)}: {c}</title></rect>')
+                  f'height="{f.h - f.bottom - y:.1f}" fill="#4e79a7"><title>{format_duration(a, significant=3)}–'
+                  f'{format_duration(b, significant=3)}: {c}</title></rect>')
     return f.svg("idle interval histogram")
-
-
-def _dur(ns: float) -> str:
-    u, name = next(((u, nm) for u, nm in ((1e9, "s"), (1e6, "ms"), (1e3, "µs")) if ns >= u), (1.0, "ns"))
-    return f"{ns / u:.3g} {name}"
 
 
 def line_plot(x: np.ndarray, y: np.ndarray, width=540, height=260, xtitle="", ybytes=True) -> str:
