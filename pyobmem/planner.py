@@ -81,11 +81,6 @@ class Budget:
             return None
         return int(self.fraction * int(total_bytes))
 
-    def describe(self) -> str:
-        if self.bytes is not None:
-            return format_bytes(self.bytes, digits=2)
-        return f"{self.fraction * 100:g}% of the card"
-
 
 def parse_budget(text: str) -> Budget:
     """``16GiB``, ``16G`` (binary), ``16GB`` (decimal), ``500MiB``, ``123456`` (bytes), ``0.75`` or
