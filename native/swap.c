@@ -557,17 +557,25 @@ static void drain_outs(void)
         poll_releases();
 }
 
-/* The least recently used block that can be swapped out now and is idle (all its uses done),
- * not touched by the op with stamp `stamp`, not yet tried in eviction round `round`. */
+/* The least recently used block that can be swapped out now, not touched by the op with stamp
+ * `stamp`, not yet tried in eviction round `round`: an idle one (all its uses done) if there is
+ * one, else any (its copy then waits on the shim stream for its last uses). */
 static struct sblock *lru_victim(uint64_t stamp, uint64_t round)
 {
-    struct sblock *v = NULL;
+    struct sblock *v = NULL, *busy = NULL;
     for (size_t i = 0; i < g_n; i++) {
         struct sblock *b = g_tab[i];
-        if (b->state == SB_RESIDENT && swappable(b) && b->stamp != stamp && b->tried != round &&
-            (!v || b->lru < v->lru) && slots_idle(b->uses, MAX_USES))
+        if (b->state != SB_RESIDENT || !swappable(b) || b->stamp == stamp || b->tried == round)
+            continue;
+        if (v && b->lru >= v->lru)
+            continue;
+        if (slots_idle(b->uses, MAX_USES))
             v = b;
+        else if (!busy || b->lru < busy->lru)
+            busy = b;
     }
+    if (!v)
+        v = busy;
     if (v)
         v->tried = round;
     return v;
@@ -654,7 +662,7 @@ static CUresult consume(struct sblock *b, const struct swap_op *op, uint64_t sta
         return CUDA_SUCCESS;
     case SB_OUT: {
         if (!op || !op->capturing)
-            evict_for_budget(b->vsize, stamp); /* without a plan, a demand swap-in keeps the budget too */
+            evict_for_budget(b->vsize, stamp); /* a demand swap-in keeps the budget too */
         CUresult r = swap_in(b, 0, stamp);
         if (r != CUDA_SUCCESS) {
             if (!g_noted_swapin) {
@@ -783,10 +791,13 @@ static void run_actions(int64_t pos, uint16_t kind, uint64_t stamp)
 
 /* ---- entry points ---- */
 
+/* Keep mapped bytes (less those on their way out) plus `need` under the budget by swapping out
+ * the least recently used blocks: before a plan exists this is the whole policy; under a plan,
+ * the safety net for a plan whose swap-outs come later than predicted. */
 static void evict_for_budget(uint64_t need, uint64_t stamp)
 {
     uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED);
-    if (!budget || g_plan.following)
+    if (!budget || g_mapped - g_leaving + need <= budget)
         return;
     uint64_t round = ++g_tick;
     while (g_mapped - g_leaving + need > budget) {
@@ -865,6 +876,8 @@ CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int how, co
         for (size_t i = 0; i < g_n && fail == CUDA_SUCCESS; i++)
             fail = consume(g_tab[i], &view, stamp);
     }
+    if (fail == CUDA_SUCCESS && !paused)
+        evict_for_budget(0, stamp); /* the budget holds between allocations too */
     ctx_leave(pushed);
     pthread_mutex_unlock(&g_mu);
     unrelax(relaxed, old);

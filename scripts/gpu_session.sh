@@ -11,6 +11,7 @@
 #   overhead  scripts/bench_trace_overhead.py --repeats $REPEATS  -> $OUT/overhead.txt
 #   captures  trace GPT medium (12 steps) and the CNN (20 steps) into $CAPS for the pattern
 #             analysis (done on the dev machine), and run the export tests that need torch
+#   swapsmoke tiny GPT, GPT small, CNN without pyobmem and under --swap: scripts/swap_check.py -> $OUT/swap.txt
 #   collect   bench/results/*.json -> $OUT/results.tar.gz; captures under 4 MiB (with their
 #             workload JSON and stdout) -> $OUT/captures.tar.gz
 # Every step is logged with timestamps and its exit status in $OUT/log.txt; a failing step does not
@@ -132,6 +133,30 @@ step_captures() {
     step_collect
 }
 
+# swap_pair NAME BUDGET MINSWAP WORKLOAD ARGS...: the workload without pyobmem, then under --swap; the
+# comparison (losses, step times, swaps, notes) goes to $OUT/swap.txt.
+swap_pair() {
+    local name=$1 budget=$2 minswap=$3
+    shift 3
+    run_step "${name}_base" 150 "$CAPS/${name}_base.stdout.txt" python3 "$@" --json "$CAPS/${name}_base.json"
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 20 >"$CAPS/${name}_smi.csv" 2>/dev/null &
+    local smi=$!
+    run_step "${name}_swap" 200 "$CAPS/${name}_swap.stdout.txt" python3 -m pyobmem run --swap --budget "$budget" \
+        --min-swap-bytes "$minswap" -f -o "$CAPS/${name}_swap.pyobmem" -- python3 "$@" --json "$CAPS/${name}_swap.json"
+    kill $smi 2>/dev/null
+    { echo "=== $name: budget $budget, min swap $minswap: $*"; tail -n 40 "$CAPS/${name}_swap.stdout.txt"; } >>"$OUT/swap.txt" 2>/dev/null
+    run_step "${name}_check" 120 "$OUT/swap.txt" python3 scripts/swap_check.py "$CAPS/${name}_base.json" \
+        "$CAPS/${name}_swap.json" "$CAPS/${name}_swap.pyobmem" "$CAPS/${name}_smi.csv"
+}
+
+step_swapsmoke() {
+    swap_pair tiny 500MiB 2MiB scripts/workloads/gpt.py --size tiny --steps 30 --deterministic --seed 0
+    swap_pair small12 12GiB 4MiB scripts/workloads/gpt.py --size small --steps 30 --deterministic --seed 0
+    swap_pair small8 8GiB 4MiB scripts/workloads/gpt.py --size small --steps 30 --deterministic --seed 0
+    swap_pair cnn 400MiB 4MiB scripts/workloads/cnn.py --steps 30 --deterministic --seed 0
+    step_collect
+}
+
 COLLECTED=0
 step_collect() {
     COLLECTED=1
@@ -164,7 +189,7 @@ step_collect() {
 STEPS=("$@")
 (( ${#STEPS[@]} )) || STEPS=(build tests trace overhead)
 for s in "${STEPS[@]}"; do
-    case $s in build|tests|fixtures|trace|overhead|captures|collect) ;;
+    case $s in build|tests|fixtures|trace|overhead|captures|swapsmoke|collect) ;;
         *) echo "gpu_session.sh: error: unknown step '$s' (build tests fixtures trace overhead captures collect)" >&2; exit 2 ;;
     esac
 done

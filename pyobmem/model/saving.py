@@ -186,23 +186,25 @@ def execution_clock(capture, it, row: int):
     """A function mapping launch times to estimated execution times (int64 ns) in iteration
     ``row`` of ``it`` (an IterationModel); times outside the iteration are returned unchanged.
 
-    The host launches ahead of the GPU (PyTorch enqueues a whole GPT-2 step in the first ~30% of
-    it, then waits on loss.item()), so launch times squeeze every idle window into the start of
-    the iteration. When the host is that far ahead (its last launch in the first HOST_AHEAD of the
-    iteration), each op is taken to run at max(its launch time, t0 + T * position / P): the GPU
-    busy over the whole iteration, ops spread evenly, never before their launch. Otherwise the
-    launch times are the best clock there is. The swap planner uses the same clock.
+    The host launches ahead of the GPU (PyTorch enqueues most of a GPT-2 step early, then blocks on
+    a full launch queue or on loss.item()), so launch times squeeze the idle windows into the
+    start of the iteration. When the host runs ahead (its last launch in the first HOST_AHEAD of
+    the iteration, or the iteration begins or ends with a device-to-host copy: the host waits for
+    a result there, so the GPU was busy until then), the GPU is modelled as one queue of ops of
+    equal duration c: E_k = max(L_k, E_(k-1) + c) (an op never runs before its launch nor before
+    the previous op ends), with c chosen so that the last op ends at the iteration's end
+    (bisection). Otherwise the launch times are the best clock there is (the GPU keeps up; a
+    pause of the host is a pause of the GPU). The swap planner uses the same clock.
     """
     t0, t1 = int(it.t_start[row]), int(it.t_end[row])
     T = max(t1 - t0, 1)
     seq = it.seq_rows[it.start_seq[row] : it.end_seq[row]]
     P = max(len(seq), 1)
     L = np.append(capture.ops["ts_ns"][seq].astype(np.int64), t1).astype(np.float64)
-    if len(seq) and L[-2] - t0 < HOST_AHEAD * T:
-        E = np.maximum(L, t0 + T * np.arange(len(L)) / P)
+    if len(seq) and (L[-2] - t0 < HOST_AHEAD * T or _synced_at_boundary(capture.ops[seq])):
+        E = np.append(_queue_times(L[:-1], float(t1)), float(t1))
     else:
         E = L.copy()
-    E[-1] = t1
 
     def clock(t):
         t = np.asarray(t, np.int64)
@@ -210,6 +212,30 @@ def execution_clock(capture, it, row: int):
         return np.where(inside, np.round(np.interp(t, L, E)).astype(np.int64), t)
 
     return clock
+
+
+def _synced_at_boundary(ops: np.ndarray) -> bool:
+    """One of the first or last two ops is a device-to-host copy (loss.item(), a sync point)."""
+    ends = np.concatenate((ops[:2], ops[-2:]))
+    return bool(np.any((ends["type"] == abi.Ev.MEMCPY) & ((ends["copy_kind"] & 0xFF) == abi.CopyKind.DTOH)))
+
+
+def _queue_times(L: np.ndarray, t1: float) -> np.ndarray:
+    """Start times of ops launched at ``L`` (sorted, ns) on one in-order queue of ops of equal
+    duration c, with c such that the last op ends at ``t1``: E_k = max_(j<=k)(L_j + (k - j) c)."""
+    k = np.arange(len(L), dtype=np.float64)
+
+    def starts(c: float) -> np.ndarray:
+        return k * c + np.maximum.accumulate(L - k * c)
+
+    lo, hi = 0.0, max(t1 - L[0], 1.0)
+    for _ in range(60):  # the end time grows with c; 60 halvings reach well below 1 ns
+        mid = (lo + hi) / 2
+        if starts(mid)[-1] + mid < t1:
+            lo = mid
+        else:
+            hi = mid
+    return np.minimum(starts(lo), t1)
 
 
 def saving_curve(
