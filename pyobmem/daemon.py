@@ -169,10 +169,12 @@ class SwapAgent:
                 f"{format_bytes(plan.needed_bytes, digits=2)} at one op, and the best plan reaches "
                 f"{format_bytes(plan.predicted_peak, digits=2)}"
             )
-            if self.last_reason not in self._warned:
+            if not self._warned:
                 self._warned.add(self.last_reason)
-                self._warn(f"pyobmem: swap: {self.last_reason}; the shim keeps the budget by evicting on its own")
-            return None
+                follow = "the shim follows the best plan and evicts" if len(plan.actions) else "the shim keeps the budget by evicting"
+                self._warn(f"pyobmem: swap: {self.last_reason}; {follow} on its own beyond it (slower)")
+            if not len(plan.actions) or len(plan.actions) > abi.PLAN_MAX_ACTIONS:
+                return None
         return plan
 
     def _write(self, plan) -> bool:

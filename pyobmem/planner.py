@@ -43,7 +43,7 @@ from . import abi
 from .errors import PyobmemError
 from .model.blocks import ARENA, NEVER, build_blocks
 from .model.iterations import IterationModel, detect_iterations
-from .model.saving import TIME_RATIOS, bandwidth_of, execution_clock, saving_bound, saving_curve
+from .model.saving import TIME_RATIOS, bandwidth_of, execution_clock, saving_curve
 from .units import format_bytes
 
 DEFAULT_MIN_SWAP_BYTES = 4 << 20  # 2 MiB segments (PyTorch's small pool, one VMM granule) are never swapped
@@ -470,34 +470,26 @@ def _needed(L: LearnedIteration) -> tuple[int, int]:
     return int(need[j]), j
 
 
-def greedy_order(L: LearnedIteration) -> np.ndarray:
-    """Every window (rows of L's windows), first in the order the model's greedy peak shaving
-    takes them (``saving_bound`` on this iteration's positions; a wrapping window appears twice
-    there, at both ends of the iteration, and counts once here), then the others, the largest
-    idle window times size first."""
+def _nominal_absence(L: LearnedIteration) -> np.ndarray:
+    """bool (windows, P): the positions (mod P) at which each window alone keeps its block out
+    under the cost model with idle copy engines: from the first position after its copy out
+    ends to the last one that leaves its copy in (remap included) time before the next access."""
     P, T = L.period, L.iteration_ns
-    if not len(L.win_s) or not P:
-        return np.zeros(0, np.int64)
-    ext = np.concatenate((L.times, L.times + T, L.times + 2 * T))
-    a, b = ext[L.win_s], ext[np.minimum(L.win_n, 3 * P - 1)]
-    wrap = L.win_n >= P
-    ids = np.concatenate((np.arange(len(a)), np.flatnonzero(wrap)))
-    wa = np.concatenate((a, a[wrap] - T))
-    wb = np.concatenate((b, b[wrap] - T))
-    size = L.cand_size[L.win_cand][ids]
-    r = saving_bound(L.times, L.live, wa, wb, size, T, L.bandwidth, ratios=(1.0, GREEDY_MAX_RATIO))
-    seen, out = set(), []
-    for k in ids[r["order"]]:
-        if int(k) not in seen:
-            seen.add(int(k))
-            out.append(int(k))
-    # Then the windows the greedy never reached (it stops where the peak cannot go lower), the
-    # longest idle window times size first.
-    rest = np.array([k for k in range(len(a)) if k not in seen], np.int64)
-    if len(rest):
-        weight = (b[rest] - a[rest]) * L.cand_size[L.win_cand[rest]].astype(np.float64)
-        out += rest[np.argsort(-weight, kind="stable")].tolist()
-    return np.array(out, np.int64)
+    W = len(L.win_s)
+    cov = np.zeros((W, P), bool)
+    if not W or not P:
+        return cov
+    ext = np.concatenate([L.times + k * T for k in range(3)])
+    size = L.cand_size[L.win_cand].astype(np.float64)
+    d = size / L.bandwidth * 1e9
+    r = REMAP_NS * size / REMAP_BYTES
+    s, n = L.win_s, np.minimum(L.win_n, 3 * P - 1)
+    p_out = np.maximum(np.searchsorted(ext, ext[s] + d, side="left"), s + 1)
+    q = np.minimum(np.searchsorted(ext, ext[n] - d - r, side="right") - 1, n)
+    length = np.clip(q - p_out, 0, P)
+    for w in np.flatnonzero(length > 0):
+        cov[w, np.arange(p_out[w], p_out[w] + length[w]) % P] = True
+    return cov
 
 
 def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, max_ratio: float = MAX_RATIO) -> Plan:
@@ -510,24 +502,8 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
     peak = int(L.live[peak_at]) if P else 0
     chosen: list[int] = []
     sim = _simulate(L, np.zeros(0, np.int64))
-    best = (sim.peak, sim.ratio, [], sim)
     if sim.peak > budget_bytes:
-        for k in greedy_order(L):
-            trial = chosen + [int(k)]
-            t = _simulate(L, np.array(trial, np.int64))
-            if t.useless[-1]:
-                continue  # the window cannot take the block out under the cost model
-            if t.peak >= sim.peak and t.resident.sum() >= sim.resident.sum():
-                continue  # lowers nothing
-            if t.ratio > max_ratio:
-                continue  # too slow
-            chosen, sim = trial, t
-            if (sim.peak, sim.ratio) < best[:2]:
-                best = (sim.peak, sim.ratio, list(chosen), sim)
-            if sim.peak <= budget_bytes:
-                break
-        if sim.peak > budget_bytes:  # out of windows: the least peak reached, at its least cost
-            chosen, sim = best[2], best[3]
+        chosen, sim = _cover(L, budget_bytes, max_ratio, sim)
     w = np.array(chosen, np.int64)
     swaps, act = [], []
     for j, k in enumerate(w):
@@ -564,6 +540,44 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
         needed_at=needed_at, needed_op_row=int(L.op_rows[needed_at]) if P else -1, bound_bytes=bound_bytes, iteration_ns=L.iteration_ns, bandwidth=L.bandwidth,
         min_swap_bytes=L.min_swap_bytes, period=P, matching=L.matching, iterations=L.iterations,
     )
+
+
+def _cover(L: LearnedIteration, budget_bytes: int, max_ratio: float, sim: _Sim) -> tuple[list, _Sim]:
+    """Choose windows until the simulated peak fits ``budget_bytes`` (or none helps): at each
+    step, among the unused windows whose block is out at the peak position (nominally), the one
+    covering the most excess (resident bytes over the budget, capped at its size, summed over
+    the positions it is out, per byte it moves: every byte costs the same copy time), kept only
+    when the simulation (engine queues included) confirms it lowers the resident bytes at that
+    position within ``max_ratio``. Returns (chosen windows, their simulation); when the budget
+    cannot be met, the lowest peak reached."""
+    cov = _nominal_absence(L)
+    size = L.cand_size[L.win_cand].astype(np.float64)
+    free = cov.any(axis=1)
+    chosen: list[int] = []
+    best = (sim.peak, [], sim)
+    while sim.peak > budget_bytes:
+        p = sim.peak_at
+        cand = np.flatnonzero(free & cov[:, p])
+        if not len(cand):
+            break
+        excess = np.maximum(sim.resident - budget_bytes, 0).astype(np.float64)
+        gain = (cov[cand] * np.minimum(excess[None, :], size[cand, None])).sum(axis=1) / size[cand]
+        taken = False
+        for k in cand[np.lexsort((size[cand], -gain))]:
+            free[k] = False
+            trial = chosen + [int(k)]
+            t = _simulate(L, np.array(trial, np.int64))
+            if t.useless[-1] or t.resident[p] >= sim.resident[p] or t.ratio > max_ratio:
+                continue
+            chosen, sim, taken = trial, t, True
+            break
+        if not taken:
+            break
+        if sim.peak < best[0]:
+            best = (sim.peak, list(chosen), sim)
+    if sim.peak > budget_bytes and best[0] < sim.peak:
+        return best[1], best[2]
+    return chosen, sim
 
 
 def model_curve(L: LearnedIteration):
