@@ -5,6 +5,8 @@
  * written only when the call succeeded. A free of a pointer the table does not know goes to the
  * real free like any other and is recorded as UNTRACKED (C12).
  */
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "shim.h"
@@ -492,6 +494,237 @@ DEF_COPY_ND(cuMemcpy3D_v2, CUDA_MEMCPY3D, emit_copy3d)
 DEF_COPY_ND(cuMemcpy3D_v2_ptds, CUDA_MEMCPY3D, emit_copy3d)
 DEF_COPY_ND_ASYNC(cuMemcpy3DAsync_v2, CUDA_MEMCPY3D, emit_copy3d)
 DEF_COPY_ND_ASYNC(cuMemcpy3DAsync_v2_ptsz, CUDA_MEMCPY3D, emit_copy3d)
+
+/* ---- batched copies: cuMemcpyBatchAsync and cuMemcpy3DBatchAsync ----
+ *
+ * Two shapes: CUDA 12.8's (cuMemcpyBatchAsync, _ptsz: a `size_t *failIdx` before the stream) and
+ * 13.0's (_v2, _v2_ptsz: none). Each wrapper passes its own arguments through untouched.
+ *
+ * A batch is one op: one op seq and one MEMCPY record, kind OTHER | ASYNC as for cuMemcpyAsync
+ * (the pointers are unified), b and c = the first copy's destination and source words, d = bytes
+ * of all copies, e = stream; in the same ring group, ACCESS records with the same op seq name the
+ * other blocks the batch touches (each once, at the first offset seen). In swap mode it is one swap
+ * op (one plan position, as the planner counts one op seq) whose words are both ends of every
+ * pointer operand of every copy: every block any copy touches is resident before the real call.
+ *
+ * 3D batches: extents are in elements; between two pointers an element is a byte. When one side
+ * is a CUDA array, its element size is not queried: the bytes recorded and the pointer side's last
+ * word use 1 (a lower bound; the first byte still names the block, and a copy never spans two
+ * allocations). Array operands are not blocks. */
+#define BATCH_STACK_OPS 64
+
+/* Swap mode: the candidate words of a batch (4 per copy). */
+struct batch_words {
+    uint64_t *w;
+    size_t n;
+    int how; /* SWAP_OP_INCOMPLETE when they could not be listed: everything comes back first */
+    uint64_t stack[4 * BATCH_STACK_OPS];
+};
+
+static int batch_words_init(struct batch_words *bw, size_t ops, int readable)
+{
+    bw->w = bw->stack;
+    bw->n = 0;
+    bw->how = 0;
+    if (ops == 0)
+        return 0;
+    if (!readable) { /* arrays the driver will refuse: name nothing, assume anything */
+        bw->how = SWAP_OP_INCOMPLETE;
+        return 0;
+    }
+    if (ops <= BATCH_STACK_OPS)
+        return 1;
+    uint64_t *w = ops <= SIZE_MAX / (4 * sizeof *w) ? malloc(ops * 4 * sizeof *w) : NULL;
+    if (!w) {
+        bw->how = SWAP_OP_INCOMPLETE;
+        return 0;
+    }
+    bw->w = w;
+    return 1;
+}
+
+static void batch_words_free(struct batch_words *bw)
+{
+    if (bw->w != bw->stack)
+        free(bw->w);
+}
+
+static void batch_words_1d(struct batch_words *bw, const CUdeviceptr *dsts, const CUdeviceptr *srcs,
+                           const size_t *sizes, size_t count)
+{
+    if (!batch_words_init(bw, count, dsts && srcs && sizes))
+        return;
+    for (size_t i = 0; i < count; i++)
+        copy_words(bw->w + 4 * i, PYOBMEM_COPY_OTHER, dsts[i], srcs[i], sizes[i]);
+    bw->n = 4 * count;
+}
+
+/* First and last byte of a 3D batch operand (0, 0 for a CUDA array). */
+static void operand_words(const CUmemcpy3DOperand *o, const CUextent3D *e, uint64_t w[2])
+{
+    w[0] = w[1] = 0;
+    if (o->type != CU_MEMCPY_OPERAND_TYPE_POINTER || !o->op.ptr.ptr)
+        return;
+    uint64_t row = o->op.ptr.rowLength ? o->op.ptr.rowLength : e->width;
+    uint64_t layer = o->op.ptr.layerHeight ? o->op.ptr.layerHeight : e->height;
+    uint64_t h = e->height ? e->height - 1 : 0, d = e->depth ? e->depth - 1 : 0;
+    w[0] = o->op.ptr.ptr;
+    w[1] = w[0] + (d * layer + h) * row + (e->width ? e->width - 1 : 0);
+}
+
+static void batch_words_3d(struct batch_words *bw, const CUDA_MEMCPY3D_BATCH_OP *ops, size_t n)
+{
+    if (!batch_words_init(bw, n, ops != NULL))
+        return;
+    for (size_t i = 0; i < n; i++) {
+        operand_words(&ops[i].dst, &ops[i].extent, bw->w + 4 * i);
+        operand_words(&ops[i].src, &ops[i].extent, bw->w + 4 * i + 2);
+    }
+    bw->n = 4 * n;
+}
+
+/* Access word of addr; the caller holds the blocks read lock. */
+static uint64_t word_locked(uint64_t addr)
+{
+    const struct block *b = addr ? blocks_lookup(addr) : NULL;
+    return b ? PYOBMEM_ACCESS_WORD(b->id, addr - b->start) : 0;
+}
+
+/* The batch's MEMCPY record and its ACCESS records (t->words[n0..]), one ring group. */
+static void emit_batch(uint64_t b, uint64_t c, uint64_t bytes, CUstream s, const struct touched *t, uint32_t n0)
+{
+    static int noted;
+    struct pyobmem_record recs[1 + (SHIM_MAX_TOUCHED + 3) / 4];
+    memset(recs, 0, sizeof recs);
+    uint64_t seq = shim_next_op();
+    recs[0].type = PYOBMEM_EV_MEMCPY;
+    recs[0].flags = PYOBMEM_COPY_OTHER | PYOBMEM_COPY_ASYNC;
+    recs[0].a = seq;
+    recs[0].b = b;
+    recs[0].c = c;
+    recs[0].d = bytes;
+    recs[0].e = (uint64_t)(uintptr_t)s;
+    unsigned n = 1;
+    for (uint32_t i = n0; i < t->n; i += 4, n++) {
+        recs[n].type = PYOBMEM_EV_ACCESS;
+        recs[n].a = seq;
+        uint64_t w[4] = {0, 0, 0, 0};
+        for (uint32_t k = 0; k < 4 && i + k < t->n; k++)
+            w[k] = t->words[i + k];
+        recs[n].b = w[0];
+        recs[n].c = w[1];
+        recs[n].d = w[2];
+        recs[n].e = w[3];
+    }
+    ring_write(recs, n);
+    if (t->truncated && !__atomic_exchange_n(&noted, 1, __ATOMIC_RELAXED))
+        ring_note("batch copy touched more than %d blocks: the others are not recorded", SHIM_MAX_TOUCHED);
+}
+
+static void emit_batch_1d(const CUdeviceptr *dsts, const CUdeviceptr *srcs, const size_t *sizes, size_t count,
+                          CUstream s)
+{
+    struct touched t;
+    t.n = 0;
+    t.truncated = 0;
+    uint64_t b = 0, c = 0, bytes = 0;
+    uint32_t n0 = 0;
+    if (count && dsts && srcs && sizes) {
+        blocks_read_lock();
+        b = word_locked(dsts[0]);
+        c = word_locked(srcs[0]);
+        touched_add(&t, dsts[0]);
+        touched_add(&t, srcs[0]);
+        n0 = t.n; /* named by b and c */
+        for (size_t i = 0; i < count; i++) {
+            touched_add(&t, dsts[i]);
+            touched_add(&t, srcs[i]);
+            bytes += sizes[i];
+        }
+        blocks_read_unlock();
+    }
+    emit_batch(b, c, bytes, s, &t, n0);
+}
+
+static void emit_batch_3d(const CUDA_MEMCPY3D_BATCH_OP *ops, size_t n, CUstream s)
+{
+    struct touched t;
+    t.n = 0;
+    t.truncated = 0;
+    uint64_t b = 0, c = 0, bytes = 0, w[4];
+    uint32_t n0 = 0;
+    if (n && ops) {
+        blocks_read_lock();
+        for (size_t i = 0; i < n; i++) {
+            operand_words(&ops[i].dst, &ops[i].extent, w);
+            operand_words(&ops[i].src, &ops[i].extent, w + 2);
+            if (i == 0) {
+                b = word_locked(w[0]);
+                c = word_locked(w[2]);
+            }
+            if (w[0])
+                touched_add(&t, w[0]);
+            if (w[2])
+                touched_add(&t, w[2]);
+            if (i == 0)
+                n0 = t.n;
+            bytes += (uint64_t)ops[i].extent.width * ops[i].extent.height * ops[i].extent.depth;
+        }
+        blocks_read_unlock();
+    }
+    emit_batch(b, c, bytes, s, &t, n0);
+}
+
+/* One hook: the swap op around the real call (swap mode), the record after a success. */
+#define DEF_BATCH(NAME, PARAMS, ARGS, WORDS, EMIT)                                                        \
+    CUresult CUDAAPI NAME PARAMS                                                                          \
+    {                                                                                                     \
+        int rec = shim_begin();                                                                           \
+        int sw = rec && SHIM_UNLIKELY(g_shim.swap);                                                       \
+        struct swap_op op;                                                                                \
+        op.active = 0;                                                                                    \
+        if (sw) {                                                                                         \
+            struct batch_words bw;                                                                        \
+            WORDS;                                                                                        \
+            CUresult f = swap_op_begin(&op, SWAP_KEY_COPY(PYOBMEM_COPY_OTHER),                           \
+                                       swap_norm_stream(hStream, per_thread_name(#NAME)), bw.how, bw.w, bw.n); \
+            batch_words_free(&bw);                                                                        \
+            if (f != CUDA_SUCCESS)                                                                        \
+                return f;                                                                                 \
+        }                                                                                                 \
+        CUresult r = REAL(NAME, ARGS);                                                                    \
+        if (rec && r == CUDA_SUCCESS)                                                                     \
+            EMIT;                                                                                         \
+        if (sw)                                                                                           \
+            swap_op_end(&op, r);                                                                          \
+        return r;                                                                                         \
+    }
+#define BATCH_1D_PARAMS CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, CUmemcpyAttributes *attrs, \
+                        size_t *attrsIdxs, size_t numAttrs
+#define BATCH_1D_ARGS dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs
+#define BATCH_1D_WORDS batch_words_1d(&bw, dsts, srcs, sizes, count)
+#define BATCH_1D_EMIT emit_batch_1d(dsts, srcs, sizes, count, hStream)
+#define BATCH_3D_WORDS batch_words_3d(&bw, opList, numOps)
+#define BATCH_3D_EMIT emit_batch_3d(opList, numOps, hStream)
+DEF_BATCH(cuMemcpyBatchAsync, (BATCH_1D_PARAMS, size_t *failIdx, CUstream hStream),
+          (BATCH_1D_ARGS, failIdx, hStream), BATCH_1D_WORDS, BATCH_1D_EMIT)
+DEF_BATCH(cuMemcpyBatchAsync_ptsz, (BATCH_1D_PARAMS, size_t *failIdx, CUstream hStream),
+          (BATCH_1D_ARGS, failIdx, hStream), BATCH_1D_WORDS, BATCH_1D_EMIT)
+DEF_BATCH(cuMemcpyBatchAsync_v2, (BATCH_1D_PARAMS, CUstream hStream), (BATCH_1D_ARGS, hStream), BATCH_1D_WORDS,
+          BATCH_1D_EMIT)
+DEF_BATCH(cuMemcpyBatchAsync_v2_ptsz, (BATCH_1D_PARAMS, CUstream hStream), (BATCH_1D_ARGS, hStream),
+          BATCH_1D_WORDS, BATCH_1D_EMIT)
+DEF_BATCH(cuMemcpy3DBatchAsync,
+          (size_t numOps, CUDA_MEMCPY3D_BATCH_OP *opList, size_t *failIdx, unsigned long long flags, CUstream hStream),
+          (numOps, opList, failIdx, flags, hStream), BATCH_3D_WORDS, BATCH_3D_EMIT)
+DEF_BATCH(cuMemcpy3DBatchAsync_ptsz,
+          (size_t numOps, CUDA_MEMCPY3D_BATCH_OP *opList, size_t *failIdx, unsigned long long flags, CUstream hStream),
+          (numOps, opList, failIdx, flags, hStream), BATCH_3D_WORDS, BATCH_3D_EMIT)
+DEF_BATCH(cuMemcpy3DBatchAsync_v2, (size_t numOps, CUDA_MEMCPY3D_BATCH_OP *opList, unsigned long long flags, CUstream hStream),
+          (numOps, opList, flags, hStream), BATCH_3D_WORDS, BATCH_3D_EMIT)
+DEF_BATCH(cuMemcpy3DBatchAsync_v2_ptsz,
+          (size_t numOps, CUDA_MEMCPY3D_BATCH_OP *opList, unsigned long long flags, CUstream hStream),
+          (numOps, opList, flags, hStream), BATCH_3D_WORDS, BATCH_3D_EMIT)
 
 /* Sets: MEMSET d = bytes written (elements x element size); flags = PYOBMEM_COPY_ASYNC for the
  * stream-ordered variants. */

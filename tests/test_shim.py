@@ -19,6 +19,7 @@ import pytest
 
 from pyobmem import abi
 from pyobmem.abi import AllocKind, CopyKind, Ev, LaunchFlag, LaunchSource, UntrackedKind
+from pyobmem.capture import decode_records
 from pyobmem.ring import Ring
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,7 +185,8 @@ def test_dlsym_rtld_next_from_the_program(fake, tmp_path):
 def test_c03_unhooked_family_symbols_noted_once(fake, tmp_path):
     run = run_driver(fake, tmp_path, "unhooked")
     unhooked = sorted(n for n in run.notes() if n.startswith("unhooked="))
-    assert unhooked == ["unhooked=cuMemAlloc@3000", "unhooked=cuMemcpyBatchAsync@12080"]
+    # cuMemcpy3DPeerAsync asked 3 times: one note; the hooked batch copies (12080, 13000): none
+    assert unhooked == ["unhooked=cuMemAlloc@3000", "unhooked=cuMemcpy3DPeerAsync@12080"]
 
 
 def test_c03_launch_variants_attributed(fake, tmp_path):
@@ -246,6 +248,74 @@ def test_copies_and_sets(fake, tmp_path):
     assert ms["d"].tolist() == [100, 40]
     assert ms["e"].tolist() == [0, 0x99]
     assert ms["flags"].tolist() == [0, abi.COPY_ASYNC]
+
+
+# ---------------------------------------------------------------- batched copies (cuMemcpyBatchAsync, 3D)
+
+BATCH_FLAGS = CopyKind.OTHER | abi.COPY_ASYNC
+BATCH_VARIANTS = ["b12", "b12t", "b13", "b13t", "t12", "t12t", "t13", "t13t"]
+
+
+def test_batch_copy_entry_points_per_version(fake, tmp_path):
+    """12080 and 13000 give different functions (failIdx or not): each is the shim's export of the
+    driver's own versioned symbol, so each gets the arguments of its shape (the fake counts which
+    real function ran, with which stream and failIdx)."""
+    run = run_driver(fake, tmp_path, "batch")
+    for v in BATCH_VARIANTS:
+        assert run.out[f"{v}_is_export"] == 1, v
+        assert run.out[f"{v}_dlsym_is_export"] == 1, v
+    # every call reached its own real function: the refused ones too (12.8, 13.0, 3D 12.8)
+    assert [run.out[k] for k in ("batch_calls", "batch_calls_ptsz", "batch_calls_v2", "batch_calls_v2_ptsz")] == [
+        2, 1, 2, 1]
+    assert [run.out[k] for k in ("batch3d_calls", "batch3d_calls_ptsz", "batch3d_calls_v2",
+                                 "batch3d_calls_v2_ptsz")] == [2, 1, 1, 1]
+    assert run.out["batch_copies"] == 11
+    assert run.out["b12_stream"] == 0x77 and run.out["b13_stream"] == 0x78
+    # success: failIdx left as it was; failures: the driver's code and index, unchanged
+    assert run.out["b12_fail"] == run.out["b12t_fail"] == run.out["t12_fail"] == 12345
+    assert run.out["bad12_rc"] == 1 and run.out["bad12_fail"] == 1
+    assert run.out["bad13_rc"] == 1
+    assert run.out["bad3d_rc"] == 1 and run.out["bad3d_fail"] == 1
+    for v in BATCH_VARIANTS:
+        assert run.out[f"{v}_rc"] == 0, v
+    assert not [n for n in run.notes() if n.startswith("unhooked=")]
+
+
+def test_batch_copy_records_one_op_with_every_block(fake, tmp_path):
+    run = run_driver(fake, tmp_path, "batch")
+    cp = run.of(Ev.MEMCPY)
+    # one op per successful batch call (8), none for the 3 refused ones
+    assert cp["a"].tolist() == list(range(1, 9))
+    assert cp["flags"].tolist() == [BATCH_FLAGS] * 8
+    # blocks a=1, b=2, c=3; b, c = the first copy's destination and source words
+    assert cp["b"].tolist() == [word(1, 64), word(1, 4096), word(3, 0), 0, word(2, 0), 0, word(1, 0), word(2, 1024)]
+    assert cp["c"].tolist() == [0, word(2, 0), word(1, 0), word(3, 8), word(1, 1000), word(3, 0), word(2, 512),
+                                word(1, 0)]
+    # bytes of all copies: 100+200+300; 512; 8; 16; 64*4 + 64; 32*2; 16; 8
+    assert cp["d"].tolist() == [600, 512, 8, 16, 320, 64, 16, 8]
+    assert cp["e"].tolist() == [0x77, 0x78, 0, 0, 0x79, 0x7A, 0, 0]
+    # the other blocks of the batch: ACCESS records with the op's seq (each block once)
+    assert accesses(run, 1) == [word(3, 32), word(2, 16)]
+    assert accesses(run, 5) == [word(3, 100)]
+    assert all(accesses(run, k) == [] for k in (2, 3, 4, 6, 7, 8))
+    assert len(run.of(Ev.ACCESS)) == 2
+    # the Python side reads them as copies touching those blocks, unchanged
+    cap = decode_records(run.records)
+    assert cap.ops["type"].tolist() == [Ev.MEMCPY] * 8
+    assert cap.ops["bytes"].tolist() == [600, 512, 8, 16, 320, 64, 16, 8]
+
+    def blocks_of(row):
+        return sorted(int(cap.blocks["block_id"][b]) for b in cap.accesses["block"][cap.accesses["op"] == row])
+
+    assert [blocks_of(i) for i in range(8)] == [[1, 2, 3], [1, 2], [1, 3], [3], [1, 2, 3], [3], [1, 2], [1, 2]]
+
+
+def test_batch_copy_same_results_without_shim(fake, tmp_path):
+    with_shim = run_driver(fake, tmp_path, "batch")
+    without = run_driver(fake, tmp_path, "batch", preload=False, ring=False)
+    keys = [k for k in with_shim.out if k.endswith(("_rc", "_fail", "_stream")) or k.startswith("batch")]
+    assert len(keys) == 28  # 12 codes, 5 failIdx, 2 streams, 9 fake counters
+    assert {k: with_shim.out[k] for k in keys} == {k: without.out[k] for k in keys}
 
 
 # ---------------------------------------------------------------- return codes and unknown pointers

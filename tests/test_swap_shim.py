@@ -467,3 +467,53 @@ def test_pinned_pool_exhaustion_degrades_to_fewer_swapped_blocks(fake, tmp_path)
     assert "swap.pinned_bytes=4194304" in notes
     assert sum(n.startswith("swap: pinned host memory exhausted") for n in notes) == 1
     no_misbehaviour(run)
+
+
+# ---------------------------------------------------------------- batched copies (cuMemcpyBatchAsync, 3D)
+
+KEY_COPY_OTHER = abi.op_key_copy(Ev.MEMCPY, abi.CopyKind.OTHER)
+
+
+@pytest.mark.parametrize("variant", ["12080", "13000", "12080pt", "13000pt", "12080pt0", "3d12080", "3d13000",
+                                     "3d12080pt", "3d13000pt0"])
+def test_batch_copy_brings_every_touched_block_back(fake, tmp_path, variant):
+    """a and b are out when one batch copy reads a and writes b: both come back (demand) before
+    the real call, the batch's stream waits for them, and every byte lands, through each entry
+    point (12.8's shape with failIdx, 13.0's without, per-thread twins, 1D and 3D)."""
+    def plan(path, pid, out):
+        a, b = out["a"], out["b"]
+        write_plan(path, pid, 1, [KERN_B, FUNC_A],
+                   [(1, ActionKind.SWAP_OUT, a, 2 * MIB), (1, ActionKind.SWAP_OUT, b, 2 * MIB)])
+
+    run = run_swap(fake, tmp_path, "batch", variant, plans={1: plan})
+    a, b = run.out["a"], run.out["b"]
+    assert run.out["have_fn"] == 1
+    assert run.out["a_out"] == 1 and run.out["b_out"] == 1
+    assert run.out["batch_rc"] == 0
+    assert run.out["batch_fail"] == 12345  # failIdx (12.8) left as the driver left it
+    assert run.out["a_in"] == 1 and run.out["b_in"] == 1  # mapped before the real call
+    assert run.out["host2_before"] == 0  # queued behind the swap-in copies, not run before them
+    assert run.out["bad_host2"] == 0 and run.out["bad_b"] == 0 and run.out["bad_a"] == 0
+    assert run.out["batch_copies"] == 3
+    assert run.out["batch_stream"] == (2 if variant.endswith("pt0") else 0x77)  # CU_STREAM_PER_THREAD or S1
+    assert run.swaps(Ev.SWAP_OUT, a)["a"].size == 1 and run.swaps(Ev.SWAP_OUT, b)["a"].size == 1
+    assert run.swaps(Ev.SWAP_IN, a)["flags"].tolist() == [SwapInCause.DEMAND]
+    assert run.swaps(Ev.SWAP_IN, b)["flags"].tolist() == [SwapInCause.DEMAND]
+    # one MEMCPY op for the batch, after both swap-ins: the first copy's words (host -> b+1MiB),
+    # all bytes, the stream as passed; a (the other block) in an ACCESS record of the same seq
+    recs = run.records
+    cp_idx = np.flatnonzero((recs["type"] == Ev.MEMCPY) & (recs["d"] == MIB + 8192))
+    assert len(cp_idx) == 1
+    cp = recs[cp_idx[0]]
+    ida, idb = run.block_id(a), run.block_id(b)
+    assert int(cp["flags"]) == abi.CopyKind.OTHER | abi.COPY_ASYNC
+    assert int(cp["b"]) == (idb << abi.ACCESS_OFFSET_BITS) | MIB and int(cp["c"]) == 0
+    assert int(cp["e"]) == (0 if variant.endswith("pt0") else 0x77)
+    acc = recs[(recs["type"] == Ev.ACCESS) & (recs["a"] == cp["a"])]
+    assert [int(w) for r in acc for w in (r["b"], r["c"], r["d"], r["e"]) if w] == [ida << abi.ACCESS_OFFSET_BITS]
+    ins = np.flatnonzero(recs["type"] == Ev.SWAP_IN)
+    assert ins[:2].max() < cp_idx[0]
+    # the batch is not in the plan's template [kernel_b, kernel_a]: the plan is dropped there
+    plans = run.of(Ev.PLAN)
+    assert [(int(r["a"]), int(r["flags"])) for r in plans][:2] == [(1, 0), (1, 1)]
+    no_misbehaviour(run)

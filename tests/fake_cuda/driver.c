@@ -245,13 +245,137 @@ static int scenario_unhooked(void)
     printf("legacy_is_fake=%d\n", legacy == dlsym(libcuda, "cuMemAlloc"));
     printf("modern_is_export=%d\n", modern == dlsym(RTLD_DEFAULT, "cuMemAlloc_v2"));
     for (int i = 0; i < 3; i++)
-        get("cuMemcpyBatchAsync", 12080, 0);
+        get("cuMemcpy3DPeerAsync", 12080, 0);
+    get("cuMemcpyBatchAsync", 12080, 0); /* hooked, at both versions: no note */
+    get("cuMemcpyBatchAsync", 13000, 0);
+    get("cuMemcpy3DBatchAsync", 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
     get("cuMemAlloc", 3000, 0);
     get("cuLaunchHostFunc", 10000, 0); /* in the cuLaunch family, but host-only: no note */
     void *none = get("cuDoesNotExist", 12080, 0);
     printf("none=%d\n", none == NULL);
     void *unknown = get("cuDriverGetVersion", 12080, 0);
     printf("passthrough_is_fake=%d\n", unknown == dlsym(libcuda, "cuDriverGetVersion"));
+    return 0;
+}
+
+/* Batched copies: cuMemcpyBatchAsync / cuMemcpy3DBatchAsync at 12080 (failIdx) and 13000 (none),
+ * default and per-thread stream, each with its own shape; then refused batches. */
+typedef CUresult (*batch12_fn)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, CUmemcpyAttributes *, size_t *, size_t,
+                               size_t *, CUstream);
+typedef CUresult (*batch13_fn)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, CUmemcpyAttributes *, size_t *, size_t,
+                               CUstream);
+typedef CUresult (*batch3d12_fn)(size_t, CUDA_MEMCPY3D_BATCH_OP *, size_t *, unsigned long long, CUstream);
+typedef CUresult (*batch3d13_fn)(size_t, CUDA_MEMCPY3D_BATCH_OP *, unsigned long long, CUstream);
+
+static CUmemcpy3DOperand ptr_operand(CUdeviceptr p, size_t row)
+{
+    CUmemcpy3DOperand o;
+    memset(&o, 0, sizeof o);
+    o.type = CU_MEMCPY_OPERAND_TYPE_POINTER;
+    o.op.ptr.ptr = p;
+    o.op.ptr.rowLength = row;
+    return o;
+}
+
+static CUDA_MEMCPY3D_BATCH_OP op3d(CUdeviceptr dst, size_t drow, CUdeviceptr src, size_t srow, size_t w, size_t h)
+{
+    CUDA_MEMCPY3D_BATCH_OP o;
+    memset(&o, 0, sizeof o);
+    o.dst = ptr_operand(dst, drow);
+    o.src = ptr_operand(src, srow);
+    o.extent.width = w;
+    o.extent.height = h;
+    o.extent.depth = 1;
+    o.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+    return o;
+}
+
+#define HOSTP(p) ((CUdeviceptr)(uintptr_t)(p))
+
+static int scenario_batch(void)
+{
+    p_cuInit(0);
+    long long (*counter)(const char *) = (long long (*)(const char *))dlsym(libcuda, "fakeCounter");
+    CUdeviceptr a = must_alloc(1 << 20), b = must_alloc(1 << 16), c = must_alloc(1 << 16);
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)c);
+    static char host[4096], host2[4096];
+    printf("host=%" PRIu64 "\nhost2=%" PRIu64 "\n", (uint64_t)(uintptr_t)host, (uint64_t)(uintptr_t)host2);
+
+    /* each (name, version, flags) gives the shim's export of the driver's versioned symbol */
+    const cuuint64_t PT = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+    batch12_fn b12 = (batch12_fn)get("cuMemcpyBatchAsync", 12080, 0);
+    batch12_fn b12t = (batch12_fn)get("cuMemcpyBatchAsync", 12080, PT);
+    batch13_fn b13 = (batch13_fn)get("cuMemcpyBatchAsync", 13000, 0);
+    batch13_fn b13t = (batch13_fn)get("cuMemcpyBatchAsync", 13000, PT);
+    batch3d12_fn t12 = (batch3d12_fn)get("cuMemcpy3DBatchAsync", 12080, 0);
+    batch3d12_fn t12t = (batch3d12_fn)get("cuMemcpy3DBatchAsync", 12080, PT);
+    batch3d13_fn t13 = (batch3d13_fn)get("cuMemcpy3DBatchAsync", 13000, 0);
+    batch3d13_fn t13t = (batch3d13_fn)get("cuMemcpy3DBatchAsync", 13000, PT);
+    const struct { const char *key, *sym; void *p; } eps[] = {
+        {"b12", "cuMemcpyBatchAsync", (void *)b12}, {"b12t", "cuMemcpyBatchAsync_ptsz", (void *)b12t},
+        {"b13", "cuMemcpyBatchAsync_v2", (void *)b13}, {"b13t", "cuMemcpyBatchAsync_v2_ptsz", (void *)b13t},
+        {"t12", "cuMemcpy3DBatchAsync", (void *)t12}, {"t12t", "cuMemcpy3DBatchAsync_ptsz", (void *)t12t},
+        {"t13", "cuMemcpy3DBatchAsync_v2", (void *)t13}, {"t13t", "cuMemcpy3DBatchAsync_v2_ptsz", (void *)t13t},
+    };
+    for (size_t i = 0; i < sizeof eps / sizeof eps[0]; i++) {
+        printf("%s_is_export=%d\n", eps[i].key, eps[i].p && eps[i].p == dlsym(RTLD_DEFAULT, eps[i].sym));
+        printf("%s_dlsym_is_export=%d\n", eps[i].key, dlsym(libcuda, eps[i].sym) == dlsym(RTLD_DEFAULT, eps[i].sym));
+    }
+
+    CUmemcpyAttributes attr;
+    memset(&attr, 0, sizeof attr);
+    attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+    size_t ai = 0;
+
+    /* 1. 12.8: HtoD host -> a+64, DtoD b+16 -> c+32, DtoH a+128 -> host2 */
+    CUdeviceptr d1[] = {a + 64, c + 32, HOSTP(host2)}, s1[] = {HOSTP(host), b + 16, a + 128};
+    size_t z1[] = {100, 200, 300}, fail = 12345;
+    printf("b12_rc=%d\n", (int)b12(d1, s1, z1, 3, &attr, &ai, 1, &fail, (CUstream)0x77));
+    printf("b12_fail=%zu\nb12_stream=%lld\n", fail, counter("batch_stream"));
+    /* 2. 13.0: b -> a+4096 */
+    CUdeviceptr d2[] = {a + 4096}, s2[] = {b};
+    size_t z2[] = {512};
+    printf("b13_rc=%d\n", (int)b13(d2, s2, z2, 1, &attr, &ai, 1, (CUstream)0x78));
+    printf("b13_stream=%lld\n", counter("batch_stream"));
+    /* 3, 4. per-thread stream (NULL allowed): a -> c; c+8 -> host */
+    CUdeviceptr d3[] = {c}, s3[] = {a};
+    size_t z3[] = {8};
+    fail = 12345;
+    printf("b12t_rc=%d\n", (int)b12t(d3, s3, z3, 1, &attr, &ai, 1, &fail, NULL));
+    printf("b12t_fail=%zu\n", fail);
+    CUdeviceptr d4[] = {HOSTP(host)}, s4[] = {c + 8};
+    size_t z4[] = {16};
+    printf("b13t_rc=%d\n", (int)b13t(d4, s4, z4, 1, &attr, &ai, 1, NULL));
+    /* 5. 3D at 12.8: a+1000 (rows of 256) -> b packed, 64 x 4; host -> c+100, 64 x 1 */
+    CUDA_MEMCPY3D_BATCH_OP o5[] = {op3d(b, 0, a + 1000, 256, 64, 4), op3d(c + 100, 0, HOSTP(host), 0, 64, 1)};
+    fail = 12345;
+    printf("t12_rc=%d\n", (int)t12(2, o5, &fail, 0, (CUstream)0x79));
+    printf("t12_fail=%zu\n", fail);
+    /* 6. 3D at 13.0: c (rows of 64) -> host2, 32 x 2 */
+    CUDA_MEMCPY3D_BATCH_OP o6[] = {op3d(HOSTP(host2), 0, c, 64, 32, 2)};
+    printf("t13_rc=%d\n", (int)t13(1, o6, 0, (CUstream)0x7A));
+    /* 7, 8. per-thread 3D: b+512 -> a, 16 x 1; a -> b+1024, 8 x 1 */
+    CUDA_MEMCPY3D_BATCH_OP o7[] = {op3d(a, 0, b + 512, 0, 16, 1)}, o8[] = {op3d(b + 1024, 0, a, 0, 8, 1)};
+    fail = 12345;
+    printf("t12t_rc=%d\n", (int)t12t(1, o7, &fail, 0, NULL));
+    printf("t13t_rc=%d\n", (int)t13t(1, o8, 0, NULL));
+
+    /* refused by the driver: codes and failIdx unchanged, nothing recorded */
+    size_t zbad[] = {100, 0};
+    CUdeviceptr dbad[] = {a, b}, sbad[] = {b, c};
+    fail = 12345;
+    printf("bad12_rc=%d\n", (int)b12(dbad, sbad, zbad, 2, &attr, &ai, 1, &fail, (CUstream)0x77));
+    printf("bad12_fail=%zu\n", fail);
+    printf("bad13_rc=%d\n", (int)b13(d2, s2, z2, 1, &attr, &ai, 1, NULL)); /* legacy NULL stream */
+    CUDA_MEMCPY3D_BATCH_OP obad[] = {op3d(b, 0, a, 0, 8, 1), op3d(c, 0, a, 0, 0, 1)};
+    fail = 12345;
+    printf("bad3d_rc=%d\n", (int)t12(2, obad, &fail, 0, (CUstream)0x79));
+    printf("bad3d_fail=%zu\n", fail);
+
+    const char *names[] = {"batch_calls", "batch_calls_ptsz", "batch_calls_v2", "batch_calls_v2_ptsz", "batch3d_calls",
+                           "batch3d_calls_ptsz", "batch3d_calls_v2", "batch3d_calls_v2_ptsz", "batch_copies"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        printf("%s=%lld\n", names[i], counter(names[i]));
     return 0;
 }
 
@@ -338,6 +462,8 @@ int main(int argc, char **argv)
         rc = scenario_graph();
     else if (!strcmp(s, "unhooked"))
         rc = scenario_unhooked();
+    else if (!strcmp(s, "batch"))
+        rc = scenario_batch();
     else if (!strcmp(s, "next"))
         rc = scenario_next();
     else if (!strcmp(s, "fork"))

@@ -148,11 +148,11 @@ API CUresult cuLaunchHostFunc(CUstream st, CUhostFn fn, void *ud)
     (void)st; (void)fn; (void)ud;
     return CUDA_SUCCESS;
 }
-API CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *d, CUdeviceptr *s, size_t *sz, size_t n, CUmemcpyAttributes *a,
-                                   size_t *ai, size_t na, CUstream st)
+/* a copy the shim does not hook (its unhooked note) */
+API CUresult cuMemcpy3DPeerAsync(const CUDA_MEMCPY3D_PEER *p, CUstream st)
 {
-    (void)d; (void)s; (void)sz; (void)n; (void)a; (void)ai; (void)na; (void)st;
-    return CUDA_SUCCESS;
+    (void)st;
+    return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 /* ---- kernels ---- */
@@ -347,7 +347,11 @@ static const struct sym syms[] = {
     S("cuMemcpyHtoDAsync", 3020, cuMemcpyHtoDAsync_v2, NULL),
     S("cuMemcpyAsync", 4000, cuMemcpyAsync, NULL),
     S("cuMemcpy2D", 3020, cuMemcpy2D_v2, NULL),
-    S("cuMemcpyBatchAsync", 12080, cuMemcpyBatchAsync_v2, NULL),
+    S("cuMemcpyBatchAsync", 12080, cuMemcpyBatchAsync, (void *)cuMemcpyBatchAsync_ptsz),
+    S("cuMemcpyBatchAsync", 13000, cuMemcpyBatchAsync_v2, (void *)cuMemcpyBatchAsync_v2_ptsz),
+    S("cuMemcpy3DBatchAsync", 12080, cuMemcpy3DBatchAsync, (void *)cuMemcpy3DBatchAsync_ptsz),
+    S("cuMemcpy3DBatchAsync", 13000, cuMemcpy3DBatchAsync_v2, (void *)cuMemcpy3DBatchAsync_v2_ptsz),
+    S("cuMemcpy3DPeerAsync", 4000, cuMemcpy3DPeerAsync, NULL),
     S("cuLaunchHostFunc", 10000, cuLaunchHostFunc, NULL),
     S("cuMemsetD8", 3020, cuMemsetD8_v2, NULL),
     S("cuMemsetD32Async", 3020, cuMemsetD32Async, NULL),

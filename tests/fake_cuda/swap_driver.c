@@ -43,12 +43,14 @@ static long long (*fakeAccess)(CUdeviceptr);
 
 #define S1 ((CUstream)0x77) /* the application's stream */
 
-static void *get(const char *name)
+static void *get_v(const char *name, int version, cuuint64_t flags)
 {
     void *p = NULL;
     CUdriverProcAddressQueryResult st;
-    return gpa(name, &p, 12080, CU_GET_PROC_ADDRESS_DEFAULT, &st) == CUDA_SUCCESS ? p : NULL;
+    return gpa(name, &p, version, flags, &st) == CUDA_SUCCESS ? p : NULL;
 }
+
+static void *get(const char *name) { return get_v(name, 12080, CU_GET_PROC_ADDRESS_DEFAULT); }
 
 static void sync_point(int k)
 {
@@ -445,6 +447,98 @@ static int scenario_graph(void)
     return 0;
 }
 
+/* Batched copies: a and b are out when one batch copy touches both (dst and src); every block
+ * it touches comes back before the real call, on the entry point `variant` asks for:
+ * [3d]12080 (12.8's shape, failIdx), [3d]13000 (13.0's, _v2), with "pt" the per-thread twin on S1,
+ * with "pt0" on the NULL (per-thread) stream. Copies: host -> b+1MiB (4 KiB), a -> b (1 MiB),
+ * a+1MiB -> host2 (4 KiB). */
+typedef CUresult (*batch12_fn)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, CUmemcpyAttributes *, size_t *, size_t,
+                               size_t *, CUstream);
+typedef CUresult (*batch13_fn)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, CUmemcpyAttributes *, size_t *, size_t,
+                               CUstream);
+typedef CUresult (*batch3d12_fn)(size_t, CUDA_MEMCPY3D_BATCH_OP *, size_t *, unsigned long long, CUstream);
+typedef CUresult (*batch3d13_fn)(size_t, CUDA_MEMCPY3D_BATCH_OP *, unsigned long long, CUstream);
+
+#define HOSTP(p) ((CUdeviceptr)(uintptr_t)(p))
+
+static CUDA_MEMCPY3D_BATCH_OP op3d(CUdeviceptr dst, CUdeviceptr src, size_t w, size_t h)
+{
+    CUDA_MEMCPY3D_BATCH_OP o;
+    memset(&o, 0, sizeof o);
+    o.dst.type = o.src.type = CU_MEMCPY_OPERAND_TYPE_POINTER;
+    o.dst.op.ptr.ptr = dst;
+    o.src.op.ptr.ptr = src;
+    o.extent.width = w;
+    o.extent.height = h;
+    o.extent.depth = 1;
+    o.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+    return o;
+}
+
+static int scenario_batch(const char *variant)
+{
+    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), t = must_alloc(2 * MIB);
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nt=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)t);
+    fill(a, 2 * MIB, 1);
+    fill(b, 2 * MIB, 2);
+    static unsigned char host[4096], host2[4096];
+    for (size_t i = 0; i < sizeof host; i++)
+        host[i] = (unsigned char)(i * 13 + 5);
+    int three = !strncmp(variant, "3d", 2);
+    int version = atoi(variant + (three ? 2 : 0));
+    int pt = strstr(variant, "pt") != NULL, null_stream = strstr(variant, "pt0") != NULL;
+    CUstream s = null_stream ? NULL : S1;
+    void *fn = get_v(three ? "cuMemcpy3DBatchAsync" : "cuMemcpyBatchAsync", version,
+                     pt ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : CU_GET_PROC_ADDRESS_DEFAULT);
+    printf("have_fn=%d\n", fn != NULL);
+    sync_point(1); /* plan: [op_b(t), op_a(a, 0, b)]; swap-outs of a and b after op 1 */
+    op_b(t);
+    op_a(a, 0, b);
+    fakeAdvance(-1);
+    op_b(t); /* a and b released */
+    printf("a_out=%d\nb_out=%d\n", fakeAccess(a) == -1, fakeAccess(b) == -1);
+
+    CUdeviceptr dsts[] = {b + MIB, b, HOSTP(host2)}, srcs[] = {HOSTP(host), a, a + MIB};
+    size_t sizes[] = {4096, MIB, 4096}, fail = 12345, ai = 0;
+    CUmemcpyAttributes attr;
+    memset(&attr, 0, sizeof attr);
+    attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+    CUDA_MEMCPY3D_BATCH_OP ops[] = {op3d(b + MIB, HOSTP(host), 4096, 1), op3d(b, a, 4096, MIB / 4096),
+                                    op3d(HOSTP(host2), a + MIB, 4096, 1)};
+    CUresult r;
+    if (three && version == 12080)
+        r = ((batch3d12_fn)fn)(3, ops, &fail, 0, s);
+    else if (three)
+        r = ((batch3d13_fn)fn)(3, ops, 0, s);
+    else if (version == 12080)
+        r = ((batch12_fn)fn)(dsts, srcs, sizes, 3, &attr, &ai, 1, &fail, s);
+    else
+        r = ((batch13_fn)fn)(dsts, srcs, sizes, 3, &attr, &ai, 1, s);
+    printf("batch_rc=%d\nbatch_fail=%zu\n", (int)r, fail);
+    printf("a_in=%d\nb_in=%d\n", fakeAccess(a) != -1, fakeAccess(b) != -1);
+    printf("host2_before=%d\n", host2[0] != 0 || host2[4095] != 0); /* the batch waits for the swap-ins */
+    fakeAdvance(-1);
+    long bad = 0;
+    for (size_t i = 0; i < sizeof host2; i++)
+        bad += host2[i] != (unsigned char)((MIB + i) * 7 + 1);
+    printf("bad_host2=%ld\n", bad);
+    unsigned char *hb = malloc(2 * MIB);
+    memset(hb, 0, 2 * MIB);
+    bad = p_dtoh(hb, b, 2 * MIB) == CUDA_SUCCESS ? 0 : 2 * (long)MIB;
+    for (size_t i = 0; i < 2 * MIB; i++) {
+        unsigned char want = i < MIB ? (unsigned char)(i * 7 + 1)                         /* a's bytes */
+                             : i < MIB + 4096 ? host[i - MIB]                             /* the host's */
+                                              : (unsigned char)(i * 7 + 2);               /* b's own */
+        bad += hb[i] != want;
+    }
+    free(hb);
+    printf("bad_b=%ld\n", bad);
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 1, 0));
+    printf("batch_copies=%lld\nbatch_stream=%lld\n", fakeCounter("batch_copies"), fakeCounter("batch_stream"));
+    counters();
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
@@ -474,6 +568,8 @@ int main(int argc, char **argv)
         rc = scenario_plan();
     else if (!strcmp(s, "graph"))
         rc = scenario_graph();
+    else if (!strcmp(s, "batch"))
+        rc = scenario_batch(argc > 2 ? argv[2] : "12080");
     printf("done=1\n");
     return rc;
 }
