@@ -5,6 +5,10 @@ or flash kernels, so ``--deterministic`` runs are bitwise reproducible), a GELU 
 to the token embedding.
 
     python3 scripts/workloads/gpt.py --size tiny --steps 20 --deterministic
+
+The memory savers a user picks without pyobmem, for comparison with swap mode: ``--save-on-cpu``
+(forward and loss under ``torch.autograd.graph.save_on_cpu(pin_memory=True)``) and ``--checkpoint``
+(``torch.utils.checkpoint.checkpoint`` on each block, ``use_reentrant=False``).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ SIZES = {
 VOCAB = 50257
 
 
-def build(torch, layers: int, dim: int, heads: int, seq: int):
+def build(torch, layers: int, dim: int, heads: int, seq: int, checkpoint: bool = False):
     nn = torch.nn
     F = torch.nn.functional
 
@@ -73,8 +77,14 @@ def build(torch, layers: int, dim: int, heads: int, seq: int):
             B, T = idx.shape
             pos = torch.arange(T, device=idx.device)
             x = self.wte(idx) + self.wpe(pos)
-            for blk in self.blocks:
-                x = blk(x)
+            if checkpoint:
+                from torch.utils.checkpoint import checkpoint as ckpt
+
+                for blk in self.blocks:
+                    x = ckpt(blk, x, use_reentrant=False)
+            else:
+                for blk in self.blocks:
+                    x = blk(x)
             logits = self.head(self.ln_f(x))
             return F.cross_entropy(logits.view(B * T, VOCAB), targets.reshape(B * T))
 
@@ -86,6 +96,10 @@ def main() -> None:
     p.add_argument("--size", choices=sorted(SIZES), default="small")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=None, help="sequence length (default 1024; tiny: 128)")
+    p.add_argument("--save-on-cpu", action="store_true",
+                   help="keep the tensors saved for backward in pinned host memory (torch.autograd.graph.save_on_cpu)")
+    p.add_argument("--checkpoint", action="store_true",
+                   help="activation checkpointing: torch.utils.checkpoint on each block (use_reentrant=False)")
     args = p.parse_args()
     layers, dim, heads, seq_default = SIZES[args.size]
     seq = args.seq or seq_default
@@ -93,14 +107,18 @@ def main() -> None:
     torch = _common.import_torch(args.deterministic)
     dev = torch.device("cuda")
     torch.manual_seed(args.seed)
-    model = build(torch, layers, dim, heads, seq).to(dev)  # initialised on the CPU: same on any GPU
+    model = build(torch, layers, dim, heads, seq, checkpoint=args.checkpoint).to(dev)  # initialised on the CPU: same on any GPU
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     gen = torch.Generator().manual_seed(args.seed)
     tokens = torch.randint(0, VOCAB, (args.steps, args.batch, seq + 1), generator=gen).to(dev)
 
     def step(i: int):
         x, y = tokens[i, :, :-1], tokens[i, :, 1:]
-        loss = model(x, y)
+        if args.save_on_cpu:
+            with torch.autograd.graph.save_on_cpu(pin_memory=True):
+                loss = model(x, y)
+        else:
+            loss = model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -109,8 +127,9 @@ def main() -> None:
     rec = _common.Recorder()
     _common.torch_train(torch, rec, args.steps, step)
     n_params = sum(p.numel() for p in model.parameters())
+    savers = {k: True for k, on in (("save_on_cpu", args.save_on_cpu), ("checkpoint", args.checkpoint)) if on}
     rec.write(args.json, "torch", args, model=f"gpt-{args.size}", parameters=n_params,
-              batch=args.batch, seq=seq, **_common.torch_memory(torch))
+              batch=args.batch, seq=seq, **savers, **_common.torch_memory(torch))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1293 @@
+#!/usr/bin/env python3
+"""Swap mode on real workloads: driver-measured peak device memory, step time and losses under budgets.
+
+Three parts (``--parts``, default all), each writing one JSON file under ``--out-dir``:
+
+- ``gpt`` -> swap_gpt2_medium.json: GPT medium (scripts/workloads/gpt.py --size medium --batch 8
+  --seq 1024 --deterministic --seed 0) run unmodified (the baseline), then under
+  ``pyobmem run --swap --budget`` at 0.9, 0.75, 0.6, 0.5 and 0.4 of the baseline's peak, then
+  with PyTorch's own savers (``--save-on-cpu``, ``--checkpoint``) for comparison.
+- ``frameworks`` -> swap_frameworks.json: the CNN (cnn.py) and the JAX step (jax_step.py), each
+  unmodified and under swap mode at 50% of its peak (JAX with the launcher's allocator preset in
+  both runs).
+- ``oversubscribed`` -> swap_oversubscribed.json: a ballast process (scripts/ballast.py) leaves
+  free only 70% of GPT medium's peak; GPT medium unmodified (expected: out of memory), then under
+  swap mode with a budget of that free memory less the baseline's non-allocation overhead and a
+  margin.
+
+Peak device memory is measured from the driver, not from the framework: a thread of this process
+samples NVML (libnvidia-ml.so.1, ctypes) every ``--sample-ms`` (2 ms) while a run lasts: the
+per-process used memory of every process that was not on the GPU before the run started (the
+workload; never this process, which makes no CUDA context), and the device's used memory less its
+idle value measured just before. ``peak_bytes`` is the per-process figure when NVML reports it,
+else the device figure (``peak_method`` says which; both are recorded).
+
+The budget a swap run gets (``shim_budget_bytes``, passed as ``--budget <bytes>``) is the shim's
+allocation budget: ``budget_fraction x baseline peak`` (``budget_bytes``, what the run's peak is
+compared with: ``under_budget``) less the baseline's non-allocation overhead (driver peak minus the
+framework's own reserved peak: CUDA context, module images, library handles).
+
+Step time: the median of the last half of the steps. ``time_ratio``: that over the baseline's.
+``loss_identical``: the per-step losses (float.hex, from the workload's JSON) equal bit for bit.
+``predicted_time_ratio``: the daemon's planner on the swap run's capture, fed through the daemon's
+own SwapAgent with the records up to the last plan the shim adopted (the daemon stores no plan
+figures in the capture; see ``prediction`` in each row). Swap statistics come from
+``Capture.swaps`` / ``Capture.plans``.
+
+Every run has a timeout taken from ``--time-budget`` (default 530 s for everything): each run may
+use what is left once the least the runs after it need is set aside, so a slow run is cut (its
+completed steps are kept, ``completed`` false) rather than the bench overrunning. The JSON files
+are rewritten after every run.
+
+    python3 scripts/bench_swap.py [--parts gpt,frameworks,oversubscribed] [--steps 50] [--out-dir DIR]
+
+The launcher is ``python3 -m pyobmem run`` with the repository on PYTHONPATH; set
+PYOBMEM_BENCH_LAUNCHER (e.g. "pyobmem-run") to use another command in its place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import platform
+import re
+import select
+import shlex
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, NoReturn
+
+REPO = Path(__file__).resolve().parents[1]
+WORKLOADS = REPO / "scripts" / "workloads"
+BALLAST = REPO / "scripts" / "ballast.py"
+STEP_RE = re.compile(r"^step (\d+) loss (\S+) time_ms ([-+0-9.eE]+)\s*$")
+PARTS = ("gpt", "frameworks", "oversubscribed")
+FRACTIONS = (0.9, 0.75, 0.6, 0.5, 0.4)
+GPT_ARGS = ["--size", "medium", "--batch", "8", "--seq", "1024", "--deterministic", "--seed", "0"]
+MIB, GIB = 1 << 20, 1 << 30
+MIN_SHIM_BUDGET = 64 * MIB  # the shim reads a budget of 0 as "no budget": never pass less than this
+NVML_LIB = "libnvidia-ml.so.1"
+NVML_SUCCESS, NVML_ERROR_INSUFFICIENT_SIZE = 0, 7
+NVML_VALUE_NOT_AVAILABLE = (1 << 64) - 1
+IDLE_SLACK = 512 * MIB  # after a run the device is back to idle when used <= idle + this
+# The per-process query can be much slower than the device's memory info: the sampler reads the device
+# every interval and lists the processes only when the device is near its highest reading of the run
+# (within PROC_NEAR) or PROC_EVERY_S has passed since the last listing.
+PROC_NEAR = 64 * MIB
+PROC_EVERY_S = 0.05
+# Estimates for the schedule until measured (the GPT ones from docs/DESIGN.md's platform facts).
+GPT_STEP_S = 0.469  # GPT-2 medium, batch 8, seq 1024 on the H200
+GPT_START_S = 20.0  # process start, model build and copy to the device
+SAVE_ON_CPU_X, CHECKPOINT_X = 3.4, 1.3  # their step time over the baseline's (DESIGN.md)
+SWAP_EXTRA_S = 8.0  # launcher and daemon start and finish, and reading the capture afterwards ...
+ANALYSIS_S = 5.0  # ... of which this is kept out of a swap run's own timeout for the capture's analysis
+
+_T0 = time.monotonic()
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # pyobmem from this tree (imported only when needed: --help needs nothing)
+
+
+class BenchError(Exception):
+    """A condition that stops the bench: one line for the user."""
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')} +{time.monotonic() - _T0:5.0f}s] {msg}", file=sys.stderr, flush=True)
+
+
+def die(msg: str, code: int = 2) -> NoReturn:
+    print(f"{os.path.basename(sys.argv[0])}: error: {msg}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+# ------------------------------------------------------------------------------------ machine
+def gpu_present() -> bool:
+    """True when libcuda.so.1 loads, cuInit succeeds and at least one device exists.
+    cuInit creates no context: this process holds no device memory."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+        if cuda.cuInit(0) != 0:
+            return False
+        n = ctypes.c_int(0)
+        return cuda.cuDeviceGetCount(ctypes.byref(n)) == 0 and n.value > 0
+    except OSError:
+        return False
+
+
+def child_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if extra:
+        env.update({k: v for k, v in extra.items() if v is not None})
+    return env
+
+
+def launcher(capture: Path, options: tuple[str, ...] = ()) -> list[str]:
+    custom = os.environ.get("PYOBMEM_BENCH_LAUNCHER")
+    base = shlex.split(custom) if custom else [sys.executable, "-m", "pyobmem", "run"]
+    return [*base, *options, "-f", "-o", str(capture), "--"]
+
+
+def jax_preset_env() -> dict:
+    """The allocator variables the launcher's presets give JAX in this environment (none when the
+    user set an XLA_PYTHON_CLIENT_* variable: then both runs inherit the user's)."""
+    try:
+        from pyobmem.launcher import child_environment
+
+        return dict(child_environment(dict(os.environ), "/shim", "/ring", False, True)[1])
+    except Exception:  # noqa: BLE001 - the documented preset, if the launcher cannot be asked
+        if any(k.startswith("XLA_PYTHON_CLIENT_") for k in os.environ):
+            return {}
+        return {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}
+
+
+def versions() -> dict:
+    from importlib import metadata
+
+    out: dict = {}
+    try:
+        import pyobmem
+
+        out["pyobmem"] = pyobmem.__version__
+    except Exception:  # noqa: BLE001
+        out["pyobmem"] = None
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, timeout=10)
+        out["pyobmem_commit"] = head.stdout.strip() or None
+        out["pyobmem_tree_modified"] = bool(dirty.stdout.strip()) if dirty.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        out["pyobmem_commit"] = None
+    out["python"] = platform.python_version()
+    for p in ("torch", "jax", "jaxlib", "jax-cuda13-plugin", "cupy-cuda13x", "numpy", "scipy"):
+        try:
+            out[p] = metadata.version(p)
+        except metadata.PackageNotFoundError:
+            out[p] = None
+    return out
+
+
+# ------------------------------------------------------------------------------------ NVML
+class ProcessInfo(ctypes.Structure):
+    """nvmlProcessInfo_t (the layout of nvmlDeviceGetComputeRunningProcesses_v2 and _v3)."""
+
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+
+class MemoryInfo(ctypes.Structure):
+    """nvmlMemory_t."""
+
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+class Nvml:
+    """The few NVML calls the bench needs, through ctypes. Raises BenchError (one line)."""
+
+    def __init__(self, index: int = 0, lib: str = NVML_LIB):
+        try:
+            self.lib = ctypes.CDLL(lib)
+        except OSError as e:
+            raise BenchError(f"NVML ({lib}) is not loadable ({e}); the driver-side peak memory needs it") from None
+        try:
+            init = self.lib.nvmlInit_v2
+        except AttributeError:
+            raise BenchError(f"{lib} has no nvmlInit_v2; the driver-side peak memory needs NVML") from None
+        r = init()
+        if r != NVML_SUCCESS:
+            raise BenchError(f"nvmlInit_v2 failed: {self.error(r)}")
+        self.handle = ctypes.c_void_p()
+        r = self.lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(self.handle))
+        if r != NVML_SUCCESS:
+            raise BenchError(f"nvmlDeviceGetHandleByIndex_v2({index}) failed: {self.error(r)}")
+        self.index = index
+        self._procs = None
+        for name in ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"):
+            fn = getattr(self.lib, name, None)
+            if fn is not None:
+                self._procs, self.procs_function = fn, name
+                break
+        self._buf = (ProcessInfo * 64)()
+
+    def error(self, r: int) -> str:
+        try:
+            f = self.lib.nvmlErrorString
+            f.restype = ctypes.c_char_p
+            return f"{f(r).decode(errors='replace')} ({r})"
+        except (AttributeError, OSError):
+            return f"NVML error {r}"
+
+    def memory(self) -> tuple[int, int, int]:
+        """(total, free, used) bytes of the device."""
+        m = MemoryInfo()
+        r = self.lib.nvmlDeviceGetMemoryInfo(self.handle, ctypes.byref(m))
+        if r != NVML_SUCCESS:
+            raise BenchError(f"nvmlDeviceGetMemoryInfo failed: {self.error(r)}")
+        return int(m.total), int(m.free), int(m.used)
+
+    def processes(self) -> list[tuple[int, int]] | None:
+        """[(pid, used bytes or None when NVML does not say)] of the compute processes, or None when
+        this driver cannot list them (then it is not asked again)."""
+        if self._procs is None:
+            return None
+        for _ in range(3):
+            n = ctypes.c_uint(len(self._buf))
+            r = self._procs(self.handle, ctypes.byref(n), self._buf)
+            if r == NVML_SUCCESS:
+                return [(int(p.pid), None if p.usedGpuMemory == NVML_VALUE_NOT_AVAILABLE else int(p.usedGpuMemory))
+                        for p in self._buf[: n.value]]
+            if r == NVML_ERROR_INSUFFICIENT_SIZE:
+                self._buf = (ProcessInfo * max(2 * len(self._buf), n.value + 8))()
+                continue
+            break
+        self._procs = None
+        return None
+
+    def _text(self, fn_name: str, *args) -> str | None:
+        fn = getattr(self.lib, fn_name, None)
+        if fn is None:
+            return None
+        buf = ctypes.create_string_buffer(256)
+        return buf.value.decode(errors="replace") if fn(*args, buf, ctypes.c_uint(len(buf))) == NVML_SUCCESS else None
+
+    def info(self) -> dict:
+        cuda = ctypes.c_int(0)
+        fn = getattr(self.lib, "nvmlSystemGetCudaDriverVersion_v2", None)
+        cuda_v = int(cuda.value) if fn is not None and fn(ctypes.byref(cuda)) == NVML_SUCCESS else None
+        total, _, _ = self.memory()
+        return {
+            "gpu": self._text("nvmlDeviceGetName", self.handle), "gpu_index": self.index, "gpu_total_bytes": total,
+            "driver_version": self._text("nvmlSystemGetDriverVersion"),
+            "cuda_driver_version": cuda_v, "nvml_process_query": getattr(self, "procs_function", None),
+        }
+
+    def snapshot(self, n: int = 5, gap_s: float = 0.005) -> tuple[int, set]:
+        """(median device used bytes over ``n`` reads, pids of the compute processes now)."""
+        used = []
+        for _ in range(n):
+            used.append(self.memory()[2])
+            time.sleep(gap_s)
+        procs = self.processes() or []
+        return int(statistics.median(used)), {pid for pid, _ in procs}
+
+
+class PeakTracker:
+    """The peak of one run from NVML samples: the device's used memory less ``idle_used``, and the
+    sum of the per-process used memory of the processes not in ``excluded`` (those on the GPU before
+    the run: a ballast, a leftover)."""
+
+    def __init__(self, idle_used: int, excluded: set | frozenset = frozenset()):
+        self.idle_used = int(idle_used)
+        self.excluded = set(excluded)
+        self.samples = 0
+        self.process_samples = 0
+        self.peak_device = 0
+        self.peak_process: int | None = None
+        self.pids: set = set()
+        self.t_first = self.t_last = None
+
+    def add(self, used: int, procs: list | None, t: float | None = None) -> None:
+        """One sample: the device's used bytes, the [(pid, bytes or None)] listing (None: not listed
+        this time, or not supported), the sample's time (s)."""
+        self.samples += 1
+        self.process_samples += procs is not None
+        if t is not None:
+            self.t_first = t if self.t_first is None else self.t_first
+            self.t_last = t
+        self.peak_device = max(self.peak_device, int(used) - self.idle_used)
+        if procs:
+            mine = [(pid, b) for pid, b in procs if pid not in self.excluded and b is not None]
+            if mine:
+                self.pids.update(pid for pid, _ in mine)
+                total = sum(b for _, b in mine)
+                self.peak_process = total if self.peak_process is None else max(self.peak_process, total)
+
+    def result(self) -> dict:
+        per_process = self.peak_process is not None
+        span = (self.t_last - self.t_first) if (self.t_first is not None and self.samples > 1) else None
+        return {
+            "peak_bytes": self.peak_process if per_process else max(self.peak_device, 0),
+            "peak_method": "nvml per-process used memory (sum over the run's processes)" if per_process
+            else "nvml device used memory minus its idle value before the run",
+            "peak_process_sum_bytes": self.peak_process,
+            "peak_device_used_minus_idle_bytes": self.peak_device,
+            "idle_used_bytes": self.idle_used,
+            "processes_seen": len(self.pids),
+            "samples": self.samples,
+            "process_samples": self.process_samples,
+            "sample_interval_ms": round(1e3 * span / (self.samples - 1), 3) if span else None,
+        }
+
+
+class Sampler:
+    """Samples NVML into a PeakTracker from a thread until stopped (a context manager)."""
+
+    def __init__(self, nvml: Nvml, tracker: PeakTracker, interval_s: float):
+        self.nvml, self.tracker, self.interval_s = nvml, tracker, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
+        self.error: str | None = None
+
+    def _run(self) -> None:
+        try:
+            top, listed = -1, -1e9
+            while True:
+                t = time.monotonic()
+                used = self.nvml.memory()[2]
+                procs = None
+                if used >= top - PROC_NEAR or t - listed >= PROC_EVERY_S:
+                    procs, listed = self.nvml.processes(), t
+                top = max(top, used)
+                self.tracker.add(used, procs, t)
+                if self._stop.wait(self.interval_s):
+                    break
+        except Exception as e:  # noqa: BLE001 - reported with the run
+            self.error = f"{type(e).__name__}: {e}"
+
+    def __enter__(self) -> "Sampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+# ------------------------------------------------------------------------------------ arithmetic
+def steady_median(step_ms: list[float]) -> float | None:
+    """The median of the last half of the steps (all of them when fewer than 2)."""
+    xs = step_ms[len(step_ms) // 2:] if len(step_ms) >= 2 else step_ms
+    return float(statistics.median(xs)) if xs else None
+
+
+def compare_losses(a: list[str], b: list[str]) -> tuple[bool, int | None]:
+    """(identical, first differing step or None): identical means the same number of steps and every
+    loss equal as text (float.hex, so bit for bit)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return False, i
+    if len(a) != len(b) or not a:
+        return False, min(len(a), len(b))
+    return True, None
+
+
+def ratio(x: float | None, y: float | None) -> float | None:
+    return (x / y) if (x is not None and y) else None
+
+
+def overhead_of(driver_peak: int | None, framework_reserved: int | None) -> int | None:
+    """The non-allocation device memory of a run: driver peak less the framework's reserved peak
+    (context, module images, library handles); None when either is unknown; never negative."""
+    if driver_peak is None or not framework_reserved:
+        return None
+    return max(int(driver_peak) - int(framework_reserved), 0)
+
+
+def shim_budget(fraction: float, driver_peak: int, overhead: int | None) -> dict:
+    """The budget of one swap run: ``budget_bytes`` = fraction x the baseline's driver peak (what the
+    run's driver peak is compared with), ``shim_budget_bytes`` = that less the non-allocation
+    overhead (unknown overhead: none subtracted), at least MIN_SHIM_BUDGET."""
+    budget = int(fraction * driver_peak)
+    shim = budget - (overhead or 0)
+    return {
+        "budget_fraction": fraction,
+        "budget_bytes": budget,
+        "shim_budget_bytes": max(shim, MIN_SHIM_BUDGET),
+        "shim_budget_clamped": shim < MIN_SHIM_BUDGET,
+        "overhead_bytes": overhead,
+    }
+
+
+def oversubscribed_budget(free_bytes: int, overhead: int | None, margin: int) -> dict:
+    """The shim's budget on a card with ``free_bytes`` free: free less the baseline's
+    non-allocation overhead less ``margin`` (blocks under min_swap_bytes are outside the shim's
+    budget, and the driver rounds), at least MIN_SHIM_BUDGET."""
+    shim = int(free_bytes) - int(overhead or 0) - int(margin)
+    return {"free_bytes": int(free_bytes), "overhead_bytes": overhead, "margin_bytes": int(margin),
+            "shim_budget_bytes": max(shim, MIN_SHIM_BUDGET), "shim_budget_clamped": shim < MIN_SHIM_BUDGET}
+
+
+def last_error_line(text: str) -> str | None:
+    """The last line that names an error (a Python exception line, ``error:``), else the last line."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if re.search(r"(Error|Exception)\b|error:|out of memory", ln):
+            return ln[:400]
+    return lines[-1][:400] if lines else None
+
+
+def is_oom(text: str) -> bool:
+    return bool(re.search(r"out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|RESOURCE_EXHAUSTED", text))
+
+
+# ------------------------------------------------------------------------------------ runs
+@dataclass
+class Run:
+    label: str
+    cmd: list[str]
+    rc: int
+    wall_s: float
+    timed_out: bool
+    losses: list[str]
+    step_ms: list[float]
+    doc: dict | None  # the workload's --json result (written at its end)
+    stdout: str
+    stderr: str
+    peak: dict
+    steps_expected: int
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def completed(self) -> bool:
+        return self.rc == 0 and not self.timed_out and len(self.losses) == self.steps_expected
+
+    @property
+    def steady_ms(self) -> float | None:
+        return steady_median(self.step_ms)
+
+    def tail(self, n: int = 600) -> str:
+        return (self.stderr.strip() or self.stdout.strip())[-n:]
+
+    def framework_reserved(self) -> int | None:
+        v = ((self.doc or {}).get("memory_stats") or {}).get("reserved_bytes.all.peak")
+        return int(v) if v else None
+
+    def summary(self) -> dict:
+        """The figures every run reports."""
+        ms = (self.doc or {}).get("memory_stats") or {}
+        return {
+            "rc": self.rc,
+            "completed": self.completed,
+            "timed_out": self.timed_out,
+            "steps_completed": len(self.losses),
+            "steps": self.steps_expected,
+            "wall_s": round(self.wall_s, 2),
+            "step_ms_median": self.steady_ms,
+            "step_ms": self.step_ms,
+            **self.peak,
+            "framework_reserved_peak_bytes": self.framework_reserved(),
+            "framework_allocated_peak_bytes": int(ms["allocated_bytes.all.peak"]) if ms.get("allocated_bytes.all.peak") else None,
+            "command": shlex.join(self.cmd),
+            "errors": list(self.errors),
+            **({} if self.completed else {"stderr_tail": self.stderr[-2000:]}),
+        }
+
+
+def _kill_group(p: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """SIGTERM to the run's process group (the launcher forwards it to the workload and closes the
+    capture), then SIGKILL after ``grace_s``."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(p.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            p.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def wait_idle(nvml: Nvml, idle_used: int, timeout_s: float = 30.0) -> bool:
+    """Wait until the device's used memory is back near ``idle_used`` (the run's processes gone)."""
+    end = time.monotonic() + timeout_s
+    while True:
+        if nvml.memory()[2] <= idle_used + IDLE_SLACK:
+            return True
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.2)
+
+
+def run_measured(label: str, script: str, args: list[str], json_path: Path, nvml: Nvml, timeout: float,
+                 steps: int, sample_s: float, env: dict | None = None, capture: Path | None = None,
+                 launcher_options: tuple[str, ...] = ()) -> Run:
+    """Run one workload (under the launcher when ``capture`` is given) while sampling NVML; collect
+    its step lines, its JSON and the driver-side peak. Never raises for a failing run."""
+    cmd = [sys.executable, str(WORKLOADS / script), *args, "--json", str(json_path)]
+    if capture is not None:
+        cmd = launcher(capture, launcher_options) + cmd
+    if json_path.exists():
+        json_path.unlink()
+    idle, before = nvml.snapshot()
+    tracker = PeakTracker(idle, before)
+    log(f"{label}: start (timeout {timeout:.0f} s): {shlex.join(cmd)}")
+    t0 = time.monotonic()
+    timed_out = False
+    # Output goes to files, not pipes: the pyobmem daemon inherits the launcher's stderr and may
+    # outlive a killed launcher by a few seconds; the run ends when its process does.
+    out_path, err_path = json_path.with_suffix(".stdout"), json_path.with_suffix(".stderr")
+    with Sampler(nvml, tracker, sample_s) as sampler, open(out_path, "w") as fo, open(err_path, "w") as fe:
+        p = subprocess.Popen(cmd, cwd=REPO, env=child_env(env), stdin=subprocess.DEVNULL, stdout=fo, stderr=fe,
+                             text=True, start_new_session=True)
+        try:
+            try:
+                p.wait(timeout=max(timeout, 1.0))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _kill_group(p)
+        except BaseException:
+            _kill_group(p, grace_s=5.0)  # the bench is being stopped: leave nothing running
+            raise
+    out = out_path.read_text(errors="replace")
+    err = err_path.read_text(errors="replace")
+    if timed_out:
+        err += f"\n{label}: stopped after the timeout of {timeout:.0f} s"
+    wall = time.monotonic() - t0
+    rc = 124 if timed_out else p.returncode
+    losses, step_ms = [], []
+    for line in (out or "").splitlines():
+        m = STEP_RE.match(line)
+        if m:
+            losses.append(m.group(2))
+            step_ms.append(float(m.group(3)))
+    doc, errors = None, []
+    if json_path.exists():
+        try:
+            doc = json.loads(json_path.read_text())
+            losses, step_ms = list(doc["losses"]), [float(x) for x in doc["step_ms"]]
+        except (ValueError, KeyError) as e:
+            errors.append(f"unreadable workload JSON {json_path}: {e}")
+    if sampler.error:
+        errors.append(f"NVML sampling stopped: {sampler.error}")
+    run = Run(label, cmd, rc, wall, timed_out, losses, step_ms, doc, out or "", err or "", tracker.result(), steps, errors)
+    if not wait_idle(nvml, idle):
+        run.errors.append("the device did not return to its idle memory within 30 s after the run")
+    log(f"{label}: rc {rc}{' (timed out)' if timed_out else ''}, {len(losses)}/{steps} steps, "
+        f"{wall:.1f} s, peak {fmt_gib(run.peak['peak_bytes'])}, step {fmt(run.steady_ms, '.1f')} ms")
+    return run
+
+
+# ------------------------------------------------------------------------------------ captures
+def swap_stats(cap) -> dict:
+    """Swap-outs, swap-ins by cause, plans adopted and dropped, pinned host memory and the shim's
+    swap notes, from a Capture (``swaps``, ``plans``, ``notes``)."""
+    import numpy as np
+    from pyobmem.abi import SwapInCause
+
+    sw, pl = cap.swaps, cap.plans
+    out = sw[sw["direction"] == 0]
+    ins = sw[sw["direction"] == 1]
+    by_cause = {}
+    for c in SwapInCause:
+        sel = ins["cause"] == int(c)
+        by_cause[c.name.lower()] = {"count": int(sel.sum()), "bytes": int(ins["bytes"][sel].sum())}
+    adopted = pl[~pl["dropped"]]
+    pinned = [int(n["swap.pinned_bytes"]) for n in cap.notes.values() if str(n.get("swap.pinned_bytes", "")).isdigit()]
+    notes = {}
+    for pid, n in cap.notes.items():
+        for k, v in n.items():
+            if str(k).startswith("swap"):
+                notes[f"{k}={v}" if v else str(k)] = int(pid)
+    ops = getattr(cap, "ops", None)
+    t0 = int(ops["ts_ns"].min()) if ops is not None and len(ops) else None
+    return {
+        "swapped_out_bytes": int(out["bytes"].sum()),
+        "swapped_out_count": int(len(out)),
+        "swapped_out_blocks": int(len(np.unique(out["block"]))),
+        "swapped_in_bytes": int(ins["bytes"].sum()),
+        "swapped_in_count": int(len(ins)),
+        "swap_ins": by_cause,
+        "plan_adopted": bool(len(adopted)),
+        "plans_adopted": int(len(adopted)),
+        "plans_dropped": int(pl["dropped"].sum()),
+        "plan_actions": int(adopted["value"][-1]) if len(adopted) else None,
+        "plan_adopted_at_s": round((int(adopted["ts_ns"][0]) - t0) / 1e9, 3) if (len(adopted) and t0 is not None) else None,
+        "pinned_bytes": max(pinned) if pinned else None,
+        "swap_on": any(n.startswith("swap=on") for n in notes),  # the shim's note at start: "swap=on budget=..."
+        "swap_notes": sorted(notes),
+    }
+
+
+def daemon_prediction(path: Path, budget_bytes: int, min_swap_bytes: int) -> dict:
+    """The planner's prediction for a swap run, as the daemon made it: the capture's records up to
+    the last plan the shim adopted (all of them when none was) are fed to pyobmem.daemon.SwapAgent
+    (which keeps what the daemon keeps: every ALLOC/FREE/PROCESS/NOTE, a window of ops and
+    accesses, forgetting what preceded a dropped plan), then learn_iteration + make_plan exactly as
+    SwapAgent.plan_now does (bound=False). The daemon writes no plan figures into the capture, so this
+    replay is the most faithful source; ``plan_actions_match`` checks it against the number of
+    actions the adopted plan had."""
+    import types
+
+    import numpy as np
+    from pyobmem import abi, planner
+    from pyobmem.capture import decode_records, read_records
+
+    meta, recs = read_records(str(path))
+    pl = recs[recs["type"] == abi.Ev.PLAN]
+    adopted = pl[(pl["flags"] & 1) == 0]
+    res: dict = {}
+    if len(adopted):
+        last = adopted[int(np.argmax(adopted["ts_ns"]))]
+        recs = recs[recs["ts_ns"] <= last["ts_ns"]]
+        res["source"] = "daemon replay: records up to the last adopted plan (generation " \
+                        f"{int(last['a'])}, {int(last['b'])} actions)"
+        res["adopted_actions"] = int(last["b"])
+    else:
+        res["source"] = "daemon replay: the whole capture (no plan was adopted)"
+        res["adopted_actions"] = None
+    try:
+        from pyobmem.daemon import SwapAgent
+
+        ctl = types.SimpleNamespace(plan_drops=0, min_swap_bytes=min_swap_bytes, budget_bytes=budget_bytes,
+                                    write_plan=lambda plan, generation=None: None)
+        agent = SwapAgent(ctl, planner.Budget(text=str(budget_bytes), bytes=int(budget_bytes)), meta, warn=lambda s: None)
+        for i in range(0, len(recs), 1 << 16):
+            agent.feed(recs[i:i + (1 << 16)])
+        kept = np.concatenate(agent.static + agent.window) if (agent.static or agent.window) else recs[:0]
+    except Exception as e:  # noqa: BLE001 - fall back to every record
+        res["source"] += f"; SwapAgent unavailable ({type(e).__name__}: {e}), all records used"
+        kept = recs
+    kept = kept[np.argsort(kept["ts_ns"], kind="stable")]
+    t = time.monotonic()
+    cap = decode_records(kept, meta, str(path))
+    learned = planner.learn_iteration(cap, min_swap_bytes=min_swap_bytes)
+    if isinstance(learned, planner.NoPlan):
+        res.update({"predicted_time_ratio": None, "feasible": False, "reason": learned.reason,
+                    "planning_s": round(time.monotonic() - t, 3)})
+        return res
+    plan = planner.make_plan(learned, int(budget_bytes))
+    res.update({
+        "predicted_time_ratio": plan.time_ratio if plan.feasible else None,
+        "feasible": bool(plan.feasible),
+        "best_time_ratio": plan.time_ratio,
+        "budget_bytes": int(budget_bytes),
+        "peak_bytes": plan.peak_bytes,
+        "predicted_peak_bytes": plan.predicted_peak,
+        "needed_bytes": plan.needed_bytes,
+        "swapped_bytes": plan.swapped_bytes,
+        "swapped_blocks": len({s.block for s in plan.swaps}),
+        "actions": int(len(plan.actions)),
+        "period_ops": plan.period,
+        "iteration_ms": round(plan.iteration_ns / 1e6, 3),
+        "iterations_matching": plan.matching,
+        "planning_s": round(time.monotonic() - t, 3),
+    })
+    if res["adopted_actions"] is not None:
+        res["plan_actions_match"] = res["actions"] == res["adopted_actions"]
+    if not plan.feasible:
+        res["reason"] = "no plan fits the budget (the daemon writes none; the shim evicts on its own)"
+    return res
+
+
+def analyse_capture(path: Path, budget_bytes: int, min_swap_bytes: int | None = None) -> dict:
+    """Swap statistics and the planner's prediction of one swap run's capture; errors as a list."""
+    res: dict = {"capture_bytes": path.stat().st_size if path.exists() else None, "errors": []}
+    if not path.exists():
+        res["errors"].append(f"no capture at {path}")
+        return res
+    t = time.monotonic()
+    try:
+        from pyobmem.capture import read_capture
+
+        cap = read_capture(str(path))
+        sw = cap.meta.get("swap") if isinstance(cap.meta.get("swap"), dict) else {}
+        if min_swap_bytes is None:
+            min_swap_bytes = int(sw.get("min_swap_bytes") or 4 * MIB)
+        res.update({"capture_complete": bool(cap.complete), "dropped_events": int(cap.dropped),
+                    "exit_status": cap.exit_status, "min_swap_bytes": min_swap_bytes})
+        res.update(swap_stats(cap))
+        del cap
+    except Exception as e:  # noqa: BLE001
+        res["errors"].append(f"reading the capture: {type(e).__name__}: {e}")
+        return res
+    try:
+        pred = daemon_prediction(path, budget_bytes, min_swap_bytes)
+        res["predicted_time_ratio"] = pred.get("predicted_time_ratio")
+        res["prediction"] = pred
+    except Exception as e:  # noqa: BLE001
+        res["predicted_time_ratio"] = None
+        res["errors"].append(f"planner on the capture: {type(e).__name__}: {e}")
+    res["analysis_s"] = round(time.monotonic() - t, 2)
+    return res
+
+
+def daemon_messages(stderr: str) -> list[str]:
+    """What pyobmem said on the run's stderr (the daemon's swap warnings, errors), deduplicated."""
+    keep = [ln.strip() for ln in stderr.splitlines()
+            if ln.startswith(("pyobmem: swap", "pyobmem: error", "pyobmem: the capture daemon", "pyobmem: warning"))]
+    return list(dict.fromkeys(keep))[:20]
+
+
+# ------------------------------------------------------------------------------------ schedule
+@dataclass
+class Step:
+    """One scheduled piece of work: ``min_s()`` the least time it needs (an estimate, updated once
+    the GPT baseline has run), ``cap_s()`` the most it may take."""
+
+    name: str
+    part: str
+    min_s: Callable[[], float]
+    cap_s: Callable[[], float]
+
+
+def step_timeout(left: float, reserve: float, min_s: float, cap_s: float) -> float:
+    """A step may use what is left once the later steps' least needs are set aside, and at least its
+    own least need (taken from the later steps when the budget is short), never more than its cap
+    nor than what is left."""
+    return max(0.0, min(cap_s, max(left - reserve, min_s), left))
+
+
+@dataclass
+class Estimates:
+    start_s: float = GPT_START_S
+    gpt_step_s: float = GPT_STEP_S
+
+    def gpt_run(self, steps: int, factor: float = 1.0) -> float:
+        return self.start_s + steps * self.gpt_step_s * factor
+
+
+FRAMEWORK_START_S = {"cnn": 15.0, "jax": 12.0}
+
+
+def schedule(parts: list[str], steps: int, ref_steps: int, fractions: list[float], est: Estimates) -> list[Step]:
+    """The runs of ``parts`` in order, with their least and most time (read from ``est`` when asked)."""
+    out: list[Step] = []
+    if "gpt" in parts or "oversubscribed" in parts:
+        out.append(Step("gpt baseline", "gpt", lambda: est.gpt_run(steps), lambda: 2 * est.gpt_run(steps) + 60))
+    if "gpt" in parts:
+        for f in fractions:
+            out.append(Step(f"gpt swap {f}", "gpt", lambda: est.gpt_run(steps) + SWAP_EXTRA_S,
+                            lambda: est.gpt_run(steps, 3.0) + 60))
+        out.append(Step("gpt save_on_cpu", "gpt", lambda: est.gpt_run(ref_steps, SAVE_ON_CPU_X),
+                        lambda: est.gpt_run(ref_steps, 2 * SAVE_ON_CPU_X) + 60))
+        out.append(Step("gpt checkpointing", "gpt", lambda: est.gpt_run(ref_steps, CHECKPOINT_X),
+                        lambda: est.gpt_run(ref_steps, 2 * CHECKPOINT_X) + 60))
+    if "frameworks" in parts:
+        for name, start in FRAMEWORK_START_S.items():
+            out.append(Step(f"{name} baseline", "frameworks", lambda s=start: s, lambda: 180.0))
+            out.append(Step(f"{name} swap", "frameworks", lambda s=start: s + SWAP_EXTRA_S, lambda: 240.0))
+    if "oversubscribed" in parts:
+        # ballast, the unmodified run (out of memory at its first step), the swap run
+        out.append(Step("oversubscribed", "oversubscribed",
+                        lambda: 5.0 + (est.start_s + 5.0) + est.gpt_run(steps) + SWAP_EXTRA_S,
+                        lambda: 5.0 + est.gpt_run(steps) + 60 + est.gpt_run(steps, 3.0) + 60))
+    return out
+
+
+def schedule_estimate(parts: list[str], steps: int, ref_steps: int, fractions: list[float]) -> float:
+    """The least seconds the runs of ``parts`` need (with the default estimates)."""
+    return sum(st.min_s() for st in schedule(parts, steps, ref_steps, fractions, Estimates()))
+
+
+# ------------------------------------------------------------------------------------ output
+def fmt(v, spec: str = "") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "NO"
+    return format(v, spec)
+
+
+def fmt_gib(v) -> str:
+    return "-" if v is None else f"{v / GIB:.2f} GiB"
+
+
+def write_json(path: Path, doc: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def table(gpt: dict | None, fw: dict | None, over: dict | None) -> str:
+    head = f"{'run':<26} {'budget':>10} {'peak':>10} {'under':>5} {'time x':>7} {'pred x':>7} {'loss same':>9} " \
+           f"{'done':>5} {'out GiB':>8} {'in pf/late/dem':>15}"
+    lines = [head, "-" * len(head)]
+
+    def row(name: str, r: dict) -> None:
+        si = r.get("swap_ins") or {}
+        ins = "/".join(str((si.get(k) or {}).get("count", "-")) for k in ("prefetch", "late", "demand")) if si else "-"
+        out = r.get("swapped_out_bytes")
+        lines.append(f"{name:<26} {fmt_gib(r.get('budget_bytes')):>10} {fmt_gib(r.get('peak_bytes')):>10} "
+                     f"{fmt(r.get('under_budget')):>5} {fmt(r.get('time_ratio'), '.3f'):>7} "
+                     f"{fmt(r.get('predicted_time_ratio'), '.3f'):>7} {fmt(r.get('loss_identical')):>9} "
+                     f"{fmt(r.get('completed')):>5} {('-' if out is None else f'{out / GIB:.2f}'):>8} {ins:>15}")
+
+    if gpt:
+        if gpt.get("baseline"):
+            row("gpt baseline", gpt["baseline"])
+        for r in gpt.get("budgets", []):
+            row(f"gpt swap {r.get('budget_fraction')}", r)
+        for k in ("save_on_cpu", "checkpointing"):
+            if gpt.get(k):
+                row(f"gpt {k}", gpt[k])
+    for name in ("cnn", "jax"):
+        if fw and fw.get(name):
+            if fw[name].get("baseline"):
+                row(f"{name} baseline", fw[name]["baseline"])
+            if fw[name].get("swap"):
+                row(f"{name} swap 0.5", fw[name]["swap"])
+    if over:
+        for k in ("unmodified", "swap"):
+            if over.get(k):
+                row(f"oversubscribed {k}", over[k])
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------ the bench
+class Bench:
+    def __init__(self, a: argparse.Namespace, nvml: Nvml, work: Path):
+        self.a = a
+        self.nvml = nvml
+        self.work = work
+        self.capdir = a.capture_dir or work
+        self.est = Estimates()
+        self.gpt_base: Run | None = None
+        self.docs: dict = {}
+        self.paths = {"gpt": a.out_dir / "swap_gpt2_medium.json", "frameworks": a.out_dir / "swap_frameworks.json",
+                      "oversubscribed": a.out_dir / "swap_oversubscribed.json"}
+        self.common = {"machine": {"hostname": socket.gethostname(), "platform": platform.platform(),
+                                   "cpus": os.cpu_count(), **nvml.info()},
+                       "versions": versions()}
+        self.failed = False
+
+    # -- documents
+    def doc(self, part: str) -> dict:
+        if part not in self.docs:
+            d: dict = {}
+            if part == "gpt":
+                d = {"workload": shlex.join(["scripts/workloads/gpt.py", *self.gpt_args(self.a.steps)]),
+                     "steps": self.a.steps, "baseline": None, "budgets": [], "save_on_cpu": None,
+                     "checkpointing": None}
+            elif part == "frameworks":
+                d = {"budget_fraction": self.a.frameworks_fraction, "steps": self.a.steps, "cnn": None, "jax": None}
+            else:
+                d = {"workload": shlex.join(["scripts/workloads/gpt.py", *self.gpt_args(self.a.steps)]),
+                     "free_fraction_of_peak": self.a.oversub_free_fraction, "steps": self.a.steps,
+                     "budget_rule": "the ballast leaves free_fraction_of_peak x the empty-card baseline's driver peak "
+                                    "free; the swap run's budget_bytes is that free memory (cuMemGetInfo), its "
+                                    "shim_budget_bytes the free memory less the baseline's overhead less margin_bytes"}
+            d["method"] = {
+                "peak": "NVML sampled every ~%g ms from a thread of the bench while the run lasts; per-process "
+                        "used memory of the processes not on the GPU before the run (else device used minus "
+                        "idle); see peak_method per run" % self.a.sample_ms,
+                "step_ms_median": "median of the last half of the steps",
+                "time_ratio": "step_ms_median over the unmodified baseline's",
+                "loss_identical": "per-step losses (float.hex) equal bit for bit to the baseline's, same step count",
+                "budget": "budget_bytes = fraction x baseline driver peak; shim_budget_bytes (--budget) = budget_bytes "
+                          "less the baseline's overhead (driver peak - framework reserved peak)",
+                "predicted_time_ratio": "pyobmem's planner as the daemon ran it (SwapAgent replay of the capture up "
+                                        "to the last adopted plan); null when no plan fits the budget",
+            }
+            d["errors"] = []
+            d.update(self.common)
+            self.docs[part] = d
+        return self.docs[part]
+
+    def save(self, part: str) -> None:
+        d = self.doc(part)
+        d["elapsed_s"] = round(time.monotonic() - _T0, 1)
+        write_json(self.paths[part], d)
+
+    def error(self, part: str, msg: str) -> None:
+        log(f"{part}: ERROR {msg}")
+        self.doc(part)["errors"].append(msg)
+        self.failed = True
+
+    # -- workloads
+    def gpt_args(self, steps: int, *extra: str) -> list[str]:
+        return [*GPT_ARGS, "--steps", str(steps), *extra]
+
+    def gpt_base_doc(self) -> dict | None:
+        b = self.gpt_base
+        if b is None or not b.losses or not b.peak.get("peak_bytes"):
+            return None
+        s = b.summary()
+        s["overhead_bytes"] = overhead_of(b.peak["peak_bytes"], b.framework_reserved())
+        s["torch_max_memory_reserved_bytes"] = b.framework_reserved()
+        s["losses"] = b.losses
+        return s
+
+    def run_gpt_baseline(self, timeout: float) -> None:
+        b = run_measured("gpt baseline", "gpt.py", self.gpt_args(self.a.steps), self.work / "gpt.base.json", self.nvml,
+                         timeout, self.a.steps, self.a.sample_ms / 1e3)
+        self.gpt_base = b
+        if b.step_ms:
+            started = b.wall_s - sum(b.step_ms) / 1e3
+            self.est.start_s = max(5.0, started)
+            self.est.gpt_step_s = (b.steady_ms or GPT_STEP_S * 1e3) / 1e3
+        if not b.peak.get("peak_bytes"):
+            b.errors.append(f"no driver peak: {b.peak['samples']} NVML samples, none above idle")
+        if not b.completed or not b.peak.get("peak_bytes"):
+            for part in ("gpt", "oversubscribed"):
+                if part in self.a.parts:
+                    self.error(part, f"baseline: rc {b.rc}, {len(b.losses)}/{b.steps_expected} steps, peak "
+                                     f"{b.peak.get('peak_bytes')}: {'; '.join(b.errors) or b.tail(300)}")
+        if "gpt" in self.a.parts:
+            self.doc("gpt")["baseline"] = self.gpt_base_doc()
+            self.save("gpt")
+
+    def swap_row(self, run: Run, base: Run, budget: dict, capture: Path) -> dict:
+        """One swap run's row: the budget, the run's figures against the unmodified ``base``, the
+        capture's swap statistics and the planner's prediction."""
+        r = dict(budget)
+        r.update(run.summary())
+        r["time_ratio"] = ratio(run.steady_ms, base.steady_ms)
+        same, first = compare_losses(run.losses, base.losses)
+        r["loss_identical"], r["first_loss_mismatch_step"] = same, first
+        if not same:
+            r["losses"] = run.losses
+        if "budget_bytes" in r and r.get("peak_bytes") is not None:
+            r["under_budget"] = r["peak_bytes"] <= r["budget_bytes"]
+            r["over_budget_bytes"] = max(0, r["peak_bytes"] - r["budget_bytes"])
+        r["pyobmem_messages"] = daemon_messages(run.stderr)
+        a = analyse_capture(capture, r["shim_budget_bytes"])
+        r["errors"] += a.pop("errors")
+        r.update(a)
+        if a.get("swap_on") is False:
+            r["errors"].append(f"the shim did not turn swap mode on (its swap notes: {a.get('swap_notes')})")
+        r.setdefault("predicted_time_ratio", None)
+        if self.a.capture_dir:
+            r["capture"] = str(capture)
+        elif capture.exists():
+            capture.unlink()
+        if not run.completed:
+            r["errors"].append(f"rc {run.rc}: {run.tail(300)}")
+        if r["errors"]:
+            self.failed = True
+        return r
+
+    def run_gpt_swap(self, fraction: float, timeout: float) -> None:
+        d = self.doc("gpt")
+        base = self.gpt_base
+        if self.gpt_base_doc() is None:
+            d["budgets"].append({"budget_fraction": fraction, "completed": False, "skipped": "no baseline"})
+            self.error("gpt", f"swap {fraction}: skipped, no usable baseline (steps and a driver peak)")
+            self.save("gpt")
+            return
+        budget = shim_budget(fraction, base.peak["peak_bytes"], overhead_of(base.peak["peak_bytes"], base.framework_reserved()))
+        cap = self.capdir / f"gpt2_medium_swap_{fraction}.pyobmem"
+        run = run_measured(f"gpt swap {fraction}", "gpt.py", self.gpt_args(self.a.steps), self.work / f"gpt.swap{fraction}.json",
+                           self.nvml, timeout - ANALYSIS_S, self.a.steps, self.a.sample_ms / 1e3, capture=cap,
+                           launcher_options=("--swap", "--budget", str(budget["shim_budget_bytes"]), "-q"))
+        row = self.swap_row(run, base, budget, cap)
+        log(f"gpt swap {fraction}: under budget {fmt(row.get('under_budget'))}, time x {fmt(row['time_ratio'], '.3f')} "
+            f"(predicted {fmt(row.get('predicted_time_ratio'), '.3f')}), loss identical {fmt(row.get('loss_identical'))}, "
+            f"plan adopted {fmt(row.get('plan_adopted'))}")
+        d["budgets"].append(row)
+        self.save("gpt")
+
+    def run_gpt_saver(self, key: str, flag: str, timeout: float) -> None:
+        d = self.doc("gpt")
+        run = run_measured(f"gpt {key}", "gpt.py", self.gpt_args(self.a.ref_steps, flag), self.work / f"gpt.{key}.json",
+                           self.nvml, timeout, self.a.ref_steps, self.a.sample_ms / 1e3)
+        r = run.summary()
+        base = self.gpt_base
+        r["time_ratio"] = ratio(run.steady_ms, base.steady_ms if base else None)
+        r["flag"] = flag
+        if base is not None:
+            # Information only: the saver may change numerics. The workload draws its tokens for all
+            # steps up front from one seeded generator, so its first steps see the baseline's data.
+            same, first = compare_losses(run.losses, base.losses[: len(run.losses)])
+            r["loss_identical_to_baseline_prefix"], r["first_loss_mismatch_step"] = same, first
+        r["note"] = f"{self.a.ref_steps} steps (its step time is steady after the first few); the losses are " \
+                    "compared with the baseline's first steps for information only"
+        if base is not None and base.peak.get("peak_bytes"):
+            r["peak_fraction_of_baseline"] = ratio(r["peak_bytes"], base.peak["peak_bytes"])
+        if not run.completed:
+            r["errors"].append(f"rc {run.rc}: {run.tail(300)}")
+            self.failed = True
+        d[key] = r
+        self.save("gpt")
+
+    def run_framework(self, name: str, script: str, timeout: float, swap: bool) -> None:
+        d = self.doc("frameworks")
+        env = self.jax_env if name == "jax" else None
+        args = ["--steps", str(self.a.steps), "--seed", "0", "--deterministic"]
+        entry = d.get(name) or {"workload": shlex.join([f"scripts/workloads/{script}", *args]), "baseline": None, "swap": None}
+        if name == "jax":
+            entry["allocator_env"] = self.jax_env
+            entry["allocator_env_note"] = "the launcher's JAX preset (pyobmem.launcher.child_environment) in this " \
+                                          "environment, set for both runs so the baseline uses the same allocator " \
+                                          "(empty: the user's XLA_PYTHON_CLIENT_* variables, inherited by both)"
+        d[name] = entry
+        if not swap:
+            run = run_measured(f"{name} baseline", script, args, self.work / f"{name}.base.json", self.nvml, timeout,
+                               self.a.steps, self.a.sample_ms / 1e3, env=env)
+            self.fw_base[name] = run
+            s = run.summary()
+            s["overhead_bytes"] = overhead_of(run.peak["peak_bytes"], run.framework_reserved())
+            s["losses"] = run.losses
+            if not run.completed:
+                self.error("frameworks", f"{name} baseline: rc {run.rc}: {run.tail(300)}")
+            entry["baseline"] = s
+        else:
+            base = self.fw_base.get(name)
+            if base is None or not base.losses or not base.peak.get("peak_bytes"):
+                entry["swap"] = {"completed": False, "skipped": "no baseline"}
+                self.error("frameworks", f"{name} swap: skipped, no usable baseline (steps and a driver peak)")
+            else:
+                overhead = overhead_of(base.peak["peak_bytes"], base.framework_reserved())
+                budget = shim_budget(self.a.frameworks_fraction, base.peak["peak_bytes"], overhead)
+                if overhead is None:
+                    budget["note"] = "the framework reports no reserved peak: no overhead subtracted, the shim's " \
+                                     "budget is budget_bytes"
+                cap = self.capdir / f"{name}_swap.pyobmem"
+                run = run_measured(f"{name} swap", script, args, self.work / f"{name}.swap.json", self.nvml, timeout - ANALYSIS_S,
+                                   self.a.steps, self.a.sample_ms / 1e3, env=env, capture=cap,
+                                   launcher_options=("--swap", "--budget", str(budget["shim_budget_bytes"]), "-q"))
+                entry["swap"] = self.swap_row(run, base, budget, cap)
+                log(f"{name} swap: under budget {fmt(entry['swap'].get('under_budget'))}, time x "
+                    f"{fmt(entry['swap']['time_ratio'], '.3f')}, loss identical {fmt(entry['swap'].get('loss_identical'))}")
+        self.save("frameworks")
+
+    def run_oversubscribed(self, timeout: float) -> None:
+        d = self.doc("oversubscribed")
+        end = time.monotonic() + timeout
+        base = self.gpt_base
+        bdoc = self.gpt_base_doc()
+        if bdoc is None:
+            d["skipped"] = "no GPT medium baseline"
+            self.error("oversubscribed", "no GPT medium baseline to size the ballast")
+            self.save("oversubscribed")
+            return
+        peak = base.peak["peak_bytes"]
+        overhead = bdoc["overhead_bytes"]
+        d["baseline_empty_card"] = {k: bdoc.get(k) for k in ("peak_bytes", "peak_method", "step_ms_median",
+                                                            "torch_max_memory_reserved_bytes", "overhead_bytes",
+                                                            "completed")}
+        target = int(self.a.oversub_free_fraction * peak)
+        idle_before, _ = self.nvml.snapshot()
+        ballast = subprocess.Popen([sys.executable, str(BALLAST), "--free-bytes", str(target)], cwd=REPO,
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   start_new_session=True)
+        try:
+            line = _read_line(ballast.stdout, 60.0)
+            m = re.match(r"ready free=(\d+) total=(\d+) held=(\d+)", line or "")
+            if not m:
+                err = ""
+                if ballast.poll() is not None:
+                    err = (ballast.stderr.read() or "").strip()
+                d["ballast"] = {"ready": False, "line": line, "stderr": err[-400:], "rc": ballast.poll()}
+                self.error("oversubscribed", f"the ballast did not get ready: {line or err or 'no output within 60 s'}")
+                return
+            free_cu, total, held = (int(x) for x in m.groups())
+            _, free_nvml, _ = self.nvml.memory()
+            d["ballast"] = {"ready": True, "pid": ballast.pid, "target_free_bytes": target, "free_bytes_cuMemGetInfo": free_cu,
+                            "free_bytes_nvml": free_nvml, "held_bytes": held, "total_bytes": total}
+            log(f"oversubscribed: ballast holds {fmt_gib(held)}, free {fmt_gib(free_cu)} "
+                f"(target {fmt_gib(target)} = {self.a.oversub_free_fraction} x peak {fmt_gib(peak)})")
+            self.save("oversubscribed")
+
+            # Unmodified: expected out of memory (fast), but allowed a full run in case it fits.
+            left = end - time.monotonic()
+            t_unmod = min(max(left - self.est.gpt_run(self.a.steps) - SWAP_EXTRA_S, self.est.start_s + 40.0), left)
+            run = run_measured("oversubscribed unmodified", "gpt.py", self.gpt_args(self.a.steps),
+                               self.work / "over.unmod.json", self.nvml, t_unmod, self.a.steps, self.a.sample_ms / 1e3)
+            u = run.summary()
+            u["fits_without_swap"] = run.completed
+            u["out_of_memory"] = is_oom(run.stderr)
+            u["last_error_line"] = last_error_line(run.stderr)
+            u["time_ratio"] = ratio(run.steady_ms, base.steady_ms)
+            d["unmodified"] = u
+            d["fits_without_swap"] = run.completed
+            self.save("oversubscribed")
+
+            budget = oversubscribed_budget(free_cu, overhead, self.a.oversub_margin_mib * MIB)
+            budget["budget_bytes"] = free_cu  # what the run's peak must stay under: the free memory
+            cap = self.capdir / "gpt2_medium_oversubscribed.pyobmem"
+            left = end - time.monotonic()
+            run = run_measured("oversubscribed swap", "gpt.py", self.gpt_args(self.a.steps), self.work / "over.swap.json",
+                               self.nvml, max(left - ANALYSIS_S, 1.0), self.a.steps, self.a.sample_ms / 1e3, capture=cap,
+                               launcher_options=("--swap", "--budget", str(budget["shim_budget_bytes"]), "-q"))
+            r = self.swap_row(run, base, budget, cap)
+            r["completed_with_swap"] = run.completed
+            r["out_of_memory"] = is_oom(run.stderr)
+            r["last_error_line"] = None if run.completed else last_error_line(run.stderr)
+            d["swap"] = r
+            d["completed_with_swap"] = run.completed
+            d["loss_identical"] = r.get("loss_identical")
+            d["time_ratio"] = r.get("time_ratio")
+            d["peak_bytes"] = r.get("peak_bytes")
+            log(f"oversubscribed: fits without swap {fmt(d['fits_without_swap'])}, completed with swap "
+                f"{fmt(run.completed)}, loss identical {fmt(r.get('loss_identical'))}, time x {fmt(r.get('time_ratio'), '.3f')}")
+        finally:
+            stop_ballast(ballast)
+            d["ballast_stopped"] = ballast.poll() is not None
+            d["idle_after_ballast"] = wait_idle(self.nvml, idle_before)
+            self.save("oversubscribed")
+
+    # -- the schedule
+    def handler(self, name: str) -> Callable[[float], None]:
+        if name == "gpt baseline":
+            return self.run_gpt_baseline
+        if name.startswith("gpt swap "):
+            f = float(name.split()[-1])
+            return lambda t: self.run_gpt_swap(f, t)
+        if name == "gpt save_on_cpu":
+            return lambda t: self.run_gpt_saver("save_on_cpu", "--save-on-cpu", t)
+        if name == "gpt checkpointing":
+            return lambda t: self.run_gpt_saver("checkpointing", "--checkpoint", t)
+        if name.endswith((" baseline", " swap")):
+            fw, kind = name.split()
+            script = {"cnn": "cnn.py", "jax": "jax_step.py"}[fw]
+            return lambda t: self.run_framework(fw, script, t, swap=kind == "swap")
+        if name == "oversubscribed":
+            return self.run_oversubscribed
+        raise ValueError(name)
+
+    def skipped(self, st: Step) -> None:
+        """Record a step the time budget left no room for, where its result would have been."""
+        self.error(st.part, f"{st.name}: skipped, the time budget ({self.a.time_budget:.0f} s) is spent")
+        d = self.doc(st.part)
+        if st.name.startswith("gpt swap "):
+            d["budgets"].append({"budget_fraction": float(st.name.split()[-1]), "completed": False,
+                                 "skipped": "time budget spent"})
+        d.setdefault("skipped", []).append(st.name)
+        self.save(st.part)
+
+    def run(self) -> int:
+        self.jax_env = jax_preset_env()
+        self.fw_base: dict = {}
+        for part in self.a.parts:
+            self.save(part)
+        steps = schedule(self.a.parts, self.a.steps, self.a.ref_steps, self.a.fractions, self.est)
+        deadline = _T0 + self.a.time_budget
+        for i, st in enumerate(steps):
+            left = deadline - time.monotonic()
+            reserve = sum(s.min_s() for s in steps[i + 1:])
+            timeout = step_timeout(left, reserve, st.min_s(), st.cap_s())
+            if timeout < max(5.0, 0.5 * st.min_s()):  # too short to learn anything from the run
+                self.skipped(st)
+                continue
+            t0 = time.monotonic()
+            try:
+                self.handler(st.name)(timeout)
+            except BenchError:
+                raise
+            except Exception as e:  # noqa: BLE001 - one step failing must not stop the others
+                self.error(st.part, f"{st.name}: {type(e).__name__}: {e}")
+                self.save(st.part)
+            log(f"== {st.name}: {time.monotonic() - t0:.1f} s (limit {timeout:.0f} s); elapsed "
+                f"{time.monotonic() - _T0:.0f} s of {self.a.time_budget:.0f} s")
+        print(table(self.docs.get("gpt"), self.docs.get("frameworks"), self.docs.get("oversubscribed")))
+        for part in self.a.parts:
+            print(f"wrote {self.paths[part]}")
+        return 1 if self.failed else 0
+
+
+def _read_line(stream, timeout_s: float) -> str | None:
+    """One line from a text pipe within ``timeout_s``, or None."""
+    fd = stream.fileno()
+    buf = b""
+    end = time.monotonic() + timeout_s
+    while not buf.endswith(b"\n"):
+        left = end - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        buf += chunk
+    return buf.decode(errors="replace").strip() or None
+
+
+def stop_ballast(p: subprocess.Popen) -> None:
+    """Close its stdin (it frees and exits), then SIGTERM, then SIGKILL: always gone afterwards."""
+    try:
+        p.stdin.close()
+    except (OSError, ValueError):
+        pass
+    for sig, wait in ((None, 10.0), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        if sig is not None:
+            try:
+                os.kill(p.pid, sig)
+            except ProcessLookupError:
+                return
+        try:
+            p.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def parse_parts(text: str) -> list[str]:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in parts if p not in PARTS]
+    if bad or not parts:
+        raise argparse.ArgumentTypeError(f"unknown part {', '.join(bad) or '(none)'}: choose from {','.join(PARTS)}")
+    return [p for p in PARTS if p in parts]
+
+
+def parse_fractions(text: str) -> list[float]:
+    try:
+        fs = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of fractions: {text!r}") from None
+    if not fs or any(not 0 < f <= 1 for f in fs):
+        raise argparse.ArgumentTypeError(f"fractions must be in (0, 1]: {text!r}")
+    return fs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 epilog="Writes swap_gpt2_medium.json, swap_frameworks.json and swap_oversubscribed.json.")
+    ap.add_argument("--parts", type=parse_parts, default=list(PARTS),
+                    help="comma-separated parts to run: gpt,frameworks,oversubscribed (default all)")
+    ap.add_argument("--steps", type=int, default=50, help="training steps per run (default 50)")
+    ap.add_argument("--ref-steps", type=int, default=12,
+                    help="steps of the save_on_cpu and checkpointing runs (default 12: their step time is steady early)")
+    ap.add_argument("--fractions", type=parse_fractions, default=list(FRACTIONS),
+                    help="budget fractions of the GPT baseline's peak (default 0.9,0.75,0.6,0.5,0.4)")
+    ap.add_argument("--frameworks-fraction", type=float, default=0.5, help="budget fraction for the CNN and JAX (default 0.5)")
+    ap.add_argument("--oversub-free-fraction", type=float, default=0.7,
+                    help="the ballast leaves this fraction of the GPT baseline's peak free (default 0.7)")
+    ap.add_argument("--oversub-margin-mib", type=int, default=1024,
+                    help="oversubscribed: the shim's budget is the free memory less the overhead less this (default 1024)")
+    ap.add_argument("--out-dir", type=Path, default=REPO / "bench" / "results")
+    ap.add_argument("--capture-dir", type=Path, help="keep the swap runs' captures here (default: a temporary directory)")
+    ap.add_argument("--time-budget", type=float, default=530.0,
+                    help="seconds for the whole bench; runs are cut or skipped to stay within it (default 530)")
+    ap.add_argument("--sample-ms", type=float, default=2.0, help="NVML sampling interval (default 2 ms)")
+    ap.add_argument("--device-index", type=int, default=0, help="NVML index of the GPU the workloads use (default 0)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    if a.steps < 2 or a.ref_steps < 2:
+        die("--steps and --ref-steps must be at least 2")
+    if not gpu_present():
+        die("no NVIDIA GPU here (libcuda.so.1 not loadable or no device); run this on a CUDA machine")
+    try:
+        nvml = Nvml(a.device_index)
+    except BenchError as e:
+        die(str(e))
+    shim = os.environ.get("PYOBMEM_SHIM") or str(REPO / "pyobmem" / "libpyobmem.so")
+    if not os.environ.get("PYOBMEM_BENCH_LAUNCHER") and not os.path.isfile(shim):
+        die(f"the shim {shim} is not built; run `make native` first")
+    if a.capture_dir:
+        a.capture_dir.mkdir(parents=True, exist_ok=True)
+    est = schedule_estimate(a.parts, a.steps, a.ref_steps, a.fractions)
+    log(f"parts {','.join(a.parts)}, {a.steps} steps; the runs need about {est:.0f} s at least, "
+        f"time budget {a.time_budget:.0f} s")
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt  # unwinds through the runs' cleanup (process groups, ballast)
+
+    signal.signal(signal.SIGTERM, on_term)
+    with tempfile.TemporaryDirectory(prefix="pyobmem-bench-swap-") as tmp:
+        try:
+            return Bench(a, nvml, Path(tmp)).run()
+        except BenchError as e:
+            die(str(e))
+        except KeyboardInterrupt:
+            log("stopped; the JSON files hold what ran")
+            return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
