@@ -13,6 +13,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
 #include <link.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -142,12 +143,54 @@ void shim_init_once(void)
     pthread_once(&g_once, shim_init);
 }
 
+/* The rank a launcher gave this process in its environment: the first family present. */
+static const struct {
+    int source;
+    const char *rank, *local_rank, *world_size;
+} g_rank_env[] = {
+    {PYOBMEM_RANK_TORCH, "RANK", "LOCAL_RANK", "WORLD_SIZE"},
+    {PYOBMEM_RANK_OMPI, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE"},
+    {PYOBMEM_RANK_PMI, "PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE"},
+    {PYOBMEM_RANK_SLURM, "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS"},
+};
+#define RANK_UNKNOWN 0xFFFFFFFFu
+
+/* A decimal environment value below 2^32 - 1, else RANK_UNKNOWN. */
+static uint32_t env_u32(const char *name)
+{
+    const char *v = getenv(name);
+    if (!v || *v < '0' || *v > '9')
+        return RANK_UNKNOWN;
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    return (*end || errno || x >= RANK_UNKNOWN) ? RANK_UNKNOWN : (uint32_t)x;
+}
+
+/* PROCESS d and e (abi.h). */
+static void process_rank(uint64_t *d, uint64_t *e)
+{
+    *d = ((uint64_t)RANK_UNKNOWN << 32) | RANK_UNKNOWN;
+    *e = 0;
+    for (size_t i = 0; i < sizeof g_rank_env / sizeof g_rank_env[0]; i++) {
+        uint32_t rank = env_u32(g_rank_env[i].rank);
+        if (rank == RANK_UNKNOWN)
+            continue;
+        uint32_t size = env_u32(g_rank_env[i].world_size);
+        *d = ((uint64_t)env_u32(g_rank_env[i].local_rank) << 32) | rank;
+        *e = ((uint64_t)g_rank_env[i].source << 32) | (size == RANK_UNKNOWN ? 0 : size);
+        return;
+    }
+}
+
 void shim_emit_process(void)
 {
     if (!__atomic_exchange_n(&g_shim.need_process, 0, __ATOMIC_ACQ_REL))
         return;
     int src = __atomic_load_n(&g_shim.cupti_active, __ATOMIC_ACQUIRE) ? PYOBMEM_SOURCE_CUPTI : PYOBMEM_SOURCE_HOOKS;
-    ring_write1(PYOBMEM_EV_PROCESS, 0, g_shim.ppid, (uint64_t)(int64_t)g_shim.driver_version, (uint64_t)src, 0, 0);
+    uint64_t d, e;
+    process_rank(&d, &e);
+    ring_write1(PYOBMEM_EV_PROCESS, 0, g_shim.ppid, (uint64_t)(int64_t)g_shim.driver_version, (uint64_t)src, d, e);
 }
 
 /* ---- cuInit: device notes and CUPTI, once per process after the first success ---- */
@@ -373,6 +416,12 @@ static void *dlsym_next(dlsym_fn ds, const char *name, void *caller)
     return not_found(ds, name);
 }
 
+void *shim_next(const char *name)
+{
+    dlsym_fn ds = real_dlsym();
+    return ds ? dlsym_next(ds, name, (void *)&shim_next) : NULL;
+}
+
 SHIM_EXPORT void *dlsym(void *handle, const char *name)
 {
     dlsym_fn ds = real_dlsym();
@@ -382,8 +431,21 @@ SHIM_EXPORT void *dlsym(void *handle, const char *name)
     if (!p || shim_tls_guard)
         return p;
     const struct hook_entry *e = hook_by_name(name);
-    if (!e)
+    if (!e) {
+        void *hook = nccl_hook(name);
+        if (!hook)
+            return p;
+        /* An NCCL name (nccl.c): our wrapper when p is the function it forwards to (the first
+         * libnccl after us); our own export found with no libnccl behind it: not found, as
+         * without us, so that probing for NCCL still finds none. */
+        void *real = nccl_real(name);
+        const char *dis = getenv(PYOBMEM_ENV_DISABLE);
+        if (p == real && !(dis && strcmp(dis, "1") == 0))
+            return hook;
+        if (in_self(p) && !real)
+            return not_found(ds, name);
         return p;
+    }
     if (in_libcuda(p)) {
         if (getenv(PYOBMEM_ENV_DISABLE) && strcmp(getenv(PYOBMEM_ENV_DISABLE), "1") == 0)
             return p;

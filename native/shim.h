@@ -173,7 +173,9 @@ void swap_bind_id(uint64_t addr, uint32_t id);
 int swap_free(CUdeviceptr dptr, CUresult *rc);
 /* cuMemSetAccess on a VMM-backed block: returns 1 and *rc when handled. */
 int swap_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count, CUresult *rc);
-void swap_never(CUdeviceptr p); /* IPC-exported: never swap */
+/* IPC-exported or named by NCCL: never swapped again; a block that is out comes back now
+ * (synchronously, on the shim stream). */
+void swap_never(CUdeviceptr p);
 void swap_atfork_prepare(void);
 void swap_atfork_parent(void);
 void swap_atfork_child(void);
@@ -226,5 +228,14 @@ void cupti_start(void);
 /* ---- intercept.c ---- */
 /* Note, once per (name, version), a requested family symbol that has no hook. */
 void note_unhooked(const char *name, int version);
+/* The first definition of `name` in the objects loaded after the shim (RTLD_LOCAL ones too),
+ * or NULL: how nccl.c finds the real libnccl. */
+void *shim_next(const char *name);
+
+/* ---- nccl.c ---- */
+/* Our wrapper of an NCCL function `name`, or NULL when the shim does not hook that name. */
+void *nccl_hook(const char *name);
+/* The real function our wrapper of `name` forwards to (resolved once), or NULL. */
+void *nccl_real(const char *name);
 
 #endif

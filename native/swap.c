@@ -1073,11 +1073,21 @@ int swap_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, s
 
 void swap_never(CUdeviceptr p)
 {
+    CUstreamCaptureMode old;
+    int relaxed = relax(&old);
     pthread_mutex_lock(&g_mu);
     struct sblock *b = find(p);
-    if (b)
+    if (b) {
         b->flags |= SBF_NEVER;
+        if (b->state != SB_RESIDENT) { /* out or leaving: back now, its copy finished (no stream to wait) */
+            struct swap_op now = {.active = 1, .capturing = 1};
+            int pushed = ctx_enter();
+            consume(b, &now, ++g_tick);
+            ctx_leave(pushed);
+        }
+    }
     pthread_mutex_unlock(&g_mu);
+    unrelax(relaxed, old);
 }
 
 int swap_open(const char *path)

@@ -48,6 +48,38 @@ class Ev(enum.IntEnum):
     SWAP_OUT = 14
     SWAP_IN = 15
     PLAN = 16
+    NCCL = 17
+
+
+class NcclCall(enum.IntEnum):
+    """Which NCCL call an NCCL record is (flags, ``pyobmem_nccl_call``)."""
+
+    ALL_REDUCE = 1
+    BROADCAST = 2
+    REDUCE = 3
+    ALL_GATHER = 4
+    REDUCE_SCATTER = 5
+    SEND = 6
+    RECV = 7
+    ALL_TO_ALL = 8
+    GATHER = 9
+    SCATTER = 10
+    COMM_REGISTER = 11
+    WINDOW_REGISTER = 12
+    MEM_ALLOC = 13
+
+
+class RankSource(enum.IntEnum):
+    """Which environment variables gave a process its rank (``pyobmem_rank_source``)."""
+
+    NONE = 0
+    TORCH = 1
+    OMPI = 2
+    PMI = 3
+    SLURM = 4
+
+
+RANK_UNKNOWN = 0xFFFFFFFF  # rank or local rank not given (PROCESS d)
 
 
 class SwapInCause(enum.IntEnum):

@@ -35,8 +35,11 @@ BLOCKS_DTYPE = np.dtype(
     ]
 )
 ACCESSES_DTYPE = np.dtype([("op", "<i8"), ("block", "<i8"), ("offset", "<u8")])
+# rank, local_rank: -1 when unknown; world_size 0 when unknown; rank_source abi.RankSource (NONE:
+# the process was given no rank). From the pid's last PROCESS record, as ``source``.
 PROCESSES_DTYPE = np.dtype(
-    [("pid", "<u4"), ("ppid", "<u4"), ("ts_ns", "<i8"), ("driver_version", "<u4"), ("source", "<u1")]
+    [("pid", "<u4"), ("ppid", "<u4"), ("ts_ns", "<i8"), ("driver_version", "<u4"), ("source", "<u1"),
+     ("rank", "<i8"), ("local_rank", "<i8"), ("world_size", "<u4"), ("rank_source", "<u1")]
 )
 UNTRACKED_DTYPE = np.dtype([("pid", "<u4"), ("ts_ns", "<i8"), ("addr", "<u8"), ("kind", "<u1")])
 DROPS_DTYPE = np.dtype([("pid", "<u4"), ("ts_ns", "<i8"), ("count", "<u8")])
@@ -52,6 +55,15 @@ PLANS_DTYPE = np.dtype(
     [("ts_ns", "<i8"), ("pid", "<u4"), ("generation", "<u8"), ("value", "<u8"), ("dropped", "?")]
 )
 SWAP_OUT, SWAP_IN = 0, 1
+# One row per NCCL event (native/nccl.c): the call (abi.NcclCall), the blocks it names as rows of
+# ``blocks`` (-1: that side is absent or in no known block) with the offsets into them, bytes,
+# stream, peer or root rank (-1: none) and the communicator's index in its process (-1: none; its
+# rank is NOTE nccl.comm<index>).
+NCCL_DTYPE = np.dtype(
+    [("ts_ns", "<i8"), ("pid", "<u4"), ("call", "<u1"), ("send_block", "<i8"), ("send_offset", "<u8"),
+     ("recv_block", "<i8"), ("recv_offset", "<u8"), ("bytes", "<u8"), ("stream", "<u8"), ("peer", "<i4"),
+     ("comm", "<i4")]
+)
 
 _OP_TYPES = (abi.Ev.LAUNCH, abi.Ev.MEMCPY, abi.Ev.MEMSET, abi.Ev.GRAPH_LAUNCH)
 
@@ -153,6 +165,7 @@ class Capture:
     untracked: np.ndarray = field(repr=False)
     swaps: np.ndarray = field(default_factory=lambda: np.zeros(0, SWAPS_DTYPE), repr=False)
     plans: np.ndarray = field(default_factory=lambda: np.zeros(0, PLANS_DTYPE), repr=False)
+    nccl: np.ndarray = field(default_factory=lambda: np.zeros(0, NCCL_DTYPE), repr=False)
 
     def kernel_name(self, op_row: int) -> str:
         """A readable name of ``ops[op_row]``: kernel name, "memcpy HtoD", "memset", "graph 0x…"."""
@@ -307,6 +320,14 @@ def decode_records(recs: np.ndarray, meta: dict | None = None, path: str = "<rec
     processes = np.zeros(len(first), dtype=PROCESSES_DTYPE)
     processes["pid"], processes["ppid"], processes["ts_ns"] = p["pid"][first], p["a"][first], p["ts_ns"][first]
     processes["driver_version"], processes["source"] = p["b"][first], p["c"][last]
+    d, e = p["d"][last], p["e"][last]
+    rank_source = (e >> np.uint64(32)) & np.uint64(0xFF)
+    ranked = rank_source != 0
+    low, high = d & np.uint64(abi.RANK_UNKNOWN), d >> np.uint64(32)
+    processes["rank"] = np.where(ranked & (low != abi.RANK_UNKNOWN), low.astype(np.int64), -1)
+    processes["local_rank"] = np.where(ranked & (high != abi.RANK_UNKNOWN), high.astype(np.int64), -1)
+    processes["world_size"] = np.where(ranked, e & np.uint64(abi.RANK_UNKNOWN), 0)
+    processes["rank_source"] = rank_source
 
     blocks, block_index = _blocks(recs)
     ops, accesses = _ops(recs, blocks, block_index)
@@ -331,8 +352,24 @@ def decode_records(recs: np.ndarray, meta: dict | None = None, path: str = "<rec
     return Capture(
         path=path, meta=meta, complete=complete, exit_status=exit_status, dropped=dropped, drops=drops,
         notes=notes, processes=processes, kernel_names=kernel_names, blocks=blocks, ops=ops,
-        accesses=accesses, untracked=untracked, swaps=swaps, plans=plans,
+        accesses=accesses, untracked=untracked, swaps=swaps, plans=plans, nccl=_nccl(recs, block_index),
     )
+
+
+def _nccl(recs: np.ndarray, block_index: "_KeyIndex") -> np.ndarray:
+    """One row per NCCL record; the access words resolved to block rows and offsets."""
+    n = recs[recs["type"] == abi.Ev.NCCL]
+    out = np.zeros(len(n), dtype=NCCL_DTYPE)
+    out["ts_ns"], out["pid"], out["call"] = n["ts_ns"], n["pid"], n["flags"] & 0xFF
+    for side, w in (("send", "a"), ("recv", "b")):
+        block_id, offset = abi.access_word_split(n[w])
+        rows = block_index.lookup(n["pid"], block_id) if len(n) else np.zeros(0, np.int64)
+        out[f"{side}_block"] = np.where(n[w] != 0, rows, -1)
+        out[f"{side}_offset"] = np.where(out[f"{side}_block"] >= 0, offset, 0)
+    out["bytes"], out["stream"] = n["c"], n["d"]
+    out["peer"] = (n["e"] & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.int32)
+    out["comm"] = (n["e"] >> np.uint64(32)).astype(np.uint32).view(np.int32)
+    return out
 
 
 def _texts_sequential(recs: np.ndarray) -> list:

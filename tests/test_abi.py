@@ -28,6 +28,8 @@ ENUMS = {
     "pyobmem_launch_source": (abi.LaunchSource, "PYOBMEM_SOURCE_"),
     "pyobmem_swap_in_cause": (abi.SwapInCause, "PYOBMEM_SWAP_IN_"),
     "pyobmem_action_kind": (abi.ActionKind, "PYOBMEM_ACT_"),
+    "pyobmem_nccl_call": (abi.NcclCall, "PYOBMEM_NCCL_"),
+    "pyobmem_rank_source": (abi.RankSource, "PYOBMEM_RANK_"),
 }
 # Enum members that are module constants in Python rather than enum members.
 ENUM_EXTRAS = {"PYOBMEM_COPY_ASYNC": abi.COPY_ASYNC}

@@ -133,8 +133,20 @@ def sanitize(capture):
     for i in np.flatnonzero(proc_bad):
         mine = ops2["ts_ns"][ops2["pid"] == procs["pid"][i]]
         procs["ts_ns"][i] = int(mine[0]) if len(mine) else (bounds[0] if bounds else 0)
+
+    def block_rows(rows: np.ndarray) -> np.ndarray:
+        """Block rows renumbered; -1 for none or a block left out."""
+        rows = np.asarray(rows, np.int64)
+        ok = rows >= 0
+        ok[ok] = blk_ok[rows[ok]]
+        return np.where(ok, new_blk[np.where(ok, rows, 0)], -1) if len(new_blk) else np.full(len(rows), -1)
+
+    swaps, nccl = capture.swaps.copy(), capture.nccl.copy()
+    swaps["block"] = block_rows(swaps["block"])
+    nccl["send_block"], nccl["recv_block"] = block_rows(nccl["send_block"]), block_rows(nccl["recv_block"])
     out = dataclasses.replace(capture, blocks=blocks2, ops=ops2, accesses=acc2, processes=procs,
-                              drops=capture.drops[drops_ok], untracked=capture.untracked[unt_ok])
+                              drops=capture.drops[drops_ok], untracked=capture.untracked[unt_ok], swaps=swaps,
+                              nccl=nccl)
     out._pyobmem_sanitized = True
     out.corrupt_records = n_bad
     return out, n_bad

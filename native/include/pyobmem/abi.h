@@ -34,9 +34,13 @@
 enum pyobmem_event_type {
     PYOBMEM_EV_NONE = 0,
     /* A traced process started (first hook). a = ppid, b = driver version (cuDriverGetVersion,
-     * 0 if unknown), c = launch source (pyobmem_launch_source of this process). The record is
-     * written at the first hook, with c = HOOKS; when the CUPTI subscription starts (after
-     * cuInit) the process writes PROCESS again with c = CUPTI: the last one of a pid holds. */
+     * 0 if unknown), c = launch source (pyobmem_launch_source of this process),
+     * d = rank (low 32 bits) | local rank (high 32 bits), 0xFFFFFFFF where unknown,
+     * e = world size (low 32 bits, 0 if unknown) | pyobmem_rank_source (bits 32..39): the rank a
+     * launcher (torchrun, mpirun, srun) gave the process in its environment when the record was
+     * written. The record is written at the first hook, with c = HOOKS; when the CUPTI
+     * subscription starts (after cuInit) the process writes PROCESS again with c = CUPTI: the
+     * last one of a pid holds. */
     PYOBMEM_EV_PROCESS = 1,
     /* A block appeared. a = block id, b = device address, c = size (bytes),
      * d = stream (async kinds, else 0), e = pyobmem_alloc_kind. flags = device ordinal. */
@@ -83,6 +87,43 @@ enum pyobmem_event_type {
      * sequence left the plan's template (a = generation, b = position in the iteration,
      * flags = 1). */
     PYOBMEM_EV_PLAN = 16,
+    /* An NCCL call that names device memory (native/nccl.c), recorded after it returned
+     * ncclSuccess or ncclInProgress. flags = pyobmem_nccl_call. a = access word of the send
+     * buffer (registration, allocation: the buffer), b = access word of the receive buffer
+     * (0 when the side is absent or in no known block), c = bytes: count x the datatype's size
+     * as the call counts (allgather: sent per rank, reducescatter: received per rank; 0 for an
+     * unknown datatype); registration and allocation: their size, d = stream (0 if none),
+     * e = peer or root rank (low 32 bits, 0xFFFFFFFF if none) | index of the communicator in
+     * this process (high 32 bits, NOTE nccl.comm<index>; 0xFFFFFFFF if none). Not an op: it
+     * has no op seq, and the kernels NCCL launches are recorded as launches. In swap mode the
+     * named blocks are never swapped from then on. */
+    PYOBMEM_EV_NCCL = 17,
+};
+
+enum pyobmem_nccl_call {
+    PYOBMEM_NCCL_ALL_REDUCE = 1,
+    PYOBMEM_NCCL_BROADCAST = 2, /* also ncclBcast (in place: send = receive) */
+    PYOBMEM_NCCL_REDUCE = 3,
+    PYOBMEM_NCCL_ALL_GATHER = 4,
+    PYOBMEM_NCCL_REDUCE_SCATTER = 5,
+    PYOBMEM_NCCL_SEND = 6,
+    PYOBMEM_NCCL_RECV = 7,
+    PYOBMEM_NCCL_ALL_TO_ALL = 8,
+    PYOBMEM_NCCL_GATHER = 9,
+    PYOBMEM_NCCL_SCATTER = 10,
+    PYOBMEM_NCCL_COMM_REGISTER = 11,   /* ncclCommRegister: a = the buffer, c = its size */
+    PYOBMEM_NCCL_WINDOW_REGISTER = 12, /* ncclCommWindowRegister: the same */
+    PYOBMEM_NCCL_MEM_ALLOC = 13,       /* ncclMemAlloc: a = the new buffer, c = its size */
+};
+
+/* Where a process's rank came from (PROCESS e, bits 32..39): the first family of environment
+ * variables present, in this order. */
+enum pyobmem_rank_source {
+    PYOBMEM_RANK_NONE = 0,  /* no rank: not launched as one process of a distributed job */
+    PYOBMEM_RANK_TORCH = 1, /* RANK, LOCAL_RANK, WORLD_SIZE (torchrun and most PyTorch launchers) */
+    PYOBMEM_RANK_OMPI = 2,  /* OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_LOCAL_RANK, OMPI_COMM_WORLD_SIZE */
+    PYOBMEM_RANK_PMI = 3,   /* PMI_RANK, MPI_LOCALRANKID, PMI_SIZE (MPICH, Intel MPI) */
+    PYOBMEM_RANK_SLURM = 4, /* SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS (srun) */
 };
 
 enum pyobmem_swap_in_cause {
