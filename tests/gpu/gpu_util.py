@@ -334,3 +334,199 @@ def check_variants(run: Run, names: list[str], flags: dict[str, tuple[int, int]]
             assert int(op["handle"]) == handle, f"{name}: handle {int(op['handle']):#x} != {handle:#x}"
         found[name] = r
     return found
+
+
+# ----------------------------------------------------------------------------- swap mode (test_swap_*.py)
+
+MiB = 1 << 20
+WORKLOADS = REPO / "scripts" / "workloads"
+SWAP_PROG = "swap_cases"  # tests/gpu/progs/swap_cases.cu: every swap-mode C case, one mode per argv[1]
+
+
+def build_swap_prog(builder: Builder) -> Path:
+    """tests/gpu/progs/swap_cases.cu built once per session into the Builder's directory (nvcc,
+    shared cudart, like the other runtime programs)."""
+    if SWAP_PROG in builder.built:
+        return builder.built[SWAP_PROG]
+    builder.outdir.mkdir(parents=True, exist_ok=True)
+    out = builder.outdir / SWAP_PROG
+    cmd = [builder._nvcc(), "-O2", "-std=c++17", *builder._gencode(), f"-I{CUDA_HOME / 'include'}",
+           "-cudart", "shared", "-Xlinker", "-rpath", "-Xlinker", str(CUDA_HOME / "lib64"),
+           "-o", str(out), str(PROGS / f"{SWAP_PROG}.cu"), "-ldl", "-lpthread"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=PROGS, timeout=600)
+    if proc.returncode != 0:
+        pytest.fail(f"building {SWAP_PROG} failed: {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}")
+    builder.built[SWAP_PROG] = out
+    return out
+
+
+def run_group(full: list, cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """Run ``full`` in a session of its own; past ``timeout`` kill the whole process group (the
+    launcher and the traced program it spawned: a hung GPU program must not outlive its test) and
+    fail with the output so far."""
+    proc = subprocess.Popen(full, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        import signal
+
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, err = proc.communicate(timeout=60)
+        pytest.fail(f"timed out after {timeout} s (process group killed): {' '.join(full)}\n--- stdout\n{out[-3000:]}"
+                    f"\n--- stderr\n{err[-3000:]}")
+    return subprocess.CompletedProcess(full, proc.returncode, out, err)
+
+
+def run_swap(cmd: list, cwd: Path, budget: str, min_swap: str | None = None, env: dict | None = None,
+             timeout: float = 120, cap_name: str = "swap.pyobmem") -> Run:
+    """Run ``cmd`` under ``python -m pyobmem run --swap --budget BUDGET [--min-swap-bytes N] -f -o CAP``
+    (run_group: killed as a group past ``timeout``) and read the capture."""
+    cap_path = Path(cwd) / cap_name
+    opts = ["--swap", "--budget", str(budget)] + (["--min-swap-bytes", str(min_swap)] if min_swap else [])
+    full = [sys.executable, "-m", "pyobmem", "run", *opts, "-f", "-o", str(cap_path), "--", *[str(c) for c in cmd]]
+    proc = run_group(full, cwd, child_env(env), timeout)
+    run = Run(proc, parse_kv(proc.stdout))
+    assert cap_path.exists(), f"no capture written by {' '.join(full)}\n{run.why()}"
+    run.cap = read_capture(str(cap_path))
+    return run
+
+
+def main_pid(cap: Capture) -> int:
+    """The traced process with the most ops (the launcher's child for a single-process job)."""
+    pids, counts = np.unique(cap.ops["pid"], return_counts=True)
+    assert len(pids), "the capture has no ops"
+    return int(pids[np.argmax(counts)])
+
+
+def swap_on(cap: Capture, pid: int) -> str:
+    """The shim's "swap=on budget=... min_swap_bytes=..." note; assertion error unless swap mode is on."""
+    value = note(cap, pid, "swap")
+    assert value is not None and value.startswith("on"), (
+        f"swap mode is not on in pid {pid}: note swap={value!r}; notes {cap.notes.get(pid)}"
+    )
+    return value
+
+
+def swap_rows(cap: Capture, pid: int, block: int | None = None, direction: int | None = None) -> np.ndarray:
+    """Row indices of ``cap.swaps`` of ``pid`` (of block row ``block``; 0 = out, 1 = in), in time order."""
+    s = cap.swaps
+    m = s["pid"] == pid
+    if block is not None:
+        m &= s["block"] == block
+    if direction is not None:
+        m &= s["direction"] == direction
+    return np.nonzero(m)[0]
+
+
+def out_at(cap: Capture, block: int, t_ns: int) -> bool:
+    """Whether block row ``block`` was out (its physical memory released) at ``t_ns``: its last
+    SWAP_OUT / SWAP_IN event before ``t_ns`` is a SWAP_OUT. A SWAP_OUT is written when the memory
+    is released, a SWAP_IN when the block is mapped and its copy is ordered before its next use."""
+    s = cap.swaps
+    rows = np.nonzero((s["block"] == block) & (s["ts_ns"] < t_ns))[0]
+    return bool(len(rows)) and int(s["direction"][rows[-1]]) == 0
+
+
+def describe_swaps(cap: Capture, pid: int, rows=None, limit: int = 60) -> str:
+    """A readable list of swap events (block address, size, direction, cause), for messages."""
+    s = cap.swaps
+    rows = swap_rows(cap, pid) if rows is None else rows
+    lines = []
+    for r in list(rows)[:limit]:
+        b = int(s["block"][r])
+        addr = int(cap.blocks["addr"][b]) if b >= 0 else -1
+        lines.append(f"  t={int(s['ts_ns'][r])} block {b} @ {addr:#x} {int(s['bytes'][r])} B "
+                     f"{'in' if int(s['direction'][r]) else 'out'} cause={int(s['cause'][r])} "
+                     f"dur={int(s['duration_ns'][r])} ns")
+    more = len(rows) - limit
+    return "\n".join(lines + ([f"  ... {more} more"] if more > 0 else [])) or "  (no swap events)"
+
+
+def ops_named(cap: Capture, pid: int, name: str, type_=abi.Ev.LAUNCH) -> list[int]:
+    """Op rows of ``pid`` whose kernel name contains ``name``."""
+    return [int(r) for r in op_rows(cap, pid, type_) if name in cap.kernel_name(int(r))]
+
+
+def step_losses(stdout: str) -> list[str]:
+    """The "step <i> loss <hex> time_ms <ms>" lines of a scripts/workloads run: the losses (hex)."""
+    return [line.split()[3] for line in stdout.splitlines() if line.startswith("step ") and " loss " in line]
+
+
+class DeviceMemorySampler:
+    """The device's used memory through NVML (the whole device, as nvidia-smi shows it), sampled
+    every ``period_s`` in a thread while the ``with`` block runs: ``peak - baseline`` is the most the
+    run added. The test process itself never creates a CUDA context. ``open()`` returns None
+    (with ``why``) when NVML cannot be used."""
+
+    why = ""
+
+    def __init__(self, lib, handle, period_s: float):
+        import ctypes as ct
+
+        class Memory(ct.Structure):
+            _fields_ = [("total", ct.c_ulonglong), ("free", ct.c_ulonglong), ("used", ct.c_ulonglong)]
+
+        self._ct, self._lib, self._h, self._mem, self.period_s = ct, lib, handle, Memory(), period_s
+        self.baseline = self.peak = self.samples = 0
+        self._thread = None
+        self._stop = None
+
+    @classmethod
+    def open(cls, index: int = 0, period_s: float = 0.0005):
+        import ctypes as ct
+
+        try:
+            lib = ct.CDLL("libnvidia-ml.so.1")
+        except OSError as e:
+            cls.why = f"libnvidia-ml.so.1 cannot be loaded: {e}"
+            return None
+        rc = lib.nvmlInit_v2()
+        if rc != 0:
+            cls.why = f"nvmlInit_v2 -> {rc}"
+            return None
+        h = ct.c_void_p()
+        rc = lib.nvmlDeviceGetHandleByIndex_v2(ct.c_uint(index), ct.byref(h))
+        if rc != 0:
+            cls.why = f"nvmlDeviceGetHandleByIndex_v2({index}) -> {rc}"
+            return None
+        return cls(lib, h, period_s)
+
+    def used(self) -> int:
+        rc = self._lib.nvmlDeviceGetMemoryInfo(self._h, self._ct.byref(self._mem))
+        if rc != 0:
+            raise OSError(f"nvmlDeviceGetMemoryInfo -> {rc}")
+        return int(self._mem.used)
+
+    def _loop(self):
+        import time
+
+        while not self._stop.is_set():
+            u = self.used()
+            self.samples += 1
+            if u > self.peak:
+                self.peak = u
+            time.sleep(self.period_s)
+
+    def __enter__(self):
+        import threading
+
+        self.baseline = min(self.used() for _ in range(5))
+        self.peak, self.samples = self.baseline, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=10)
+        return False
+
+    @property
+    def added(self) -> int:
+        """Peak minus baseline, bytes."""
+        return self.peak - self.baseline
