@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import __version__, abi
 from .errors import PyobmemError
@@ -61,6 +61,8 @@ class Outcome:
     status: int
     output: str
     daemon_failed: str | None = None  # one line when the daemon stopped early
+    rank_outputs: list = field(default_factory=list)  # (pyobmem.ranks.Rank, path): one capture per rank
+    rank_error: str | None = None  # one line when the per-rank captures could not be written
 
     @property
     def exit_code(self) -> int:
@@ -258,7 +260,9 @@ def launch(opts: Options) -> Outcome:
         daemon = _start_daemon(ring.path, output, opts.force, meta, swap_meta)
         status, daemon_failed = _run_child(executable, opts.command, env, daemon)
         daemon_failed = _stop_daemon(daemon, status) or daemon_failed
-        return Outcome(status=status, output=output, daemon_failed=daemon_failed)
+        outcome = Outcome(status=status, output=output, daemon_failed=daemon_failed)
+        _split_ranks(outcome, opts.force)
+        return outcome
     finally:
         if daemon is not None and daemon.poll() is None:
             daemon.kill()
@@ -266,6 +270,17 @@ def launch(opts: Options) -> Outcome:
         ring.close(unlink=True)
         if control is not None:
             control.close(unlink=True)
+
+
+def _split_ranks(outcome: Outcome, force: bool) -> None:
+    """A distributed job (processes given ranks): one capture per rank next to the merged one
+    (pyobmem.ranks). A failure is one line in the outcome; the merged capture is untouched."""
+    from .ranks import split
+
+    try:
+        outcome.rank_outputs = split(outcome.output, force=force)
+    except PyobmemError as e:
+        outcome.rank_error = str(e)
 
 
 def _start_daemon(ring_path: str, output: str, force: bool, meta: dict, swap: dict | None = None) -> subprocess.Popen:

@@ -172,4 +172,4 @@ def test_report_command(tmp_path, training_capture):
 def cmd_args(path, output, force):
     import argparse
 
-    return argparse.Namespace(file=path, output=output, force=force)
+    return argparse.Namespace(file=[path], output=output, force=force, rank=None)

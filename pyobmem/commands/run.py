@@ -94,8 +94,10 @@ def run(args) -> int:
     try:
         if outcome.daemon_failed:
             _say(outcome.daemon_failed)
+        if outcome.rank_error:
+            _say(f"error: {outcome.rank_error}")
         if not opts.quiet:
-            _report(outcome.output)
+            _report(outcome.output, [path for _, path in outcome.rank_outputs])
     except BrokenPipeError:
         # `pyobmem-run cmd 2>&1 | head`: the reader is gone. What we had to say is lost, the
         # command's exit code is not: quiet the stream so Python's exit flush does not fail too.
@@ -135,8 +137,8 @@ def _silence(stream) -> None:
         pass
 
 
-def _report(path: str) -> None:
-    """The short summary, the capture path and what to run next (stderr: stdout is the command's)."""
+def _report(path: str, rank_paths: list[str] = ()) -> None:
+    """The short summary, the capture path(s) and what to run next (stderr: stdout is the command's)."""
     try:
         text = summary.format_short(summary.summarize(read_capture(path)))
     except PyobmemError as e:
@@ -145,4 +147,9 @@ def _report(path: str) -> None:
         _say(line)
     _say(f"capture written to {path}")
     q = shlex.quote(path)
+    if rank_paths:
+        _say(f"per-rank captures: {' '.join(rank_paths)}")
+        ranks = " ".join(shlex.quote(p) for p in rank_paths)
+        _say(f"next: pyobmem summary {ranks}   or   pyobmem report {q} -o report.html")
+        return
     _say(f"next: pyobmem stats {q}   or   pyobmem report {q} -o report.html")

@@ -12,10 +12,11 @@ import shlex
 
 import numpy as np
 
-from .. import abi
+from .. import abi, ranks
 from ..capture import Capture
 from ..export import cuda_span
 from ..model.blocks import live_bytes_peak
+from ..ranks import rank_rows
 from ..units import format_bytes, format_duration
 from .common import load
 
@@ -30,17 +31,22 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description="Summarise a capture: allocations, launches, copies, the iteration length, "
         "dropped events, processes and environment.",
     )
-    p.add_argument("capture", metavar="FILE", help="a .pyobmem capture")
+    p.add_argument("capture", nargs="+", metavar="FILE",
+                   help="a .pyobmem capture; several (e.g. one per rank): a table of their ranks, then each in short")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     return p
 
 
 def run(args) -> int:
-    summary = summarize(load(args.capture))
+    if len(args.capture) > 1:
+        summary = summarize_many([load(path) for path in args.capture])
+        text = format_many
+    else:
+        summary, text = summarize(load(args.capture[0])), format_summary
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
     else:
-        print(format_summary(summary))
+        print(text(summary))
     return 0
 
 
@@ -79,6 +85,7 @@ def summarize(cap: Capture) -> dict:
         "memsets": {"count": len(memsets), "bytes": int(memsets["bytes"].sum())},
         "iteration": _iteration(cap),
         "swap": _swap(cap),
+        "ranks": rank_rows([cap]) if ranks.has_ranks([cap]) else None,
         "processes": [
             {
                 "pid": int(p["pid"]),
@@ -98,6 +105,11 @@ def summarize(cap: Capture) -> dict:
             "hostname": cap.meta.get("hostname"),
         },
     }
+
+
+def summarize_many(caps: list[Capture]) -> dict:
+    """Several captures (one per rank, or any): the rank table over all of them and each one's summary."""
+    return {"ranks": rank_rows(caps), "captures": [summarize(cap) for cap in caps]}
 
 
 def _pct(n: int, total: int) -> float | None:
@@ -295,6 +307,9 @@ def format_short(s: dict) -> str:
         ]
         if s.get("swap"):
             lines += ["swap: " + line for line in _swap_lines(s["swap"])]
+        if s.get("ranks"):
+            lines += [f"{len(s['ranks'])} ranks (the figures above are of all processes together):",
+                      rank_table(s["ranks"])]
     cap = s["capture"]
     drops = f"{_num(cap['dropped'])} events dropped" if cap["dropped"] else "no events dropped"
     lines.append(f"{drops}; capture {_status_line(s)}")
@@ -358,6 +373,9 @@ def format_summary(s: dict) -> str:
         out += ["", "Iteration", f"  {_iteration_line(s)}"]
         if s.get("swap"):
             out += ["", "Swap mode"] + [f"  {line}" for line in _swap_lines(s["swap"])]
+        if s.get("ranks"):
+            out += ["", "Ranks (each rank's processes alone; the figures above are of all together)",
+                    rank_table(s["ranks"])]
     if s["processes"]:
         out += ["", "Processes"]
         rows = [[p["pid"], p["ppid"], _driver(p["driver_version"]), p["source"]] for p in s["processes"]]
@@ -378,6 +396,23 @@ def format_summary(s: dict) -> str:
         rows.append(["host", env["hostname"]])
     if rows:
         out += ["", "Environment", table(rows, numeric=False)]
+    return "\n".join(out)
+
+
+def rank_table(rows: list[dict], with_file: bool = False) -> str:
+    """The rank table: per rank its processes, GPU, peak live bytes, blocks, launches, attributed and
+    opaque shares, iteration time, NCCL calls and bytes, blocks pinned by NCCL."""
+    headers, cells = ranks.table_rows(rows, with_file)
+    return table(cells, headers)
+
+
+def format_many(m: dict) -> str:
+    """The text of ``pyobmem summary`` with several captures."""
+    out = [f"{len(m['captures'])} captures, {sum(r['rank'] is not None for r in m['ranks'])} ranks",
+           rank_table(m["ranks"], with_file=True)]
+    for s in m["captures"]:
+        out += ["", f"Capture {s['capture']['path']}"]
+        out += [f"  {line}" for line in format_short({**s, "ranks": None}).splitlines()]
     return "\n".join(out)
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 from .html import render
 
 
-def write(capture, f) -> None:
-    """Write the report of ``capture`` to the text file ``f``."""
-    f.write(render(capture))
+def write(capture, f, ranks: str | None = None, subject: str | None = None) -> None:
+    """Write the report of ``capture`` to the text file ``f`` (``ranks``, ``subject``: see render)."""
+    f.write(render(capture, ranks=ranks, subject=subject))
 
 
 __all__ = ["render", "write"]

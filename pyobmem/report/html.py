@@ -1,6 +1,7 @@
 """The HTML report: one self-contained file (inline CSS and SVG, no script, nothing fetched).
 
-Sections: summary and warnings, memory over time stacked by block class, iterations, the access
+Sections: summary and warnings, the ranks of a distributed job (report/ranks.py), memory over time
+stacked by block class, iterations, the access
 map of one iteration, the idle-interval histogram, the swap saving curve, the top swap
 candidates, the properties with their definitions, the environment.
 """
@@ -196,8 +197,9 @@ def _environment(capture) -> str:
     return _table(["what", "value"], rows)
 
 
-def render(capture, generated: str | None = None) -> str:
-    """The report of ``capture`` as one HTML string."""
+def render(capture, generated: str | None = None, ranks: str | None = None, subject: str | None = None) -> str:
+    """The report of ``capture`` as one HTML string. ``ranks``: the body of a Ranks section (after the
+    summary; pyobmem.report.ranks), ``subject``: what ``capture`` is ("rank 0"), said in the title line."""
     a = analyse(capture)
     blocks, ops = capture.blocks, capture.ops
     t0, t1 = cuda_span(capture)
@@ -205,7 +207,8 @@ def render(capture, generated: str | None = None) -> str:
     peak = int(total.max()) if len(total) else 0
     n_opaque = int((ops["flags"][ops["type"] == abi.Ev.LAUNCH] & abi.LaunchFlag.OPAQUE != 0).sum())
     command = command_text(capture.meta)
-    parts = [f"<h1>pyobmem report</h1><p class=muted>{escape(capture.path)} · {escape(command)} · "
+    about = f"{escape(subject)} of " if subject else ""
+    parts = [f"<h1>pyobmem report</h1><p class=muted>{about}{escape(capture.path)} · {escape(command)} · "
              f"generated {escape(generated or time.strftime('%Y-%m-%d %H:%M:%S'))}</p>"]
 
     warnings = []
@@ -249,6 +252,8 @@ def render(capture, generated: str | None = None) -> str:
             if m.any():
                 stats.append([f"{cls} sub-blocks", f"{int(m.sum())} ({format_bytes(int(tm.size[m].sum()))})"])
     parts.append(_section("Summary", _table(["", ""], stats, {1}), "summary"))
+    if ranks is not None:
+        parts.append(_section("Ranks", ranks, "ranks"))
 
     t_s, layers = memory_series(capture, a)
     if len(t_s):
