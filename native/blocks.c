@@ -71,10 +71,16 @@ static void emit_free(const struct block *b, uint64_t stream)
 }
 
 /* Remove entries [i, j) (write lock held), emitting FREE for each. */
+/* Device memory the budget counts: what the driver allocates on the device for the block. */
+static int on_device(const struct block *b) { return b->kind != PYOBMEM_ALLOC_MANAGED; }
+
 static void erase(size_t i, size_t j, uint64_t stream)
 {
-    for (size_t k = i; k < j; k++)
+    for (size_t k = i; k < j; k++) {
         emit_free(&g_blocks[k], stream);
+        if (on_device(&g_blocks[k]))
+            __atomic_sub_fetch(&g_shim.device_bytes, g_blocks[k].end - g_blocks[k].start, __ATOMIC_RELAXED);
+    }
     memmove(&g_blocks[i], &g_blocks[j], (g_n - j) * sizeof *g_blocks);
     g_n -= j - i;
 }
@@ -115,6 +121,8 @@ void blocks_add(uint64_t addr, uint64_t size, uint64_t stream, int kind, int dev
     memmove(&g_blocks[i + 1], &g_blocks[i], (g_n - i) * sizeof *g_blocks);
     g_blocks[i] = nb;
     g_n++;
+    if (on_device(&nb))
+        __atomic_add_fetch(&g_shim.device_bytes, size, __ATOMIC_RELAXED);
     ring_write1(PYOBMEM_EV_ALLOC, nb.device, nb.id, addr, size, stream, (uint64_t)kind);
     pthread_rwlock_unlock(&g_lock);
 }
@@ -164,4 +172,5 @@ void blocks_reset_after_fork(void)
     g_lock = fresh;
     g_n = 0;
     g_shim.block_seq = 0;
+    g_shim.device_bytes = 0;
 }

@@ -37,6 +37,27 @@ static void copy_words(uint64_t w[4], int kind, uint64_t dst, uint64_t src, uint
     w[3] = w[2] ? src + last : 0;
 }
 
+/* A small host-to-device copy whose words point into live blocks is a pointer table (batched
+ * GEMM, pointer arrays, device-side structs: cases.md C08, C09): a kernel may later reach those
+ * blocks through it without naming them, so they are never swapped (and come back now). */
+#define POINTER_TABLE_MAX 65536
+static void pin_pointer_table(const void *src, uint64_t n)
+{
+    if (!src || n < 8 || n > POINTER_TABLE_MAX || ((uintptr_t)src & 7))
+        return;
+    const uint64_t *w = src;
+    for (uint64_t i = 0; i < n / 8; i++) {
+        if (w[i] < 4096)
+            continue;
+        blocks_read_lock();
+        const struct block *b = blocks_lookup(w[i]);
+        int hit = b && b->kind == PYOBMEM_ALLOC_DRIVER;
+        blocks_read_unlock();
+        if (hit)
+            swap_never(w[i]);
+    }
+}
+
 /* Open a swap op around a copy or set; returns from the hook with the error when a touched
  * block cannot be brought back (the op is then not issued). */
 #define SWAP_BEGIN(NAME, KEY, S, W)                                                                    \
@@ -273,6 +294,8 @@ static void emit_set(int async, uint64_t dst, uint64_t value, uint64_t bytes, CU
         if (SHIM_UNLIKELY(g_shim.swap)) {                    \
             uint64_t w[4];                                   \
             copy_words(w, KIND, DARG, SARG, n);              \
+            if (KIND == PYOBMEM_COPY_HTOD)                   \
+                pin_pointer_table((const void *)(uintptr_t)SARG, n); \
             SWAP_BEGIN(NAME, SWAP_KEY_COPY(KIND), 0, w)      \
             CUresult r = REAL(NAME, (dst, src, n));          \
             if (rec_ && r == CUDA_SUCCESS)                   \
@@ -292,6 +315,8 @@ static void emit_set(int async, uint64_t dst, uint64_t value, uint64_t bytes, CU
         if (SHIM_UNLIKELY(g_shim.swap)) {                             \
             uint64_t w[4];                                            \
             copy_words(w, KIND, DARG, SARG, n);                       \
+            if (KIND == PYOBMEM_COPY_HTOD)                            \
+                pin_pointer_table((const void *)(uintptr_t)SARG, n);  \
             SWAP_BEGIN(NAME, SWAP_KEY_COPY(KIND), s, w)               \
             CUresult r = REAL(NAME, (dst, src, n, s));                \
             if (rec_ && r == CUDA_SUCCESS)                            \

@@ -48,6 +48,7 @@ struct shim_state {
     int driver_version;       /* cuDriverGetVersion, 0 if unknown */
     uint64_t op_seq;          /* atomic: per-process op sequence (launch, copy, set, graph) */
     uint32_t block_seq;       /* atomic: per-process block id counter */
+    uint64_t device_bytes;    /* atomic: bytes of live device blocks (not managed, not host): the budget's base */
     int need_process;         /* atomic: emit PROCESS at the next hook (after fork) */
     int cupti_active;         /* launches are recorded by the CUPTI callback, not the hooks */
     int cuinit_done;          /* atomic: post-cuInit work (notes, CUPTI) done once per process */

@@ -99,6 +99,7 @@ static struct sblock **g_tab; /* sorted by addr */
 static size_t g_n, g_cap;
 static uint64_t g_tick;
 static uint64_t g_mapped;   /* vsize of blocks with physical memory */
+static uint64_t g_swap_bytes; /* size of the blocks in g_tab */
 static uint64_t g_leaving;  /* vsize of OUT_PENDING blocks */
 static unsigned g_out_pending;
 static struct use g_fences[MAX_FENCES];
@@ -203,6 +204,7 @@ static int insert(struct sblock *b)
     memmove(&g_tab[i + 1], &g_tab[i], (g_n - i) * sizeof *g_tab);
     g_tab[i] = b;
     g_n++;
+    g_swap_bytes += b->size;
     return 1;
 }
 
@@ -212,7 +214,17 @@ static void erase(struct sblock *b)
     if (i > 0 && g_tab[i - 1] == b) {
         memmove(&g_tab[i - 1], &g_tab[i], (g_n - i) * sizeof *g_tab);
         g_n--;
+        g_swap_bytes -= b->size;
     }
+}
+
+/* Device bytes the budget sees now: every live device block of the process at its size, swap
+ * blocks at what they have mapped, less those on their way out. */
+static uint64_t resident_bytes(void)
+{
+    uint64_t all = __atomic_load_n(&g_shim.device_bytes, __ATOMIC_RELAXED);
+    uint64_t others = all > g_swap_bytes ? all - g_swap_bytes : 0;
+    return others + g_mapped - g_leaving;
 }
 
 /* ---- the pinned host pool: chunks of cuMemHostAlloc, first fit ---- */
@@ -797,10 +809,10 @@ static void run_actions(int64_t pos, uint16_t kind, uint64_t stamp)
 static void evict_for_budget(uint64_t need, uint64_t stamp)
 {
     uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED);
-    if (!budget || g_mapped - g_leaving + need <= budget)
+    if (!budget || resident_bytes() + need <= budget)
         return;
     uint64_t round = ++g_tick;
-    while (g_mapped - g_leaving + need > budget) {
+    while (resident_bytes() + need > budget) {
         struct sblock *v = lru_victim(stamp, round);
         if (!v)
             break;
