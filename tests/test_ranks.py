@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from synth import Trace
-from test_nccl import SHIM, nccl_dir, run_nccl  # noqa: F401  (the fixture)
+from test_nccl import nccl_dir, run_nccl  # noqa: F401  (nccl_dir: the fixture, used by name)
 
 from pyobmem import abi, ranks
 from pyobmem.abi import Ev, NcclCall, RankSource
