@@ -660,7 +660,7 @@ static CUresult finish_in(struct sblock *b, const struct swap_op *op, int demand
     return CUDA_SUCCESS;
 }
 
-static void evict_for_budget(uint64_t need, uint64_t stamp);
+static void hold_budget(uint64_t need, uint64_t stamp);
 
 /* Make b usable by op. */
 static CUresult consume(struct sblock *b, const struct swap_op *op, uint64_t stamp)
@@ -674,7 +674,7 @@ static CUresult consume(struct sblock *b, const struct swap_op *op, uint64_t sta
         return CUDA_SUCCESS;
     case SB_OUT: {
         if (!op || !op->capturing)
-            evict_for_budget(b->vsize, stamp); /* a demand swap-in keeps the budget too */
+            hold_budget(b->vsize, stamp); /* a demand swap-in keeps the budget too */
         CUresult r = swap_in(b, 0, stamp);
         if (r != CUDA_SUCCESS) {
             if (!g_noted_swapin) {
@@ -789,8 +789,10 @@ static void run_actions(int64_t pos, uint16_t kind, uint64_t stamp)
         if (!b || b->addr != a->addr || b->size != a->size || !swappable(b))
             continue;
         if (kind == PYOBMEM_ACT_PREFETCH) {
-            if (b->state == SB_OUT)
+            if (b->state == SB_OUT) {
+                hold_budget(b->vsize, stamp);
                 swap_in(b, 1, stamp); /* a failure leaves it out: the consumer brings it back */
+            }
             else if (b->state == SB_OUT_PENDING)
                 cancel_out(b);
         } else {
@@ -818,6 +820,18 @@ static void evict_for_budget(uint64_t need, uint64_t stamp)
             break;
         swap_out(v);
     }
+}
+
+/* Before mapping `need` bytes: evict for the budget, and when the memory of the swap-outs still
+ * in flight would put the device over it, wait for them (the shim stream only: they wait for
+ * their blocks' last uses, never for unrelated work). Physical memory then stays under the
+ * budget, not only the bytes the executor counts. */
+static void hold_budget(uint64_t need, uint64_t stamp)
+{
+    evict_for_budget(need, stamp);
+    uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED);
+    if (budget && g_out_pending && resident_bytes() + g_leaving + need > budget)
+        drain_outs();
 }
 
 static int capturing(CUstream s, int *unknown)
@@ -963,7 +977,7 @@ int swap_alloc(CUdeviceptr *dptr, size_t size)
         goto out;
     uint64_t vsize = (size + gran - 1) / gran * gran;
     uint64_t stamp = ++g_tick;
-    evict_for_budget(vsize, stamp);
+    hold_budget(vsize, stamp);
     b = calloc(1, sizeof *b);
     CUdeviceptr va = 0;
     if (!b || real_cuMemAddressReserve(&va, vsize, gran, 0, 0) != CUDA_SUCCESS || !va)

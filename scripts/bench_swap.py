@@ -395,14 +395,20 @@ def overhead_of(driver_peak: int | None, framework_reserved: int | None) -> int 
     return max(int(driver_peak) - int(framework_reserved), 0)
 
 
-def shim_budget(fraction: float, driver_peak: int, overhead: int | None) -> dict:
+def shim_budget(fraction: float, driver_peak: int, overhead: int | None, of_allocations: bool = False) -> dict:
     """The budget of one swap run: ``budget_bytes`` = fraction x the baseline's driver peak (what the
     run's driver peak is compared with), ``shim_budget_bytes`` = that less the non-allocation
-    overhead (unknown overhead: none subtracted), at least MIN_SHIM_BUDGET."""
+    overhead (unknown overhead: none subtracted), at least MIN_SHIM_BUDGET. ``of_allocations``:
+    the fraction applies to the allocations only (driver peak less the overhead), for small
+    workloads whose context and library workspaces are half their peak or more: ``budget_bytes``
+    = overhead + fraction x allocations."""
     budget = int(fraction * driver_peak)
+    if of_allocations:
+        budget = int((overhead or 0) + fraction * (driver_peak - (overhead or 0)))
     shim = budget - (overhead or 0)
     return {
         "budget_fraction": fraction,
+        "budget_of": "allocations (driver peak less overhead)" if of_allocations else "driver peak",
         "budget_bytes": budget,
         "shim_budget_bytes": max(shim, MIN_SHIM_BUDGET),
         "shim_budget_clamped": shim < MIN_SHIM_BUDGET,
@@ -1031,7 +1037,7 @@ class Bench:
                 self.error("frameworks", f"{name} swap: skipped, no usable baseline (steps and a driver peak)")
             else:
                 overhead = overhead_of(base.peak["peak_bytes"], base.framework_reserved())
-                budget = shim_budget(self.a.frameworks_fraction, base.peak["peak_bytes"], overhead)
+                budget = shim_budget(self.a.frameworks_fraction, base.peak["peak_bytes"], overhead, of_allocations=True)
                 if overhead is None:
                     budget["note"] = "the framework reports no reserved peak: no overhead subtracted, the shim's " \
                                      "budget is budget_bytes"

@@ -11,6 +11,8 @@
 #   overhead  scripts/bench_trace_overhead.py --repeats $REPEATS  -> $OUT/overhead.txt
 #   captures  trace GPT medium (12 steps) and the CNN (20 steps) into $CAPS for the pattern
 #             analysis (done on the dev machine), and run the export tests that need torch
+#   swaptests tests/gpu/test_swap_*.py (and test_multigpu.py)         -> $OUT/gpu_tests.txt
+#   bench     scripts/bench_swap.py --parts $PARTS (default all three) -> bench/results/swap_*.json
 #   swapsmoke tiny GPT, GPT small, CNN without pyobmem and under --swap: scripts/swap_check.py -> $OUT/swap.txt
 #   collect   bench/results/*.json -> $OUT/results.tar.gz; captures under 4 MiB (with their
 #             workload JSON and stdout) -> $OUT/captures.tar.gz
@@ -149,6 +151,17 @@ swap_pair() {
         "$CAPS/${name}_swap.json" "$CAPS/${name}_swap.pyobmem" "$CAPS/${name}_smi.csv"
 }
 
+step_swaptests() {
+    run_step swaptests 360 "$OUT/gpu_tests.txt" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE \
+        tests/gpu/test_swap_*.py $(ls tests/gpu/test_multigpu.py 2>/dev/null)
+}
+
+step_bench() {
+    run_step bench 560 "$OUT/bench_swap.txt" python3 scripts/bench_swap.py --parts "${PARTS:-gpt,frameworks,oversubscribed}" \
+        --capture-dir "$CAPS" ${BENCH_ARGS:-}
+    step_collect
+}
+
 step_swapsmoke() {
     swap_pair tiny 500MiB 2MiB scripts/workloads/gpt.py --size tiny --steps 30 --deterministic --seed 0
     swap_pair small12 12GiB 4MiB scripts/workloads/gpt.py --size small --steps 30 --deterministic --seed 0
@@ -189,7 +202,7 @@ step_collect() {
 STEPS=("$@")
 (( ${#STEPS[@]} )) || STEPS=(build tests trace overhead)
 for s in "${STEPS[@]}"; do
-    case $s in build|tests|fixtures|trace|overhead|captures|swapsmoke|collect) ;;
+    case $s in build|tests|fixtures|trace|overhead|captures|swapsmoke|swaptests|bench|collect) ;;
         *) echo "gpu_session.sh: error: unknown step '$s' (build tests fixtures trace overhead captures collect)" >&2; exit 2 ;;
     esac
 done
