@@ -325,7 +325,7 @@ def table_rows(rows: list[dict], with_file: bool = False) -> tuple[list[str], li
         return "-" if v is None else f"{100 * v:.1f}%"
 
     headers = ["rank", "local", "pids", "GPU", "peak live", "blocks", "launches", "attributed", "opaque",
-               "iteration", "NCCL calls", "NCCL bytes", "pinned blocks"]
+               "iteration", "NCCL calls", "NCCL bytes", "NCCL blocks"]
     if with_file:
         headers.append("capture")
     cells = []

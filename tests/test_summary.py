@@ -95,7 +95,7 @@ def test_launch_attribution_copies_and_touched_blocks(tmp_path):
     assert s["copies"]["by_kind"] == {"HTOD": {"count": 1, "bytes": 4096}, "DTOH": {"count": 1, "bytes": 100}}
     assert s["memsets"] == {"count": 1, "bytes": 8192}
     assert s["capture"]["untracked_frees"] == 1 and s["capture"]["exit_status"] == -15
-    assert s["processes"] == [{"pid": 100, "ppid": 1, "driver_version": 13000, "source": "hooks"}]
+    assert s["processes"] == [{"pid": 100, "ppid": 1, "driver_version": 13000, "source": "hooks", "rank": None}]
     short = format_short(s)
     assert "4 launches (75.0% attributed, 50.0% opaque)" in short
     assert "command killed by signal 15" in short

@@ -94,6 +94,7 @@ def summarize(cap: Capture) -> dict:
                 "source": abi.LaunchSource(int(p["source"])).name.lower()
                 if int(p["source"]) in abi.LaunchSource._value2member_map_
                 else str(int(p["source"])),
+                "rank": int(p["rank"]) if int(p["rank_source"]) != abi.RankSource.NONE and int(p["rank"]) >= 0 else None,
             }
             for p in cap.processes
         ],
@@ -378,8 +379,9 @@ def format_summary(s: dict) -> str:
                     rank_table(s["ranks"])]
     if s["processes"]:
         out += ["", "Processes"]
-        rows = [[p["pid"], p["ppid"], _driver(p["driver_version"]), p["source"]] for p in s["processes"]]
-        out.append(table(rows, ["pid", "ppid", "driver", "launches from"], numeric=False))
+        rows = [[p["pid"], p["ppid"], _driver(p["driver_version"]), p["source"], _num(p.get("rank"))]
+                for p in s["processes"]]
+        out.append(table(rows, ["pid", "ppid", "driver", "launches from", "rank (environment)"], numeric=False))
     env = s["environment"]
     rows = []
     seen = set()
@@ -401,7 +403,7 @@ def format_summary(s: dict) -> str:
 
 def rank_table(rows: list[dict], with_file: bool = False) -> str:
     """The rank table: per rank its processes, GPU, peak live bytes, blocks, launches, attributed and
-    opaque shares, iteration time, NCCL calls and bytes, blocks pinned by NCCL."""
+    opaque shares, iteration time, NCCL calls, bytes and the blocks they named."""
     headers, cells = ranks.table_rows(rows, with_file)
     return table(cells, headers)
 

@@ -1,7 +1,7 @@
 """The report's Ranks section: every rank of the captures side by side (pyobmem.ranks).
 
 A table (one row per rank: processes, GPU, peak live bytes, blocks, launches, attributed and opaque
-shares, iteration time, NCCL calls, bytes and pinned blocks) and each rank's live device bytes over
+shares, iteration time, NCCL calls, bytes and blocks) and each rank's live device bytes over
 time, one line per rank, each from its own first CUDA event.
 """
 
@@ -83,7 +83,7 @@ def section(views, analysed: str) -> str:
         (lo, r_lo), (hi, r_hi) = min(peaks), max(peaks)
         parts.append(f"<p class=muted>Peak live bytes from {escape(format_bytes(lo))} (rank {r_lo}) to "
                      f"{escape(format_bytes(hi))} (rank {r_hi}). NCCL calls: the collectives and point-to-point "
-                     f"calls the rank made; pinned blocks: the blocks they named, never swapped.</p>")
+                     f"calls the rank made; NCCL blocks: the blocks they named (never swapped in swap mode).</p>")
     labels = [("?" if r is None else r.label) + ("" if len(files) == 1 else f" ({cap.path.rsplit('/', 1)[-1]})")
               for r, cap in views]
     parts.append(memory_plot(list(zip(labels, [cap for _, cap in views]))))
