@@ -76,6 +76,10 @@ def visible_gpus() -> int:
         return 0
 
 
+def torch_available() -> bool:
+    return importlib.util.find_spec("torch") is not None
+
+
 def torchrun() -> list[str]:
     """torchrun of this Python (the console script next to it, else ``python -m torch.distributed.run``)."""
     exe = Path(sys.executable).with_name("torchrun")
@@ -353,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         die("--nproc must be at least 1")
     if a.backend == "nccl" and nproc > gpus:
         die(f"{nproc} ranks on {gpus} GPU(s): NCCL refuses two ranks on one GPU; use --backend gloo or fewer ranks")
-    if importlib.util.find_spec("torch") is None:
+    if not torch_available():
         die("PyTorch is not importable here (torchrun and the workload need it)")
     wargs = ["--size", a.size, "--steps", str(a.steps), "--batch", str(a.batch), "--seed", str(a.seed),
              "--deterministic", "--backend", a.backend]

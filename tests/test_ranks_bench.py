@@ -5,6 +5,7 @@ and its refusal to run outside torchrun."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_nccl import nccl_dir  # noqa: F401  (the fixture, used by name)
 from test_ranks import job
 
 from pyobmem.abi import Ev
@@ -132,3 +134,32 @@ def test_bench_needs_a_gpu(monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         bench.main([])
     assert e.value.code == 2 and "no NVIDIA GPU here" in capsys.readouterr().err
+
+
+def test_bench_end_to_end_with_fakes(nccl_dir, tmp_path, monkeypatch):  # noqa: F811
+    """The whole bench on the CPU: a fake torchrun starting two ranks of a fake workload whose CUDA
+    process is tests/fake_nccl/nccl_driver.c on the fake libcuda (NCCL calls included); untraced,
+    traced and swap runs, the JSON the issue asks for."""
+    fakes = ROOT / "tests" / "fake_nccl"
+    monkeypatch.setattr(bench, "visible_gpus", lambda: 2)
+    monkeypatch.setattr(bench, "torch_available", lambda: True)
+    monkeypatch.setattr(bench, "torchrun", lambda: [sys.executable, str(fakes / "fake_torchrun.py")])
+    monkeypatch.setattr(bench, "WORKLOAD", fakes / "fake_ddp_workload.py")
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(nccl_dir))
+    monkeypatch.setenv("FAKE_DRIVER", str(nccl_dir / "nccl_driver_linked"))
+    monkeypatch.setenv("PYOBMEM_BENCH_LAUNCHER", f"{sys.executable} -m pyobmem run --no-cupti")
+    out = tmp_path / "multigpu.json"
+    rc = bench.main(["--out", str(out), "--capture-dir", str(tmp_path / "caps"), "--timeout", "120"])
+    doc = json.loads(out.read_text())
+    assert rc == 0, doc["errors"]
+    assert doc["errors"] == []
+    assert (doc["nproc"], doc["ranks_traced"], doc["loss_identical"]) == (2, 2, True)
+    assert doc["launches_attributed_fraction"] == 1.0  # the driver's two launches, each on its block
+    assert len(doc["peak_bytes_per_rank"]) == 2 and all(p == 5 << 20 for p in doc["peak_bytes_per_rank"])
+    assert doc["time_ratio"] == 1.0
+    assert [r["rank"] for r in doc["traced"]["ranks"]] == [0, 1]
+    assert all(r["nccl_calls"] == 16 for r in doc["traced"]["ranks"])
+    assert doc["swap"]["budget_bytes"] == int(0.6 * (5 << 20)) and doc["swap"]["loss_identical"] is True
+    assert sorted(p.name for p in (tmp_path / "caps").glob("*.pyobmem")) == [
+        "multigpu.pyobmem", "multigpu.rank0.pyobmem", "multigpu.rank1.pyobmem", "multigpu_swap.pyobmem",
+        "multigpu_swap.rank0.pyobmem", "multigpu_swap.rank1.pyobmem"]

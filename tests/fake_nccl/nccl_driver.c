@@ -111,6 +111,8 @@ static long check(CUdeviceptr p, size_t n, unsigned seed)
 static int scenario_calls(void)
 {
     CUdeviceptr a = must_alloc(MIB), b = must_alloc(MIB);
+    touch(a);
+    touch(b);
     char *A = (char *)(uintptr_t)a, *B = (char *)(uintptr_t)b;
     ncclComm_t comm = NCCL(fakeNcclComm)(1, 4, 0), other = NCCL(fakeNcclComm)(0, 2, 0);
     printf("a=%" PRIu64 "\nb=%" PRIu64 "\ncomm=%" PRIu64 "\nother=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b,
