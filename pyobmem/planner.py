@@ -224,6 +224,12 @@ def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, ba
     if P > abi.PLAN_MAX_OPS:
         return NoPlan(f"an iteration of {P:,} ops exceeds the plan's limit of {abi.PLAN_MAX_OPS:,}")
     keys = keys_all[a:b]
+    # A repeating layer (24 identical transformer blocks) is a period too: when ops that recur
+    # over the main regime are missing from the template, it is part of an iteration, not one.
+    span_keys, counts = np.unique(keys_all[lo[0] : hi[-1]], return_counts=True)
+    missing = np.setdiff1d(span_keys[counts >= len(main)], keys)
+    if len(missing):
+        return NoPlan(f"the repeating unit of {P:,} ops is part of an iteration ({len(missing)} recurring ops are not in it); waiting for whole iterations")
     clock = execution_clock(capture, it, row)
     t0, t1 = int(it.t_start[row]), int(it.t_end[row])
     T = float(max(t1 - t0, 1))
