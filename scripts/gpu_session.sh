@@ -153,7 +153,7 @@ swap_pair() {
 
 step_swaptests() {
     run_step swaptests 360 "$OUT/gpu_tests.txt" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE \
-        tests/gpu/test_swap_*.py $(ls tests/gpu/test_multigpu.py 2>/dev/null)
+        ${SWAPTESTS:-tests/gpu/test_swap_*.py $(ls tests/gpu/test_multigpu.py 2>/dev/null)}
 }
 
 step_bench() {
