@@ -11,7 +11,7 @@ standard streams:
   for slots a killed producer reserved and never published), appends CAPTURE_END, and exits 0.
 - stdin at end of file without ``end`` (or the launcher's pid gone): the launcher died. The
   daemon drains what is there, closes the capture without CAPTURE_END (it is then incomplete),
-  removes the ring file, and exits.
+  removes the ring file (and, in swap mode, the control file), and exits.
 
 SIGINT is ignored (the launcher decides when the run ends); SIGTERM stops like a dead launcher.
 Swap mode (``--control PATH``): a ``SwapAgent`` keeps the records the planner needs in memory
@@ -57,7 +57,7 @@ FINAL_MAX_S = 10.0  # when finishing: stop even if producers keep writing
 TICK_S = 1.0  # swap mode: learn/plan at most this often ...
 TICK_CPU_SHARE = 0.25  # ... and spend at most this share of the time planning
 WINDOW_RECORDS = 1 << 20  # op and access records kept for learning (64 MiB)
-_STATIC = (abi.Ev.PROCESS, abi.Ev.ALLOC, abi.Ev.FREE, abi.Ev.NOTE)
+_STATIC = (abi.Ev.PROCESS, abi.Ev.ALLOC, abi.Ev.FREE, abi.Ev.NOTE, abi.Ev.NCCL)  # NCCL: its blocks stay pinned
 _WINDOWED = (abi.Ev.LAUNCH, abi.Ev.ACCESS, abi.Ev.MEMCPY, abi.Ev.MEMSET, abi.Ev.GRAPH_LAUNCH)
 
 
@@ -367,6 +367,8 @@ def main(argv=None) -> int:
     daemon = Daemon(ring, writer, control, parent_pid=parent, pending=pending, swap=swap)
     if not daemon.run():
         ring.close(unlink=True)  # the launcher is gone: nobody else removes the ring
+        if swap is not None:
+            swap.control.close(unlink=True)  # nor the control file next to it (<ring>.ctl)
     else:
         ring.close(unlink=False)  # the launcher removes it
     return 0

@@ -6,25 +6,30 @@
     plan_capture(capture, "75%")                       # both, with the budget parsed
 
 Positions count every op of the main process (launches, graph launches, copies, sets: what the
-shim counts with its op seq) from the first op of the iteration. Times are ns on the model's
-execution clock (``pyobmem.model.saving``: an op runs at max(its launch time, t0 + T*k/P)), relative
-to the iteration's start; sizes bytes; bandwidth B/s.
+shim counts with its op seq) from the first op of the iteration. Two clocks, ns from the
+iteration's start: ``times``, when the GPU runs an op (the model's execution clock,
+``pyobmem.model.saving.execution_clock``), and ``issue``, when the host issued it (its launch
+time: when the shim acts). Sizes bytes; bandwidth B/s.
 
 Policy and cost model (docs/swap.md has the formulas):
 
 - Candidates: blocks of the main process allocated with cuMemAlloc (kind DRIVER: the shim VMM-backs
   those in swap mode) of at least ``min_swap_bytes``, live over the whole iteration, accessed in
-  it, never touched by an opaque launch, not an arena. Their idle windows are the cyclic gaps
-  between consecutive accesses (the last access of the iteration wraps to the first of the next).
-- Choice: the greedy peak shaving of ``pyobmem.model.saving.saving_bound`` (the one model of the
-  swap opportunity, shared with the report), run on these windows; the planner takes its steps in
-  order until the simulated peak fits the budget.
-- Each chosen window: SWAP_OUT after its last access (position s), PREFETCH before position q, the
-  latest position whose time leaves the copy in (size/B plus the remap cost, 150 us per 64 MiB)
-  room to finish before the next access n, with the prefetches of all windows scheduled as late
-  as possible on one host-to-device copy engine (and the swap-outs first come first served on one
-  device-to-host engine). A block is absent from the first position after its copy out is done
-  until q; a window where that leaves no position is not used.
+  it, never touched by an opaque launch nor named by an NCCL call, not an arena. Their idle
+  windows are the cyclic gaps between consecutive accesses (the last access of the iteration
+  wraps to the first of the next). A repeating unit that leaves out ops recurring every
+  iteration (one transformer layer) is not taken for the iteration.
+- Each window: SWAP_OUT after its last access (position s): the copy runs once the GPU has run s
+  (first come first served on one device-to-host engine), and the memory is released at the first
+  op the host issues after the copy ends. PREFETCH before position q: the latest op the host
+  issues early enough for the remap (150 us per 64 MiB) and the copy (size/B) to end before the
+  GPU reaches the next access n, the prefetches of all windows scheduled as late as possible on
+  one host-to-device engine. The memory is mapped again when the host issues q, while the GPU is
+  still at an earlier position: the block is out, at the GPU's positions, from its release to
+  that one; a window where that leaves no position is not used.
+- Choice (``_cover``): while the simulated peak is over the budget, add the window whose block can
+  be out at the peak position and that covers the most excess bytes per byte moved, when the
+  simulation with the engine queues confirms it lowers that position.
 - Predictions: peak = max over positions of (live bytes - absent bytes); stall = how late each
   prefetch finishes after its consumer's time, summed; time ratio = max(1 + stalls / T, copy time
   per direction / T). The saving (peak without swapping - predicted peak) never exceeds the
@@ -131,7 +136,8 @@ class LearnedIteration:
 
     ``pid``; ``keys`` (uint64 (P,): template key per position, ``op_key``); ``op_rows`` (capture op
     rows of the template iteration); ``times`` (float64 (P,): ns from the iteration's start on the
-    execution clock, non-decreasing); ``iteration_ns`` (T); ``live`` (int64 (P,): bytes of the
+    execution clock, non-decreasing: when the GPU runs the op); ``issue`` (float64 (P,): when the
+    host issued it, the shim's clock, <= times); ``iteration_ns`` (T); ``live`` (int64 (P,): bytes of the
     process's live blocks at each position, no swapping); ``matching`` / ``iterations`` (iterations
     of the main regime whose keys equal the template / all of them); ``confidence`` (the model's
     mean template match); ``bandwidth`` (B/s); ``min_swap_bytes``.
@@ -147,6 +153,7 @@ class LearnedIteration:
     keys: np.ndarray = field(repr=False)
     op_rows: np.ndarray = field(repr=False)
     times: np.ndarray = field(repr=False)
+    issue: np.ndarray = field(repr=False)
     iteration_ns: float
     live: np.ndarray = field(repr=False)
     matching: int
@@ -236,6 +243,7 @@ def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, ba
     launch_t = ops["ts_ns"][rows].astype(np.int64)
     times = np.maximum.accumulate(clock(launch_t).astype(np.float64) - t0)
     times = np.clip(times, 0.0, T)
+    issue = np.minimum(np.clip(np.maximum.accumulate(launch_t.astype(np.float64) - t0), 0.0, T), times)
 
     # Live bytes of the process at each position (launch times, as the allocations are seen).
     blocks = capture.blocks
@@ -263,6 +271,7 @@ def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, ba
         ("not VMM-backable (not cuMemAlloc)", blocks["kind"] != abi.AllocKind.DRIVER),
         (f"under {format_bytes(min_swap_bytes, digits=2)}", size < min_swap_bytes),
         ("touched by an opaque launch", bm.opaque),
+        ("named by an NCCL call (pinned)", _nccl_named(capture)),
         ("arena", bm.cls == ARENA),
         ("never accessed", bm.cls == NEVER),
         ("not live over the whole iteration", (ta > it_t0) | ((tf >= 0) & (tf <= it_t1))),
@@ -288,7 +297,7 @@ def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, ba
         wn.append(nxt[ok])
     cat = lambda xs: np.concatenate(xs).astype(np.int64) if xs else np.zeros(0, np.int64)  # noqa: E731
     return LearnedIteration(
-        pid=pid, keys=keys, op_rows=rows.astype(np.int64), times=times, iteration_ns=T, live=live.astype(np.int64),
+        pid=pid, keys=keys, op_rows=rows.astype(np.int64), times=times, issue=issue, iteration_ns=T, live=live.astype(np.int64),
         matching=matching, iterations=len(main), confidence=float(regime.confidence),
         bandwidth=bandwidth_of(capture, bandwidth), min_swap_bytes=int(min_swap_bytes),
         cand_block=cand.astype(np.int64), cand_addr=blocks["addr"][cand].astype(np.uint64),
@@ -296,6 +305,15 @@ def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, ba
         win_cand=cat(wc), win_s=cat(ws), win_n=cat(wn), iteration_row=row, iteration_index=i,
         capture=capture, it=it, bm=bm,
     )
+
+
+def _nccl_named(capture) -> np.ndarray:
+    """bool per block: an NCCL call named it (the shim pins those in swap mode, native/nccl.c)."""
+    named = np.zeros(len(capture.blocks), bool)
+    for side in ("send_block", "recv_block"):
+        rows = capture.nccl[side]
+        named[rows[rows >= 0]] = True
+    return named
 
 
 # --- the plan ------------------------------------------------------------------------------------
@@ -401,43 +419,65 @@ class _Sim:
     resident: np.ndarray
 
 
+def _clocks(L: LearnedIteration, iterations: int) -> tuple[np.ndarray, np.ndarray]:
+    """(GPU execution times, host issue times) of positions 0 .. iterations*P - 1 (ns)."""
+    T = L.iteration_ns
+    ext = np.concatenate([L.times + k * T for k in range(iterations)])
+    hx = np.concatenate([L.issue + k * T for k in range(iterations)])
+    return ext, hx
+
+
+def _released(ext: np.ndarray, hx: np.ndarray, s: np.ndarray, out_done: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(host position h, GPU position p_out) at which a block whose copy out ends at ``out_done``
+    is released: the shim sees the copy done at the first op it issues after that (never before
+    it issued the swap-out after op s), and the memory is gone from the GPU op running then."""
+    h = np.minimum(np.maximum(np.searchsorted(hx, out_done, side="left"), s + 1), len(hx) - 1)
+    p_out = np.maximum(np.searchsorted(ext, hx[h], side="left"), s + 1)
+    return h, p_out
+
+
 def _simulate(L: LearnedIteration, w: np.ndarray) -> _Sim:
     """The cost model on windows ``w`` (rows of L's windows), three iterations unrolled; figures
-    of the middle one (the steady state)."""
+    of the middle one (the steady state). Two clocks: the shim acts when the host issues an op
+    (``L.issue``), copies run and memory is used when the GPU executes it (``L.times``); the
+    host runs ahead, so a prefetch issued at position q maps its memory while the GPU is still
+    at an earlier position. Resident bytes are counted at the GPU's positions."""
     P, T = L.period, L.iteration_ns
-    ext = np.concatenate([L.times + k * T for k in range(4)])  # positions 0 .. 4P-1
+    ext, hx = _clocks(L, 4)  # positions 0 .. 4P-1
     size = L.cand_size[L.win_cand[w]].astype(np.float64)
     d = size / L.bandwidth * 1e9
     r = REMAP_NS * size / REMAP_BYTES
     K = 3
     s = np.concatenate([L.win_s[w] + k * P for k in range(K)])
-    n = np.concatenate([L.win_n[w] + k * P for k in range(K)])
+    n = np.minimum(np.concatenate([L.win_n[w] + k * P for k in range(K)]), len(ext) - 1)
     dd, rr, sz = np.tile(d, K), np.tile(r, K), np.tile(size, K)
-    # Swap-outs: first come first served on the device-to-host engine.
+    # Swap-outs: after the GPU ran op s, first come first served on the device-to-host engine.
     o = np.argsort(ext[s], kind="stable")
     out_done = np.empty(len(s))
     out_done[o] = _fifo(ext[s][o], dd[o])
-    p_out = np.maximum(np.searchsorted(ext, out_done, side="left"), s + 1)
-    # Prefetches: as late as possible on the host-to-device engine (latest deadline first).
-    deadline = ext[np.minimum(n, len(ext) - 1)]
+    h, p_out = _released(ext, hx, s, out_done)
+    # Prefetches: as late as possible on the host-to-device engine (latest deadline first),
+    # issued by the host at q: the last position it issues early enough for the remap and copy.
+    deadline = ext[n]
     o = np.argsort(-deadline, kind="stable")
     start_in = np.empty(len(s))
     start_in[o] = -_fifo(-deadline[o], dd[o])  # time reversed: the same queue backwards
-    q = np.searchsorted(ext, start_in - rr, side="right") - 1
-    # Never before the block is out (a window too short for both copies keeps it out for one
-    # position and stalls its consumer instead), never at or after its use.
-    q = np.minimum(np.maximum(q, p_out + 1), n)
+    q = np.searchsorted(hx, start_in - rr, side="right") - 1
+    # Never before the block is released (a window too short for both copies keeps it out for
+    # one position and stalls its consumer instead), never after its use.
+    q = np.minimum(np.maximum(q, h + 1), n)
+    back = np.searchsorted(ext, hx[q], side="left")  # the GPU position when the memory is mapped again
     # Forward: when each prefetch really finishes (issued at q, remap, then the engine).
-    o = np.argsort(ext[q], kind="stable")
+    o = np.argsort(hx[q], kind="stable")
     done = np.empty(len(s))
-    done[o] = _fifo(ext[q][o] + rr[o], dd[o])
+    done[o] = _fifo(hx[q][o] + rr[o], dd[o])
     stall = np.maximum(done - deadline, 0.0)
-    useless = (q <= p_out) | (p_out >= n)  # the block would never be out
+    useless = (back <= p_out) | (h >= n)  # the block would never be out
     # Resident bytes over the middle iteration [P, 2P).
     diff = np.zeros(4 * P + 1)
     okw = ~useless
     np.add.at(diff, p_out[okw], -sz[okw])
-    np.add.at(diff, q[okw], sz[okw])
+    np.add.at(diff, back[okw], sz[okw])
     out = np.cumsum(diff)[P : 2 * P]
     resident = L.live + out.astype(np.int64)
     k = int(np.argmax(resident)) if P else 0
@@ -449,7 +489,7 @@ def _simulate(L: LearnedIteration, w: np.ndarray) -> _Sim:
     ratio = max(1.0 + stalls / T, float(d.sum()) / T, copy / T) if m else 1.0
     useless_w = useless[mid] | useless[: m] | useless[2 * m :]
     return _Sim(peak=int(resident[k]) if P else 0, peak_at=k, stall=stall[mid], useless=useless_w, q=q[mid],
-                absent=np.maximum(q[mid] - p_out[mid], 0), ratio=ratio, resident=resident)
+                absent=np.maximum(back[mid] - p_out[mid], 0), ratio=ratio, resident=resident)
 
 
 def _fifo(ready: np.ndarray, dur: np.ndarray) -> np.ndarray:
@@ -477,22 +517,25 @@ def _needed(L: LearnedIteration) -> tuple[int, int]:
 
 
 def _nominal_absence(L: LearnedIteration) -> np.ndarray:
-    """bool (windows, P): the positions (mod P) at which each window alone keeps its block out
-    under the cost model with idle copy engines: from the first position after its copy out
-    ends to the last one that leaves its copy in (remap included) time before the next access."""
-    P, T = L.period, L.iteration_ns
+    """bool (windows, P): the GPU positions (mod P) at which each window alone keeps its block
+    out under the cost model with idle copy engines (``_simulate``'s clocks and release rule):
+    from its release after the copy out to the remap of the latest prefetch the host can issue
+    with the remap and copy done before the next access."""
+    P = L.period
     W = len(L.win_s)
     cov = np.zeros((W, P), bool)
     if not W or not P:
         return cov
-    ext = np.concatenate([L.times + k * T for k in range(3)])
+    ext, hx = _clocks(L, 3)
     size = L.cand_size[L.win_cand].astype(np.float64)
     d = size / L.bandwidth * 1e9
     r = REMAP_NS * size / REMAP_BYTES
     s, n = L.win_s, np.minimum(L.win_n, 3 * P - 1)
-    p_out = np.maximum(np.searchsorted(ext, ext[s] + d, side="left"), s + 1)
-    q = np.minimum(np.searchsorted(ext, ext[n] - d - r, side="right") - 1, n)
-    length = np.clip(q - p_out, 0, P)
+    h, p_out = _released(ext, hx, s, ext[s] + d)
+    q = np.minimum(np.searchsorted(hx, ext[n] - d - r, side="right") - 1, n)
+    back = np.searchsorted(ext, hx[q], side="left")
+    length = np.clip(back - p_out, 0, P)
+    length[q <= h] = 0
     for w in np.flatnonzero(length > 0):
         cov[w, np.arange(p_out[w], p_out[w] + length[w]) % P] = True
     return cov

@@ -34,9 +34,12 @@ BW = 64 * MiB / 100e-6  # 64 MiB in 100 us
 P = 100
 
 
-def _trace(tmp_path, iterations: int = 6):
+def _trace(tmp_path, iterations: int = 6, nccl: bool = False):
     tr = Trace(dt_ns=10_000)
     A = tr.alloc(64 * MiB)
+    if nccl:  # an all-reduce names A: the shim pins it
+        w = A << abi.ACCESS_OFFSET_BITS  # PYOBMEM_ACCESS_WORD(A, 0)
+        tr.add(abi.Ev.NCCL, flags=int(abi.NcclCall.ALL_REDUCE), a=w, b=w, c=64 * MiB)
     B = tr.alloc(64 * MiB)
     S = tr.alloc(1 * MiB)
     X = tr.alloc(8 * MiB, kind=abi.AllocKind.ASYNC)
@@ -203,3 +206,30 @@ def test_real_capture_figures():
         "jax.pyobmem": (11, 19, 19, 0, 0, 170052104),
         "cupy.pyobmem": (10, 30, 30, 2, 3, 303778304),
     }
+
+
+def test_host_running_ahead_maps_prefetches_early(learned):
+    """The shim acts when the host issues an op, the GPU runs it later. With the host 1 ms ahead
+    (op p issued at max(0, 20 us * p - 1000 us) of its iteration: ops 0..50 all at its start),
+    A's copy out (done at 100 us) is seen at the first op issued after that, op 55 (issued at
+    100 us, while the GPU runs op 5): out from op 5. The last prefetch in time is issued at op 99
+    (980 us; op 0 of the next iteration is issued at 2000 us, too late for the 150 us remap and
+    100 us copy), and maps A again while the GPU is at op 49: A is out over ops 5..48 only
+    (instead of 5..86), and the peak (ops 40..59, C live) stays at 209 MiB."""
+    import dataclasses
+
+    _, _, L = learned
+    ahead = dataclasses.replace(L, issue=np.maximum(L.times - 1_000_000, 0.0))
+    sim = planner._simulate(ahead, np.array([0]))
+    assert (sim.q % P).tolist() == [99] and sim.absent.tolist() == [44] and sim.stall.tolist() == [0.0]
+    assert sim.resident[5:49].tolist() == [81 * MiB] * 35 + [145 * MiB] * 9
+    assert sim.resident[49:60].tolist() == [209 * MiB] * 11
+    plan = planner.make_plan(ahead, 160 * MiB)
+    assert not plan.feasible and plan.predicted_peak == 209 * MiB
+
+
+def test_blocks_named_by_nccl_are_no_candidates(tmp_path):
+    cap, ids = _trace(tmp_path, nccl=True)
+    L = planner.learn_iteration(cap, bandwidth=BW)
+    assert len(cap.nccl) == 1 and len(L.cand_block) == 0
+    assert L.excluded["named by an NCCL call (pinned)"] == (1, 64 * MiB)
