@@ -27,12 +27,17 @@
  *   - all shim copies run on ONE non-blocking stream, in issue order, so a host slot freed
  *     after its copy was issued can be reused at once: the next copy into or out of it is
  *     ordered after;
- *   - the application thread never waits, except in cuMemFree of a swap block (it waits for
- *     that block's own last-use events, as the real cuMemFree would wait for the device) and
- *     while a capture is active on the op's stream (cuStreamSynchronize of the shim stream,
- *     never of an application stream). No cuCtxSynchronize, no work on the legacy stream.
+ *   - the application thread waits only in cuMemFree of a swap block (for that block's own
+ *     last-use events, as the real cuMemFree would wait for the device), while a capture is
+ *     active on the op's stream and when mapping more would put the device over the budget
+ *     (hold_budget; cuStreamSynchronize of the shim stream, never of an application stream),
+ *     and for a prefetch's mark event (wait_mark, bounded). No cuCtxSynchronize, no work on
+ *     the legacy stream.
  *   - during a stream capture on the op's stream: no plan action, no event recorded on or
  *     waited by the capturing stream; touched blocks are made resident synchronously.
+ *   - a planned prefetch first waits (bounded, wait_mark) until the GPU has run the op where the
+ *     plan put the block's MARK: the host runs far ahead of the GPU (half an iteration on GPT
+ *     medium), and mapping at issue time would bring the memory back that much too early.
  *
  * Swap blocks live in the first context that allocates one (one shim stream); allocations in
  * other contexts are served by the real allocator. One mutex guards everything here; the
@@ -50,6 +55,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "shim.h"
@@ -84,6 +90,8 @@ struct sblock {
     uint64_t rw, ro;            /* devices with read-write / read-only access (bit = ordinal) */
     struct use uses[MAX_USES];
     CUevent copy_ev;            /* last copy of this block on the shim stream */
+    CUevent mark_ev;            /* the plan's MARK for its next prefetch (valid while marked) */
+    int marked;
     void *host;                 /* host slot (OUT_PENDING, OUT) */
     uint64_t t_issue;           /* ns when the last copy was issued */
     uint64_t lru;               /* op stamp of the last op touching it */
@@ -730,7 +738,8 @@ static void maybe_adopt(void)
     }
     uint32_t k = 0;
     for (uint32_t i = 0; i < na; i++)
-        if (acts[i].at < period && (acts[i].kind == PYOBMEM_ACT_SWAP_OUT || acts[i].kind == PYOBMEM_ACT_PREFETCH))
+        if (acts[i].at < period && (acts[i].kind == PYOBMEM_ACT_SWAP_OUT || acts[i].kind == PYOBMEM_ACT_PREFETCH ||
+                                    acts[i].kind == PYOBMEM_ACT_MARK))
             acts[k++] = acts[i];
     qsort(acts, k, sizeof *acts, cmp_at);
     free(g_plan.keys);
@@ -771,7 +780,23 @@ static int64_t plan_step(uint64_t key)
     return pos;
 }
 
-static void run_actions(int64_t pos, uint16_t kind, uint64_t stamp)
+/* The host waits (bounded) until the GPU has run the op that recorded b's mark: a prefetch then
+ * maps its memory when the GPU is where the plan put it, not when a host running ahead issues
+ * the op. Only the mark's stream is waited for; past MARK_WAIT_NS (e.g. a stream held by a host
+ * flag) the prefetch goes ahead, early. */
+#define MARK_WAIT_NS 500000000ull
+static void wait_mark(struct sblock *b)
+{
+    if (!b->marked)
+        return;
+    b->marked = 0;
+    uint64_t t0 = shim_now_ns();
+    struct timespec nap = {0, 20000};
+    while (real_cuEventQuery(b->mark_ev) == CUDA_ERROR_NOT_READY && shim_now_ns() - t0 < MARK_WAIT_NS)
+        nanosleep(&nap, NULL);
+}
+
+static void run_actions(int64_t pos, uint16_t kind, uint64_t stamp, CUstream s)
 {
     size_t lo = 0, hi = g_plan.n_acts;
     while (lo < hi) {
@@ -788,8 +813,12 @@ static void run_actions(int64_t pos, uint16_t kind, uint64_t stamp)
         struct sblock *b = find(a->addr);
         if (!b || b->addr != a->addr || b->size != a->size || !swappable(b))
             continue;
-        if (kind == PYOBMEM_ACT_PREFETCH) {
+        if (kind == PYOBMEM_ACT_MARK) {
+            if (b->mark_ev || (b->mark_ev = ev_new()))
+                b->marked = real_cuEventRecord(b->mark_ev, s) == CUDA_SUCCESS;
+        } else if (kind == PYOBMEM_ACT_PREFETCH) {
             if (b->state == SB_OUT) {
+                wait_mark(b);
                 hold_budget(b->vsize, stamp);
                 swap_in(b, 1, stamp); /* a failure leaves it out: the consumer brings it back */
             }
@@ -886,7 +915,7 @@ CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int how, co
     /* the plan: prefetches before the op (never evicting one of its blocks) */
     op->pos = plan_step(key);
     if (op->pos >= 0 && !paused)
-        run_actions(op->pos, PYOBMEM_ACT_PREFETCH, stamp);
+        run_actions(op->pos, PYOBMEM_ACT_PREFETCH, stamp, s);
     CUresult fail = CUDA_SUCCESS;
     if (!op->overflow) {
         for (uint32_t i = 0; i < op->n && fail == CUDA_SUCCESS; i++)
@@ -931,8 +960,10 @@ void swap_op_end(struct swap_op *op, CUresult r)
             if (b && b->addr == op->addrs[i] && !slot_record(b->uses, MAX_USES, op->stream))
                 b->flags |= SBF_LOST;
         }
-        if (op->pos >= 0)
-            run_actions(op->pos, PYOBMEM_ACT_SWAP_OUT, g_tick);
+        if (op->pos >= 0) {
+            run_actions(op->pos, PYOBMEM_ACT_MARK, g_tick, op->stream);
+            run_actions(op->pos, PYOBMEM_ACT_SWAP_OUT, g_tick, op->stream);
+        }
     }
     ctx_leave(pushed);
     pthread_mutex_unlock(&g_mu);
@@ -1052,6 +1083,8 @@ int swap_free(CUdeviceptr dptr, CUresult *rc)
                 real_cuEventDestroy_v2(b->uses[i].ev);
         if (b->copy_ev)
             real_cuEventDestroy_v2(b->copy_ev);
+        if (b->mark_ev)
+            real_cuEventDestroy_v2(b->mark_ev);
         free(b);
     } else {
         insert(b); /* still mapped: keep it, resident */

@@ -95,6 +95,7 @@ class ActionKind(enum.IntEnum):
 
     SWAP_OUT = 1
     PREFETCH = 2
+    MARK = 3
 
 
 class AllocKind(enum.IntEnum):

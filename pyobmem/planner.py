@@ -322,8 +322,8 @@ def _nccl_named(capture) -> np.ndarray:
 @dataclass(frozen=True)
 class Swap:
     """One planned idle window: the block (capture row, address, size), SWAP_OUT after position
-    ``out_at``, PREFETCH before ``prefetch_at`` (positions mod P), next access at ``next_at``;
-    ``absent`` positions per iteration; ``stall_ns`` predicted."""
+    ``out_at``, PREFETCH before ``prefetch_at`` once the GPU has run ``mark_at`` (positions mod
+    P), next access at ``next_at``; ``absent`` positions per iteration; ``stall_ns`` predicted."""
 
     block: int
     addr: int
@@ -333,6 +333,7 @@ class Swap:
     next_at: int
     absent: int
     stall_ns: float
+    mark_at: int = -1
 
 
 @dataclass(frozen=True)
@@ -399,7 +400,7 @@ class Plan:
             "swapped_blocks": len({s.block for s in self.swaps}), "swapped_bytes": self.swapped_bytes,
             "swaps": [
                 {"block": s.block, "addr": hex(s.addr), "size": s.size, "out_after": s.out_at,
-                 "prefetch_before": s.prefetch_at, "next_access": s.next_at, "absent_ops": s.absent,
+                 "prefetch_before": s.prefetch_at, "mark_after": s.mark_at, "next_access": s.next_at, "absent_ops": s.absent,
                  "stall_ns": round(s.stall_ns)}
                 for s in self.swaps
             ],
@@ -414,6 +415,7 @@ class _Sim:
     stall: np.ndarray  # per window (ns)
     useless: np.ndarray  # per window: the block would never be out
     q: np.ndarray  # prefetch position per window (unrolled, in iteration 1)
+    mark: np.ndarray  # the prefetch's MARK position per window (unrolled, in iteration 1)
     absent: np.ndarray  # positions out per window
     ratio: float
     resident: np.ndarray
@@ -466,12 +468,16 @@ def _simulate(L: LearnedIteration, w: np.ndarray) -> _Sim:
     # Never before the block is released (a window too short for both copies keeps it out for
     # one position and stalls its consumer instead), never after its use.
     q = np.minimum(np.maximum(q, h + 1), n)
-    back = np.searchsorted(ext, hx[q], side="left")  # the GPU position when the memory is mapped again
-    # Forward: when each prefetch really finishes (issued at q, remap, then the engine).
-    o = np.argsort(hx[q], kind="stable")
+    mark, t_map = _marks(ext, hx, s, q, start_in - rr)
+    back = np.searchsorted(ext, t_map, side="left")  # the GPU position when the memory is mapped again
+    # Forward: when each prefetch really finishes (mapped at t_map, remap, then the engine); a
+    # host that waited for the mark starves the GPU if the ops queued behind it take less than
+    # the remap.
+    o = np.argsort(t_map, kind="stable")
     done = np.empty(len(s))
-    done[o] = _fifo(hx[q][o] + rr[o], dd[o])
-    stall = np.maximum(done - deadline, 0.0)
+    done[o] = _fifo(t_map[o] + rr[o], dd[o])
+    starve = np.where(hx[q] < t_map, np.maximum(t_map + rr - ext[q], 0.0), 0.0)
+    stall = np.maximum(done - deadline, 0.0) + starve
     useless = (back <= p_out) | (h >= n)  # the block would never be out
     # Resident bytes over the middle iteration [P, 2P).
     diff = np.zeros(4 * P + 1)
@@ -489,7 +495,16 @@ def _simulate(L: LearnedIteration, w: np.ndarray) -> _Sim:
     ratio = max(1.0 + stalls / T, float(d.sum()) / T, copy / T) if m else 1.0
     useless_w = useless[mid] | useless[: m] | useless[2 * m :]
     return _Sim(peak=int(resident[k]) if P else 0, peak_at=k, stall=stall[mid], useless=useless_w, q=q[mid],
-                absent=np.maximum(back[mid] - p_out[mid], 0), ratio=ratio, resident=resident)
+                mark=mark[mid], absent=np.maximum(back[mid] - p_out[mid], 0), ratio=ratio, resident=resident)
+
+
+def _marks(ext: np.ndarray, hx: np.ndarray, s: np.ndarray, q: np.ndarray, latest: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(mark position, map time) of prefetches issued by the host at q that should start their
+    remap by ``latest``: the MARK is the last GPU position whose end (the next op's start) is
+    not after ``latest`` (never before the window's last access s, always before q); the shim
+    waits at q until the GPU has run it, so the memory is mapped at max(issue of q, that end)."""
+    mark = np.minimum(np.maximum(np.searchsorted(ext, latest, side="right") - 2, s), q - 1)
+    return mark, np.maximum(hx[q], ext[np.minimum(mark + 1, len(ext) - 1)])
 
 
 def _fifo(ready: np.ndarray, dur: np.ndarray) -> np.ndarray:
@@ -533,7 +548,7 @@ def _nominal_absence(L: LearnedIteration) -> np.ndarray:
     s, n = L.win_s, np.minimum(L.win_n, 3 * P - 1)
     h, p_out = _released(ext, hx, s, ext[s] + d)
     q = np.minimum(np.searchsorted(hx, ext[n] - d - r, side="right") - 1, n)
-    back = np.searchsorted(ext, hx[q], side="left")
+    back = np.searchsorted(ext, _marks(ext, hx, s, q, ext[n] - d - r)[1], side="left")
     length = np.clip(back - p_out, 0, P)
     length[q <= h] = 0
     for w in np.flatnonzero(length > 0):
@@ -559,9 +574,11 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
         c = int(L.win_cand[k])
         out_at, q, nxt = int(L.win_s[k]) % P, int(sim.q[j]) % P, int(L.win_n[k]) % P
         swaps.append(Swap(block=int(L.cand_block[c]), addr=int(L.cand_addr[c]), size=int(L.cand_size[c]), out_at=out_at,
-                          prefetch_at=q, next_at=nxt, absent=int(sim.absent[j]), stall_ns=float(sim.stall[j])))
+                          prefetch_at=q, next_at=nxt, absent=int(sim.absent[j]), stall_ns=float(sim.stall[j]),
+                          mark_at=int(sim.mark[j]) % P))
         act.append((out_at, int(abi.ActionKind.SWAP_OUT), int(L.cand_addr[c]), int(L.cand_size[c])))
         act.append((q, int(abi.ActionKind.PREFETCH), int(L.cand_addr[c]), int(L.cand_size[c])))
+        act.append((int(sim.mark[j]) % P, int(abi.ActionKind.MARK), int(L.cand_addr[c]), int(L.cand_size[c])))
     actions = np.zeros(len(act), abi.ACTION_DTYPE)
     if act:
         at = np.array([x[0] for x in act], np.int64)

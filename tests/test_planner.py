@@ -104,6 +104,7 @@ def test_plan_hand_computed(learned):
     addr_a = int(cap.blocks["addr"][cap.blocks["block_id"] == ids["A"]][0])
     assert plan.actions.tolist() == [
         (0, int(abi.ActionKind.SWAP_OUT), addr_a, 64 * MiB),
+        (86, int(abi.ActionKind.MARK), addr_a, 64 * MiB),  # the prefetch waits for the GPU to run op 86
         (87, int(abi.ActionKind.PREFETCH), addr_a, 64 * MiB),
     ]
     assert plan.peak_bytes == 209 * MiB and plan.predicted_peak == 145 * MiB and plan.saved_bytes == 64 * MiB
@@ -208,24 +209,27 @@ def test_real_capture_figures():
     }
 
 
-def test_host_running_ahead_maps_prefetches_early(learned):
+def test_host_running_ahead_waits_for_the_mark(learned):
     """The shim acts when the host issues an op, the GPU runs it later. With the host 1 ms ahead
     (op p issued at max(0, 20 us * p - 1000 us) of its iteration: ops 0..50 all at its start),
     A's copy out (done at 100 us) is seen at the first op issued after that, op 55 (issued at
-    100 us, while the GPU runs op 5): out from op 5. The last prefetch in time is issued at op 99
-    (980 us; op 0 of the next iteration is issued at 2000 us, too late for the 150 us remap and
-    100 us copy), and maps A again while the GPU is at op 49: A is out over ops 5..48 only
-    (instead of 5..86), and the peak (ops 40..59, C live) stays at 209 MiB."""
+    100 us, while the GPU runs op 5): out from op 5. The last op the host issues in time for the
+    prefetch is op 99 (980 us; op 0 of the next iteration is issued at 2000 us, too late for the
+    150 us remap and 100 us copy). Mapped at 980 us, A would be back while the GPU is at op 49,
+    and the peak (ops 40..59, C live) would stay at 209 MiB; the MARK after op 86 makes the shim
+    wait at op 99 until the GPU has run op 86 (1740 us): A is out over ops 5..86 as with equal
+    clocks, the copy ends at 1990 us, and nothing starves (ops 87..99 are queued)."""
     import dataclasses
 
     _, _, L = learned
     ahead = dataclasses.replace(L, issue=np.maximum(L.times - 1_000_000, 0.0))
     sim = planner._simulate(ahead, np.array([0]))
-    assert (sim.q % P).tolist() == [99] and sim.absent.tolist() == [44] and sim.stall.tolist() == [0.0]
-    assert sim.resident[5:49].tolist() == [81 * MiB] * 35 + [145 * MiB] * 9
-    assert sim.resident[49:60].tolist() == [209 * MiB] * 11
+    assert (sim.q % P).tolist() == [99] and (sim.mark % P).tolist() == [86]
+    assert sim.absent.tolist() == [82] and sim.stall.tolist() == [0.0]
+    assert sim.resident[40:60].tolist() == [145 * MiB] * 20
     plan = planner.make_plan(ahead, 160 * MiB)
-    assert not plan.feasible and plan.predicted_peak == 209 * MiB
+    assert plan.feasible and plan.predicted_peak == 145 * MiB
+    assert [(s.out_at, s.mark_at, s.prefetch_at) for s in plan.swaps] == [(0, 86, 99)]
 
 
 def test_blocks_named_by_nccl_are_no_candidates(tmp_path):

@@ -222,7 +222,11 @@ struct pyobmem_ring_header {
 
 enum pyobmem_action_kind {
     PYOBMEM_ACT_SWAP_OUT = 1, /* after the op at `at` is issued: copy the block out, release it */
-    PYOBMEM_ACT_PREFETCH = 2, /* before the op at `at` is issued: map the block and copy it in */
+    PYOBMEM_ACT_PREFETCH = 2, /* before the op at `at` is issued: map the block and copy it in
+                               * (first waiting until the GPU has run the block's MARK op) */
+    PYOBMEM_ACT_MARK = 3,     /* after the op at `at` is issued: record the block's mark event on
+                               * its stream; the next PREFETCH of the block waits for it, so that
+                               * a host running ahead of the GPU does not map the memory early */
 };
 
 struct pyobmem_action {
