@@ -129,6 +129,11 @@ static struct {
 } g_plan;
 static uint64_t g_adopted;
 
+/* ---- the release thread ---- */
+static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
+static int g_releaser;      /* 1: started; -1: off (PYOBMEM_RELEASER=0, or it could not start) */
+static int g_releaser_stop; /* set at exit: the thread makes no driver call after it */
+
 /* ---- small helpers ---- */
 
 static CUevent ev_new(void)
@@ -525,6 +530,8 @@ static void cancel_out(struct sblock *b)
     g_leaving -= b->vsize;
 }
 
+static void releaser_kick(void);
+
 static int swap_out(struct sblock *b)
 {
     if (b->state != SB_RESIDENT || !swappable(b) || g_fences_lost || !g_stream)
@@ -545,6 +552,7 @@ static int swap_out(struct sblock *b)
     b->t_issue = shim_now_ns();
     g_out_pending++;
     g_leaving += b->vsize;
+    releaser_kick();
     return 1;
 }
 
@@ -568,6 +576,64 @@ static void poll_releases(void)
         forget_uses(b);
         emit_swap(PYOBMEM_EV_SWAP_OUT, 0, b, shim_now_ns() - b->t_issue);
     }
+}
+
+/* The release thread: while swap-outs are in flight it polls their copy events every 100 us and
+ * releases the memory of those done. Without it a block is released at the first op the host
+ * issues after its copy ends, and a host waiting in loss.item() at the end of an iteration
+ * issues none: the memory of everything swapped out during the backward pass would stay mapped
+ * until the next iteration. It never waits in the driver (cuEventQuery only), runs with the
+ * RELAXED capture mode, and stops calling the driver at exit. */
+static void *releaser(void *arg)
+{
+    (void)arg;
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    real_cuThreadExchangeStreamCaptureMode(&mode);
+    struct timespec nap = {0, 100000};
+    pthread_mutex_lock(&g_mu);
+    int pushed = ctx_enter();
+    while (!g_releaser_stop) {
+        if (!g_out_pending) {
+            pthread_cond_wait(&g_cv, &g_mu);
+            continue;
+        }
+        poll_releases();
+        pthread_mutex_unlock(&g_mu);
+        nanosleep(&nap, NULL);
+        pthread_mutex_lock(&g_mu);
+    }
+    (void)pushed; /* the context stays current on this thread until the process ends */
+    pthread_mutex_unlock(&g_mu);
+    return NULL;
+}
+
+static void releaser_exit(void)
+{
+    pthread_mutex_lock(&g_mu);
+    g_releaser_stop = 1;
+    pthread_cond_signal(&g_cv);
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* Start the thread at the first swap-out (g_mu held); wake it at every one. */
+static void releaser_kick(void)
+{
+    if (!g_releaser) {
+        const char *env = getenv(PYOBMEM_ENV_RELEASER);
+        pthread_t t;
+        pthread_attr_t attr;
+        g_releaser = -1;
+        if ((!env || strcmp(env, "0") != 0) && pthread_attr_init(&attr) == 0) {
+            pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+            if (pthread_create(&t, &attr, releaser, NULL) == 0) {
+                g_releaser = 1;
+                atexit(releaser_exit);
+            }
+            pthread_attr_destroy(&attr);
+        }
+    }
+    if (g_releaser > 0)
+        pthread_cond_signal(&g_cv);
 }
 
 /* Finish every swap-out in flight (synchronise the shim stream only) and release. */
@@ -1208,4 +1274,5 @@ void swap_atfork_child(void)
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     g_mu = fresh;
     g_shim.swap = 0;
+    g_releaser = -1; /* no thread in the child, and none to start */
 }

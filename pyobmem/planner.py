@@ -20,8 +20,8 @@ Policy and cost model (docs/swap.md has the formulas):
   wraps to the first of the next). A repeating unit that leaves out ops recurring every
   iteration (one transformer layer) is not taken for the iteration.
 - Each window: SWAP_OUT after its last access (position s): the copy runs once the GPU has run s
-  (first come first served on one device-to-host engine), and the memory is released at the first
-  op the host issues after the copy ends. PREFETCH before position q: the latest op the host
+  (first come first served on one device-to-host engine), and the shim's release thread frees the
+  memory when the copy ends. PREFETCH before position q: the latest op the host
   issues early enough for the remap (150 us per 64 MiB) and the copy (size/B) to end before the
   GPU reaches the next access n, the prefetches of all windows scheduled as late as possible on
   one host-to-device engine. The memory is mapped again when the host issues q, while the GPU is
@@ -430,11 +430,12 @@ def _clocks(L: LearnedIteration, iterations: int) -> tuple[np.ndarray, np.ndarra
 
 
 def _released(ext: np.ndarray, hx: np.ndarray, s: np.ndarray, out_done: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(host position h, GPU position p_out) at which a block whose copy out ends at ``out_done``
-    is released: the shim sees the copy done at the first op it issues after that (never before
-    it issued the swap-out after op s), and the memory is gone from the GPU op running then."""
+    """(host position h, GPU position p_out) of a block whose copy out ends at ``out_done``: the
+    shim's release thread frees the memory then (within its 100 us poll), so the block is out
+    from the GPU op running at that time; h is the first op the host issues after that, the
+    earliest a prefetch can find the block out (before, it would cancel the swap-out)."""
     h = np.minimum(np.maximum(np.searchsorted(hx, out_done, side="left"), s + 1), len(hx) - 1)
-    p_out = np.maximum(np.searchsorted(ext, hx[h], side="left"), s + 1)
+    p_out = np.maximum(np.searchsorted(ext, out_done, side="left"), s + 1)
     return h, p_out
 
 

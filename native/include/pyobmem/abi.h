@@ -29,6 +29,7 @@
 #define PYOBMEM_ENV_DISABLE "PYOBMEM_DISABLE" /* "1": pure pass-through */
 #define PYOBMEM_ENV_CUPTI "PYOBMEM_CUPTI"     /* path of libcupti to try first; "0": never */
 #define PYOBMEM_ENV_CONTROL "PYOBMEM_CONTROL" /* swap mode: path of the control file (below) */
+#define PYOBMEM_ENV_RELEASER "PYOBMEM_RELEASER" /* swap mode: "0": no release thread (releases at ops only) */
 
 /* Event types (pyobmem_record.type). Payload words a..e per type are documented inline. */
 enum pyobmem_event_type {
