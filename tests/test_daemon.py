@@ -221,6 +221,39 @@ def test_launcher_gone_daemon_drains_and_exits(ring, tmp_path):
     prod.close()
 
 
+@pytest.mark.parametrize("ending", ["launcher_gone", "end"])
+def test_swap_mode_launcher_gone_daemon_removes_ring_and_control_file(tmp_path, ending):
+    """Bug: a launcher killed (SIGKILL: no cleanup of its own) left ``<ring>.ctl``, the swap control
+    file, in /dev/shm; the daemon removed only the ring. On end of file without ``end`` it now
+    removes both; after ``end`` it removes neither (the launcher does, in its finally)."""
+    from pyobmem.control import Control
+
+    ring = Ring.create(1 << 10, directory=str(tmp_path))
+    ctl = Control.create(ring.path + ".ctl", 0, 4 << 20)
+    out = tmp_path / "c.pyobmem"
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "pyobmem.daemon", "--ring", ring.path, "--out", str(out), "--control", ctl.path,
+         "--budget", "1GiB"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+    )
+    daemon.stdin.write(json.dumps(META).encode() + b"\n")
+    daemon.stdin.flush()
+    assert daemon.stdout.readline() == b"ready\n"
+    if ending == "end":
+        daemon.stdin.write(b"end 0\n")
+    daemon.stdin.close()  # the launcher's end of the pipe: what its death looks like
+    assert daemon.wait(30) == 0
+    left = sorted(os.listdir(tmp_path))
+    if ending == "end":
+        assert left == sorted(["c.pyobmem", os.path.basename(ring.path), os.path.basename(ctl.path)])
+        assert read_capture(str(out)).complete
+    else:
+        assert left == ["c.pyobmem"]
+        assert not read_capture(str(out)).complete
+    ring.close(unlink=True)
+    ctl.close(unlink=True)
+
+
 def test_sigint_is_ignored(ring, tmp_path):
     out = tmp_path / "i.pyobmem"
     daemon = start_daemon(ring.path, out)

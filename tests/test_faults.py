@@ -470,6 +470,40 @@ def test_launcher_sigkilled_child_carries_on_ring_removed(bins, tmp_path):
     assert not cap.complete
 
 
+def test_launcher_sigkilled_in_swap_mode_leaves_no_ring_nor_control_file(bins, tmp_path):
+    """Bug: `pyobmem run --swap` SIGKILLed left the control file ``<ring>.ctl`` behind (the daemon
+    removed only the ring). The child carries on; when it ends, the daemon removes both from
+    PYOBMEM_RING_DIR (docs/swap.md, "Mechanism")."""
+    rings = tmp_path / "rings"
+    rings.mkdir()
+    marker = tmp_path / "child.done"
+    code = f"import time; print('ready', flush=True); time.sleep(1.0); open({str(marker)!r}, 'w').write('ok')"
+    launcher = subprocess.Popen([PY, "-m", "pyobmem", "run", "--swap", "--budget", "1GiB", "-o", "c.pyobmem", PY,
+                                 "-c", code], cwd=tmp_path, env=_env({"PYOBMEM_RING_DIR": str(rings)}),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert launcher.stdout.readline() == b"ready\n"
+        names = sorted(os.listdir(rings))
+        assert len(names) == 2 and names[0].startswith(f"pyobmem-{os.getuid()}-{launcher.pid}-")
+        assert names[1] == names[0] + ".ctl"
+        launcher.kill()
+        launcher.wait(10)
+        deadline = time.monotonic() + 30
+        while not marker.exists() or os.listdir(rings):
+            assert time.monotonic() < deadline, (marker.exists(), os.listdir(rings))
+            time.sleep(0.05)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert marker.read_text() == "ok"
+    deadline = time.monotonic() + 30
+    while _daemon_pids(str(rings / names[0])):  # the daemon exits once both are removed
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert not read_capture(str(tmp_path / "c.pyobmem")).complete
+
+
 def test_stderr_closed_keeps_the_exit_code(tmp_path):
     """`pyobmem-run cmd 2>&1 | head`: bug: the launcher's summary hit EPIPE and it exited 1."""
     r, w = os.pipe()

@@ -24,22 +24,35 @@ static int param_queries;
 #define MAX_LIVE 65536
 static uint64_t live[MAX_LIVE];
 static size_t live_size[MAX_LIVE];
+static unsigned char live_managed[MAX_LIVE];
 static int n_live;
 
-/* ---- device capacity (FAKE_DEVICE_BYTES, default 1 TiB): legacy allocations and cuMemCreate ---- */
-static uint64_t dev_used;
+/* ---- device capacity (FAKE_DEVICE_BYTES, default 1 TiB): legacy allocations and cuMemCreate ----
+ * dev_used: every byte taken (managed allocations too, as before); managed_used: the managed part;
+ * dev_peak: the high-water mark of dev_used - managed_used, the device memory a budget is about
+ * (counter "device_peak"). */
+static uint64_t dev_used, managed_used, dev_peak;
 static uint64_t capacity(void)
 {
     const char *e = getenv("FAKE_DEVICE_BYTES");
     return e && *e ? strtoull(e, NULL, 0) : (1ull << 40);
 }
-static int take(uint64_t n)
+static void note_peak(void)
+{
+    if (dev_used - managed_used > dev_peak)
+        dev_peak = dev_used - managed_used;
+}
+static int take_as(uint64_t n, int managed)
 {
     if (dev_used + n > capacity())
         return 0;
     dev_used += n;
+    if (managed)
+        managed_used += n;
+    note_peak();
     return 1;
 }
+static int take(uint64_t n) { return take_as(n, 0); }
 
 static uint64_t bump(uint64_t *next, size_t size)
 {
@@ -51,14 +64,14 @@ static uint64_t bump(uint64_t *next, size_t size)
     return a;
 }
 
-static CUresult alloc(CUdeviceptr *dptr, size_t size)
+static CUresult alloc_as(CUdeviceptr *dptr, size_t size, int managed)
 {
     if (!dptr)
         return CUDA_ERROR_INVALID_VALUE;
     if (size > FAKE_OOM_ABOVE)
         return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&mu);
-    int ok = take(size);
+    int ok = take_as(size, managed);
     pthread_mutex_unlock(&mu);
     if (!ok)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -66,12 +79,15 @@ static CUresult alloc(CUdeviceptr *dptr, size_t size)
     pthread_mutex_lock(&mu);
     if (n_live < MAX_LIVE) {
         live_size[n_live] = size;
+        live_managed[n_live] = (unsigned char)managed;
         live[n_live++] = a;
     }
     pthread_mutex_unlock(&mu);
     *dptr = a;
     return CUDA_SUCCESS;
 }
+
+static CUresult alloc(CUdeviceptr *dptr, size_t size) { return alloc_as(dptr, size, 0); }
 
 static CUresult release(CUdeviceptr p)
 {
@@ -82,7 +98,10 @@ static CUresult release(CUdeviceptr p)
     for (int i = n_live - 1; i >= 0; i--)
         if (live[i] == p) {
             dev_used -= live_size[i];
+            if (live_managed[i])
+                managed_used -= live_size[i];
             live_size[i] = live_size[n_live - 1];
+            live_managed[i] = live_managed[n_live - 1];
             live[i] = live[--n_live];
             r = CUDA_SUCCESS;
             break;
@@ -131,7 +150,7 @@ API CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size
     *pitch = (w + 511) & ~(size_t)511;
     return alloc(dptr, *pitch * h);
 }
-API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags) { (void)flags; return alloc(dptr, size); }
+API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags) { (void)flags; return alloc_as(dptr, size, 1); }
 API CUresult cuMemFree_v2(CUdeviceptr p) { return release(p); }
 API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s) { (void)s; return alloc(dptr, size); }
 API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s) { (void)s; return alloc(dptr, size); }

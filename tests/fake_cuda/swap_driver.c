@@ -20,6 +20,10 @@ typedef CUresult (*free_fn)(CUdeviceptr);
 typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                               CUstream, void **, void **);
 typedef CUresult (*htod_fn)(CUdeviceptr, const void *, size_t);
+typedef CUresult (*htoda_fn)(CUdeviceptr, const void *, size_t, CUstream);
+typedef CUresult (*alloca_fn)(CUdeviceptr *, size_t, CUstream);
+typedef CUresult (*freea_fn)(CUdeviceptr, CUstream);
+typedef CUresult (*pitch_fn)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
 typedef CUresult (*dtoh_fn)(void *, CUdeviceptr, size_t);
 typedef CUresult (*memset32a_fn)(CUdeviceptr, unsigned int, size_t, CUstream);
 typedef CUresult (*access_fn)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
@@ -147,7 +151,7 @@ static void counters(void)
 {
     const char *names[] = {"faults", "unsafe_unmaps", "app_syncs", "ctx_syncs", "legacy_async", "capture_violations",
                            "handles", "mappings", "reservations", "pinned_bytes", "blocked_waits", "create_calls",
-                           "map_calls"};
+                           "map_calls", "device_peak"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         printf("%s=%lld\n", names[i], fakeCounter(names[i]));
 }
@@ -539,6 +543,164 @@ static int scenario_batch(const char *variant)
     return 0;
 }
 
+/* Pointer tables (cases.md C08, C09; pin_pointer_table in native/memory.c). Budget 3 blocks of
+ * 2 MiB: a, b, c filled (LRU a, b, c); allocating d evicts a (out at once: the allocation waits
+ * for the swap-out). Then a host-to-device copy (mode "sync": cuMemcpyHtoD, "async":
+ * cuMemcpyHtoDAsync on S1) of a table into d, the table being (variant):
+ *   ptr     8 words, word 3 = a                       (pins a)
+ *   middle  8 words, word 3 = a + 1 MiB + 8           (pins a)
+ *   edge    65536 bytes, the last word = a            (pins a: 64 KiB is still scanned)
+ *   data    8 words of ordinary data, no device address (pins nothing)
+ *   large   65544 bytes, word 0 = a                   (not scanned: pins nothing)
+ *   unaligned 8 words from a 4-byte-aligned address, word 3 = a (not scanned)
+ * Then 4 rounds of ops touching b, c, d in turn (each completing its copies): one of the 4
+ * blocks must be out; a pinned block is never the one, although it is the least recently used.
+ * Last, every block is read back. */
+static uint64_t g_table[65536 / 8 + 2];
+
+static int scenario_ptrtable(const char *variant, const char *mode)
+{
+    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB);
+    fill(a, 2 * MIB, 1);
+    fill(b, 2 * MIB, 2);
+    fill(c, 2 * MIB, 3);
+    CUdeviceptr d = must_alloc(2 * MIB); /* over the budget: a, the least recently used, goes */
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\nd=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)c,
+           (uint64_t)d);
+    printf("a_out_before=%d\n", fakeAccess(a) == -1);
+    const uint64_t data[8] = {0, 1, 2, 3, 7, 4095, 0x7fffffffull, ~0ull};
+    size_t n = 64, at = 3;
+    const unsigned char *src = (const unsigned char *)g_table;
+    uint64_t ptr = a;
+    for (size_t i = 0; i < sizeof g_table / 8; i++)
+        g_table[i] = i % 4096; /* small integers around the pointer */
+    if (!strcmp(variant, "middle"))
+        ptr = a + MIB + 8;
+    else if (!strcmp(variant, "edge"))
+        n = 65536, at = 65536 / 8 - 1;
+    else if (!strcmp(variant, "large"))
+        n = 65536 + 8, at = 0;
+    else if (!strcmp(variant, "unaligned"))
+        src += 4;
+    if (!strcmp(variant, "data"))
+        memcpy(g_table, data, sizeof data);
+    else
+        memcpy((unsigned char *)src + 8 * at, &ptr, 8);
+    CUresult r = !strcmp(mode, "async") ? ((htoda_fn)get("cuMemcpyHtoDAsync"))(d, src, n, S1) : p_htod(d, src, n);
+    printf("table_rc=%d\n", (int)r);
+    printf("a_in_after_table=%d\n", fakeAccess(a) != -1);
+    fakeAdvance(-1);
+    for (int round = 0; round < 4; round++) {
+        CUdeviceptr x[3] = {b, c, d};
+        for (int k = 0; k < 3; k++) {
+            op_a(x[k], 0, 0);
+            fakeAdvance(-1);
+        }
+    }
+    printf("a_in_after_rounds=%d\n", fakeAccess(a) != -1);
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 1, 0));
+    fakeAdvance(-1);
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
+    fakeAdvance(-1);
+    printf("bad_c=%ld\n", check(c, 2 * MIB, 3, 0));
+    fakeAdvance(-1);
+    unsigned char *h = malloc(n);
+    memset(h, 0, n);
+    long bad = p_dtoh(h, d, n) == CUDA_SUCCESS ? 0 : (long)n;
+    for (size_t i = 0; i < n; i++)
+        bad += h[i] != src[i];
+    free(h);
+    printf("bad_table=%ld\n", bad);
+    counters();
+    return 0;
+}
+
+/* The physical budget (hold_budget in native/swap.c): budget 3 blocks of 2 MiB, a plan
+ * [op_b(b), op_a(a, 0, c)] that swaps a out after op 1. The shim stream never runs on its own
+ * here (no fakeAdvance until the end): a swap-out in flight keeps its memory until the shim
+ * drains its stream.
+ *   1. iteration 1 leaves a's swap-out in flight; allocating d fits the bytes the executor
+ *      counts (b, c, d), but not with a's memory still there: the allocation waits for it.
+ *   2. iteration 2: op_a needs a back (demand); d, the least recently used, is evicted, and the
+ *      swap-in waits for that swap-out before mapping a; a goes out again as planned.
+ * device_peak (the fake's high-water mark) after each step; then the read-backs (which leave the
+ * template: the plan is dropped there). */
+static int scenario_hold(void)
+{
+    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB);
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)c);
+    fill(a, 2 * MIB, 1);
+    fill(b, 2 * MIB, 2);
+    fill(c, 2 * MIB, 3);
+    fakeAdvance(-1);
+    sync_point(1); /* plan: swap a out after op 1 */
+    op_b(b);
+    op_a(a, 0, c);
+    printf("a_leaving=%d\n", fakeAccess(a) != -1); /* its copy is queued, not run: still mapped */
+    CUdeviceptr d = must_alloc(2 * MIB);
+    printf("d=%" PRIu64 "\n", (uint64_t)d);
+    printf("a_out_after_alloc=%d\n", fakeAccess(a) == -1);
+    printf("peak_after_alloc=%lld\n", fakeCounter("device_peak"));
+    op_b(b);
+    op_a(a, 0, c); /* a is out: demand; d goes first */
+    printf("d_out_after_demand=%d\n", fakeAccess(d) == -1);
+    printf("a_in_after_demand=%d\n", fakeAccess(a) != -1);
+    printf("peak_after_demand=%lld\n", fakeCounter("device_peak"));
+    fakeAdvance(-1);
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 1, 0));
+    fakeAdvance(-1);
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
+    fakeAdvance(-1);
+    printf("bad_c=%ld\n", check(c, 2 * MIB, 3, 0));
+    fakeAdvance(-1);
+    counters();
+    return 0;
+}
+
+/* The budget counts every live device block (g_shim.device_bytes): budget 3 blocks of 2 MiB, a,
+ * b, c filled (LRU a, b, c), then a 512 KiB block the shim does not VMM-back (variant):
+ *   small    cuMemAlloc below min_swap_bytes (the real allocator)
+ *   async    cuMemAllocAsync on S1
+ *   pitch    cuMemAllocPitch (4096 x 128)
+ *   managed  cuMemAllocManaged: not device memory the budget counts
+ * The next op finds the device over the budget (all but managed): a goes. After the block is
+ * freed, bringing a back fits again: nothing else is evicted. */
+static int scenario_others(const char *variant)
+{
+    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB), x = 0;
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)c);
+    fill(a, 2 * MIB, 1);
+    fill(b, 2 * MIB, 2);
+    fill(c, 2 * MIB, 3);
+    fakeAdvance(-1);
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    size_t pitch = 0;
+    if (!strcmp(variant, "small"))
+        r = p_alloc(&x, MIB / 2);
+    else if (!strcmp(variant, "async"))
+        r = ((alloca_fn)get("cuMemAllocAsync"))(&x, MIB / 2, S1);
+    else if (!strcmp(variant, "pitch"))
+        r = ((pitch_fn)get("cuMemAllocPitch"))(&x, &pitch, 4096, 128, 4);
+    else if (!strcmp(variant, "managed"))
+        r = ((CUresult(*)(CUdeviceptr *, size_t, unsigned))get("cuMemAllocManaged"))(&x, MIB / 2, CU_MEM_ATTACH_GLOBAL);
+    printf("x_rc=%d\nx=%" PRIu64 "\n", (int)r, (uint64_t)x);
+    op_a(c, 0, 0); /* the budget holds between allocations: over it, a goes */
+    fakeAdvance(-1);
+    op_a(c, 0, 0); /* a released */
+    printf("a_out=%d\n", fakeAccess(a) == -1);
+    printf("b_in=%d\nc_in=%d\n", fakeAccess(b) != -1, fakeAccess(c) != -1);
+    r = !strcmp(variant, "async") ? ((freea_fn)get("cuMemFreeAsync"))(x, S1) : p_free(x);
+    printf("x_free_rc=%d\n", (int)r);
+    op_a(a, 0, 0); /* a back: fits without x */
+    fakeAdvance(-1);
+    printf("b_in_end=%d\nc_in_end=%d\n", fakeAccess(b) != -1, fakeAccess(c) != -1);
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 1, 0));
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
+    printf("bad_c=%ld\n", check(c, 2 * MIB, 3, 0));
+    counters();
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
@@ -570,6 +732,12 @@ int main(int argc, char **argv)
         rc = scenario_graph();
     else if (!strcmp(s, "batch"))
         rc = scenario_batch(argc > 2 ? argv[2] : "12080");
+    else if (!strcmp(s, "ptrtable"))
+        rc = scenario_ptrtable(argc > 2 ? argv[2] : "ptr", argc > 3 ? argv[3] : "sync");
+    else if (!strcmp(s, "hold"))
+        rc = scenario_hold();
+    else if (!strcmp(s, "others"))
+        rc = scenario_others(argc > 2 ? argv[2] : "small");
     printf("done=1\n");
     return rc;
 }
