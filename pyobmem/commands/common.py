@@ -50,6 +50,21 @@ def count(text: str) -> int:
     return v
 
 
+def budget_arg(text: str, what: str = "--budget"):
+    """``planner.parse_budget`` for a command-line value (``--min-swap-bytes`` too, through
+    ``planner.parse_size`` when ``what`` names it): every bad value is one line and exit 2, also a
+    number too large for a float (``1e400``)."""
+    from .. import planner
+    from ..errors import PyobmemError
+
+    try:
+        if what == "--budget":
+            return planner.parse_budget(text)
+        return planner.parse_size(text, what)
+    except (OverflowError, ValueError):
+        raise PyobmemError(f"bad {'budget' if what == '--budget' else what} {text!r}: too large", 2) from None
+
+
 def warn(message: str) -> None:
     print(f"pyobmem: warning: {message}", file=sys.stderr, flush=True)
 

@@ -12,6 +12,7 @@ from .. import launcher
 from ..capture import read_capture
 from ..errors import PyobmemError
 from . import summary
+from .common import budget_arg
 
 NAME = "run"
 DESCRIPTION = (
@@ -75,10 +76,8 @@ def run(args) -> int:
         command = command[1:]
     if not command:
         raise PyobmemError("no command given (usage: pyobmem run [options] [--] cmd ...)", 2)
-    from ..planner import parse_budget, parse_size
-
-    budget = parse_budget(args.budget) if args.budget is not None else None
-    min_swap = parse_size(args.min_swap_bytes, "--min-swap-bytes") if args.min_swap_bytes is not None else None
+    budget = budget_arg(args.budget) if args.budget is not None else None
+    min_swap = budget_arg(args.min_swap_bytes, "--min-swap-bytes") if args.min_swap_bytes is not None else None
     if budget is not None and not args.swap:
         raise PyobmemError("--budget needs --swap", 2)
     if min_swap is not None and not args.swap:

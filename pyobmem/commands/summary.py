@@ -17,6 +17,7 @@ from ..capture import Capture
 from ..export import cuda_span
 from ..model.blocks import live_bytes_peak
 from ..ranks import rank_rows
+from ..report.swap import swap_facts
 from ..units import format_bytes, format_duration
 from .common import load
 
@@ -84,7 +85,7 @@ def summarize(cap: Capture) -> dict:
         "copies": _copies(copies),
         "memsets": {"count": len(memsets), "bytes": int(memsets["bytes"].sum())},
         "iteration": _iteration(cap),
-        "swap": _swap(cap),
+        "swap": swap_facts(cap),
         "ranks": rank_rows([cap]) if ranks.has_ranks([cap]) else None,
         "processes": [
             {
@@ -181,54 +182,30 @@ def _copies(copies: np.ndarray) -> dict:
     }
 
 
-def _swap(cap: Capture) -> dict | None:
-    """Swap mode: the budget, swap-outs, swap-ins by cause, plans adopted and dropped, pinned host
-    memory (NOTE swap.pinned_bytes); None when the run was no swap run and has no swap events."""
-    sw = cap.meta.get("swap") if isinstance(cap.meta.get("swap"), dict) else None
-    swaps, plans = cap.swaps, cap.plans
-    if sw is None and not len(swaps) and not len(plans):
-        return None
-    out = swaps[swaps["direction"] == 0]
-    ins = swaps[swaps["direction"] == 1]
-    by_cause = {}
-    for cause in abi.SwapInCause:
-        sel = ins["cause"] == int(cause)
-        by_cause[cause.name.lower()] = {"count": int(sel.sum()), "bytes": int(ins["bytes"][sel].sum())}
-    pinned = [int(n["swap.pinned_bytes"]) for n in cap.notes.values() if n.get("swap.pinned_bytes", "").isdigit()]
-    budget_bytes = None
-    if sw is not None:
-        budget_bytes = sw.get("budget_bytes")
-        if budget_bytes is None and sw.get("budget_fraction"):
-            from ..planner import card_bytes
-
-            total = card_bytes(cap)
-            budget_bytes = int(sw["budget_fraction"] * total) if total else None
-    return {
-        "budget": None if sw is None else sw.get("budget"),
-        "budget_bytes": budget_bytes,
-        "min_swap_bytes": None if sw is None else sw.get("min_swap_bytes"),
-        "swapped_out": {"count": len(out), "bytes": int(out["bytes"].sum()), "blocks": int(len(np.unique(out["block"])))},
-        "swapped_in": {"count": len(ins), "bytes": int(ins["bytes"].sum()), "by_cause": by_cause},
-        "plans_adopted": int(np.count_nonzero(~plans["dropped"])),
-        "plans_dropped": int(np.count_nonzero(plans["dropped"])),
-        "pinned_bytes": max(pinned) if pinned else None,
-    }
-
-
 def _swap_lines(w: dict) -> list[str]:
     """The swap section as lines (the budget first)."""
     budget = "-" if w["budget"] is None else w["budget"]
     if w["budget_bytes"] is not None and w["budget"] != format_bytes(w["budget_bytes"]):
         budget += f" ({format_bytes(w['budget_bytes'])})"
     si, c = w["swapped_in"], w["swapped_in"]["by_cause"]
-    return [
+    lines = [
         f"budget {budget}; pinned host memory {format_bytes(w['pinned_bytes'])}",
         f"swapped out {format_bytes(w['swapped_out']['bytes'])} in {_num(w['swapped_out']['count'])} swap-outs "
         f"({_num(w['swapped_out']['blocks'])} blocks)",
         f"swapped in {format_bytes(si['bytes'])} in {_num(si['count'])}: {_num(c['prefetch']['count'])} prefetch hits, "
         f"{_num(c['late']['count'])} late (stalls), {_num(c['demand']['count'])} on demand",
-        f"plans adopted {_num(w['plans_adopted'])}, dropped {_num(w['plans_dropped'])}",
+        f"plans adopted {_num(w['plans_adopted'])}, dropped {_num(w['plans_dropped'])}"
+        + (" (dropped: the launches stopped matching the plan's iteration)"
+           if w["plans_dropped"] else ""),
     ]
+    if w.get("peak_resident_bytes") is not None:
+        line = f"on the device: peak {format_bytes(w['peak_resident_bytes'])} resident (live blocks minus those swapped out)"
+        if w["budget_bytes"]:
+            over = w.get("over_budget_ns") or 0
+            line += (f", over the budget for {format_duration(over)}" if over
+                     else f", within the budget ({w['peak_resident_bytes']:,} <= {w['budget_bytes']:,} B)")
+        lines.insert(1, line)
+    return lines
 
 
 def _iteration(cap: Capture) -> dict | None:

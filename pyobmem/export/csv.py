@@ -4,9 +4,12 @@ Columns: time_ns, pid, event, op_seq, name, stream, block_id, addr, size, offset
 Events: ``alloc`` and ``free`` (one per block; block_id, addr, size, stream), ``launch``,
 ``memcpy``, ``memset``, ``graph_launch`` (one per op; op_seq, name, stream, bytes for copies and
 sets), ``access`` (one per block an op touched, right after its op; op_seq, name, block_id, addr,
-size, offset), ``untracked`` (a free or unmap of an address pyobmem never saw allocated) and
-``dropped`` (events lost in the ring; ``bytes`` holds the count). Empty cells are fields that do
-not apply. Times are CLOCK_MONOTONIC ns; addresses hex.
+size, offset), ``untracked`` (a free or unmap of an address pyobmem never saw allocated),
+``swap_out`` and ``swap_in`` (swap mode: a block's device memory released after its copy to host
+memory / the block back on the device; name: the swap-in's cause, prefetch, late or demand;
+block_id, addr, size, stream of the copy, bytes copied) and ``dropped`` (events lost in the ring;
+``bytes`` holds the count). Empty cells are fields that do not apply. Times are CLOCK_MONOTONIC ns;
+addresses hex.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ COLUMNS = ("time_ns", "pid", "event", "op_seq", "name", "stream", "block_id", "a
 _OP_EVENT = {abi.Ev.LAUNCH: "launch", abi.Ev.MEMCPY: "memcpy", abi.Ev.MEMSET: "memset",
              abi.Ev.GRAPH_LAUNCH: "graph_launch"}
 _UNTRACKED = {int(k): k.name.lower() for k in abi.UntrackedKind}
+_CAUSE = {int(k): k.name.lower() for k in abi.SwapInCause}
 
 
 def rows(capture):
@@ -57,6 +61,15 @@ def rows(capture):
         t, kind = int(u["ts_ns"][i]), int(u["kind"][i])
         out.append((t, 2, i, 0, (t, int(u["pid"][i]), "untracked", "", _UNTRACKED.get(kind, str(kind)), "", "",
                                  hex(int(u["addr"][i])), "", "", "")))
+    sw = capture.swaps
+    for i in range(len(sw)):
+        t, r = int(sw["ts_ns"][i]), int(sw["block"][i])
+        out_dir = int(sw["direction"][i]) == 0
+        cause = "" if out_dir else _CAUSE.get(int(sw["cause"][i]), str(int(sw["cause"][i])))
+        out.append((t, 2, len(u) + i, 0, (t, int(sw["pid"][i]), "swap_out" if out_dir else "swap_in", "", cause,
+                                          int(sw["stream"][i]), int(sw["block_id"][i]),
+                                          b_addr[r] if r >= 0 else "", b_size[r] if r >= 0 else "", "",
+                                          int(sw["bytes"][i]))))
     d = capture.drops
     for i in range(len(d)):
         t = int(d["ts_ns"][i])

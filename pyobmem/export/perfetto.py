@@ -6,6 +6,8 @@ first CUDA event of the capture (``otherData.t0_monotonic_ns``). Per traced proc
 
 - ``M`` metadata naming the process, its stream tracks and block tracks;
 - a ``C`` counter ``device N live bytes`` per device: the sum of the sizes of live blocks;
+- in swap mode, a ``C`` counter ``resident bytes (swap mode)``: live blocks minus the ones swapped
+  out to host memory (what the budget bounds; pyobmem.report.swap);
 - one thread track per (pid, stream) with an ``X`` slice per kernel launch, copy or memset. The
   capture has host launch times only, so a slice lasts until the next op on its stream (at most
   ``OP_SLICE_CAP_US``): it shows order and density, not kernel run time;
@@ -47,6 +49,20 @@ def counter_series(capture, t0: int) -> list[dict]:
             name = f"device {int(dev)} live bytes"
             out += [{"ph": "C", "name": name, "pid": int(pid), "ts": _us(t - t0), "args": {"bytes": int(v)}}
                     for t, v in zip(times.tolist(), live.tolist())]
+    return out
+
+
+def resident_series(capture, t0: int) -> list[dict]:
+    """``C`` events: device-resident bytes per pid that swapped (swap mode) after every change."""
+    if not len(capture.swaps):
+        return []
+    from ..report.swap import resident_bytes  # the report package imports this one
+
+    out = []
+    for pid in np.unique(capture.swaps["pid"]).tolist():
+        times, res = resident_bytes(capture, pid)
+        out += [{"ph": "C", "name": "resident bytes (swap mode)", "pid": int(pid), "ts": _us(t - t0),
+                 "args": {"bytes": int(v)}} for t, v in zip(times.tolist(), res.tolist())]
     return out
 
 
@@ -145,6 +161,7 @@ def trace(capture, top: int = TOP_BLOCKS) -> dict:
                        "args": {"name": f"stream {stream:#x} (launches)"}})
         events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
     events += counter_series(capture, t0)
+    events += resident_series(capture, t0)
     events += op_ev
     events += block_events(capture, t0, top)
     return {"traceEvents": events, "displayTimeUnit": "ns",

@@ -1,7 +1,8 @@
 """The HTML report: one self-contained file (inline CSS and SVG, no script, nothing fetched).
 
-Sections: summary and warnings, the ranks of a distributed job (report/ranks.py), memory over time
-stacked by block class, iterations, the access
+Sections: summary and warnings, the ranks of a distributed job (report/ranks.py), swap mode (the
+budget, the peak resident bytes, swaps by cause, plans: report/swap.py), memory over time stacked by
+block class (in swap mode with the resident bytes and the budget as lines), iterations, the access
 map of one iteration, the idle-interval histogram, the swap saving curve, the top swap
 candidates, the properties with their definitions, the environment.
 """
@@ -18,9 +19,12 @@ from ..export import block_end_times, cuda_span, live_bytes
 from ..units import format_bytes, format_duration
 from . import svg
 from .analysis import CLASSES, Analysis, analyse
+from .swap import resident_bytes, swap_facts
 
 CLASS_COLOURS = {"persistent": "#4e79a7", "iteration-scoped": "#f28e2c", "transient": "#59a14f",
                  "arena": "#af7aa1", "never-accessed": "#bab0ab", "other": "#edc949"}
+RESIDENT, BUDGET, BUDGET_EACH = "on the device (swap mode)", "budget", "budget (of each process)"
+LINE_COLOURS = {RESIDENT: "#222222", BUDGET: "#e15759", BUDGET_EACH: "#e15759"}
 MAX_POINTS = 1200  # memory series samples
 MAX_ROWS = 160  # access map rows
 MAP_WIDTH = 1100
@@ -46,9 +50,41 @@ def _table(head: list[str], rows: list[list], numeric: set[int] = frozenset()) -
     return f"<table><tr>{h}</tr>{body}</table>"
 
 
-def _legend(names) -> str:
+def _legend(names, line_names=()) -> str:
     return '<div class="legend">' + "".join(
-        f'<span><i style="background:{CLASS_COLOURS.get(n, "#999")}"></i>{escape(n)}</span>' for n in names) + "</div>"
+        f'<span><i style="background:{CLASS_COLOURS.get(n, "#999")}"></i>{escape(n)}</span>' for n in names) + "".join(
+        f'<span><i style="height:3px;vertical-align:3px;background:{LINE_COLOURS[n]}"></i>{escape(n)}</span>'
+        for n in line_names) + "</div>"
+
+
+def _swap_section(sw: dict) -> str:
+    """Swap mode: the budget, what stayed on the device, the swaps by cause, the plans."""
+    budget = "-" if sw["budget"] is None else str(sw["budget"])
+    if sw["budget_bytes"] is not None and budget != format_bytes(sw["budget_bytes"]):
+        budget += f" ({format_bytes(sw['budget_bytes'])})"
+    rows = [["budget", budget]]
+    if sw["peak_resident_bytes"] is not None:
+        verdict = ""
+        if sw["budget_bytes"]:
+            verdict = (f"; over the budget for {format_duration(sw['over_budget_ns'])}" if sw["over_budget_ns"]
+                       else "; within the budget")
+        rows.append(["peak resident on the device", f"{format_bytes(sw['peak_resident_bytes'])} "
+                     f"({sw['peak_resident_bytes']:,} B, pid {sw['peak_resident_pid']}){verdict}"])
+    rows.append(["blocks never swapped", f"smaller than {format_bytes(sw['min_swap_bytes'])}"
+                 if sw["min_swap_bytes"] else "-"])
+    rows.append(["pinned host memory", format_bytes(sw["pinned_bytes"])])
+    so, si, c = sw["swapped_out"], sw["swapped_in"], sw["swapped_in"]["by_cause"]
+    rows.append(["swapped out", f"{format_bytes(so['bytes'])} in {so['count']:,} swap-outs of {so['blocks']:,} blocks"])
+    rows.append(["swapped in", f"{format_bytes(si['bytes'])} in {si['count']:,} swap-ins"])
+    for key, what in (("prefetch", "prefetch hits (planned, back in time)"),
+                      ("late", "late prefetches (planned, not back in time: a stall)"),
+                      ("demand", "on demand (unplanned: the op waited for the copy)")):
+        rows.append([f"swap-ins: {what}", f"{c[key]['count']:,} ({format_bytes(c[key]['bytes'])})"])
+    rows.append(["plans adopted / dropped", f"{sw['plans_adopted']:,} / {sw['plans_dropped']:,}"])
+    note = ("<p class=muted>A plan is dropped when the launches stop matching the iteration it was made for; "
+            "until the next one the shim keeps the budget by evicting the least recently used blocks and "
+            "brings blocks back on demand. docs/swap.md explains the mechanism.</p>")
+    return _table(["", ""], rows) + note
 
 
 def memory_series(capture, a: Analysis, max_points: int = MAX_POINTS):
@@ -85,6 +121,26 @@ def memory_series(capture, a: Analysis, max_points: int = MAX_POINTS):
         times = np.r_[times, s1]
         layers = [(c, np.r_[v, v[-1]]) for c, v in layers]
     return times, layers
+
+
+def downsample_minmax(times: np.ndarray, values: np.ndarray, max_points: int = MAX_POINTS):
+    """A step series cut to about ``2 * max_points`` samples: in each time bin the instants of the
+    lowest and the highest value are kept, in time order, so peaks and dips survive."""
+    if len(times) <= 2 * max_points:
+        return times, values
+    edges = np.linspace(times[0], times[-1], max_points + 1)
+    bin_of = np.clip(np.searchsorted(edges, times, side="right") - 1, 0, max_points - 1)
+    starts = np.flatnonzero(np.r_[True, bin_of[1:] != bin_of[:-1]])
+    lo = np.minimum.reduceat(values, starts)
+    hi = np.maximum.reduceat(values, starts)
+    pick = set()
+    for s, e, vlo, vhi in zip(starts.tolist(), np.r_[starts[1:], len(values)].tolist(), lo.tolist(), hi.tolist()):
+        seg = values[s:e]
+        pick.add(s + int(np.flatnonzero(seg == vlo)[0]))
+        pick.add(s + int(np.flatnonzero(seg == vhi)[0]))
+    pick.add(len(times) - 1)
+    idx = np.array(sorted(pick))
+    return times[idx], values[idx]
 
 
 def access_map(capture, a: Analysis, width: int = MAP_WIDTH) -> str:
@@ -181,6 +237,8 @@ def _environment(capture) -> str:
         for key in ("driver_version", "cupti"):
             if key in notes:
                 rows.append([f"pid {pid}: {key}", notes[key]])
+        for key in sorted(k for k in notes if k == "swap" or k.startswith("swap.")):
+            rows.append([f"pid {pid}: {key}", notes[key]])
         unhooked = [k for k in notes if k.startswith("unhooked")]
         if unhooked:
             rows.append([f"pid {pid}: unhooked", ", ".join(notes[k] for k in unhooked)])
@@ -251,18 +309,36 @@ def render(capture, generated: str | None = None, ranks: str | None = None, subj
             m = tm.cls == i
             if m.any():
                 stats.append([f"{cls} sub-blocks", f"{int(m.sum())} ({format_bytes(int(tm.size[m].sum()))})"])
+    sw = swap_facts(capture)
+    if sw is not None and sw["peak_resident_bytes"] is not None:
+        stats.insert(6, ["peak resident bytes (swap mode: live minus swapped out)", format_bytes(sw["peak_resident_bytes"])])
     parts.append(_section("Summary", _table(["", ""], stats, {1}), "summary"))
     if ranks is not None:
         parts.append(_section("Ranks", ranks, "ranks"))
+    if sw is not None:
+        parts.append(_section("Swap mode", _swap_section(sw), "swap"))
 
     t_s, layers = memory_series(capture, a)
     if len(t_s):
         marks = [tuple(x) for x in a.iterations.tolist()][:: max(1, n_iter // 50)][:50] if n_iter else []
+        lines, names = [], [c for c, _ in layers]
+        if sw is not None:
+            rt, rv = downsample_minmax(*resident_bytes(capture))
+            if len(rt):
+                lines.append((RESIDENT, LINE_COLOURS[RESIDENT], rt, rv, False))
+            if sw["budget_bytes"]:
+                name = BUDGET if len(np.unique(blocks["pid"])) <= 1 else BUDGET_EACH
+                lines.append((name, LINE_COLOURS[BUDGET], np.array([t_s[0], t_s[-1]]),
+                              np.array([sw["budget_bytes"]] * 2), True))
         plot = svg.stacked_area(t_s, [(c, CLASS_COLOURS[c], v) for c, v in layers], marks=marks,
-                                xtitle="time from the first CUDA event")
-        body = _legend([c for c, _ in layers]) + plot
+                                xtitle="time from the first CUDA event", lines=lines)
+        body = _legend(names, [name for name, *_ in lines]) + plot
         if n_iter:
             body += "<p class=muted>Shaded: detected iterations (every one up to 50).</p>"
+        if lines:
+            body += ("<p class=muted>Areas: live (allocated) bytes by block class; a block swapped out to host "
+                     "memory still counts there. Line: the bytes resident on the device (live minus swapped "
+                     "out), which swap mode keeps under the budget (dashed).</p>")
     else:
         body = "<p>No allocation was recorded.</p>"
     parts.append(_section("Memory over time, by block class", body, "memory"))
@@ -276,7 +352,7 @@ def render(capture, generated: str | None = None, ranks: str | None = None, subj
              f"{format_duration(float(lens.min()), significant=3)} / {format_duration(float(lens.max()), significant=3)}"],
             ["first iteration starts", f"t = {format_duration(int(a.iterations[0, 0]) - t0, significant=3)} (t = 0 at the first CUDA event)"],
             ["analysed iteration", "-" if a.window is None else f"number {int(np.searchsorted(a.iterations[:, 0], a.window[0])) + 1}, "
-                                   f"{format_duration(a.window[1] - a.window[0], significant=3)}, peak {format_bytes(a.peak_bytes)} resident"],
+                                   f"{format_duration(a.window[1] - a.window[0], significant=3)}, peak {format_bytes(a.peak_bytes)} live"],
         ], {1})
     else:
         it_body = ("<p class=bad><b>No iteration was found</b>: the sequence of kernel launches does not repeat "

@@ -100,11 +100,16 @@ def _fmt(v: float) -> str:
 
 
 def stacked_area(t_ns: np.ndarray, layers: list[tuple[str, str, np.ndarray]], width=1100, height=300,
-                 marks: list[tuple[float, float]] | None = None, xtitle: str = "time") -> str:
+                 marks: list[tuple[float, float]] | None = None, xtitle: str = "time",
+                 lines: list[tuple[str, str, np.ndarray, np.ndarray, bool]] | None = None) -> str:
     """Stacked step areas: ``layers`` are (name, colour, values at t_ns); ``marks`` shade spans;
-    x is the time from ``t_ns[0]``."""
+    x is the time from ``t_ns[0]``. ``lines``: step lines over the areas, (name, colour, times in
+    the same clock as ``t_ns``, values, dashed)."""
     total = np.sum([v for _, _, v in layers], axis=0) if layers else np.zeros(len(t_ns))
     ymax = float(total.max()) if len(total) else 1.0
+    for _, _, _, v, _ in lines or []:
+        if len(v):
+            ymax = max(ymax, float(np.max(v)))
     yt, uname, unit = bytes_ticks(max(ymax, 1))
     t0 = float(t_ns[0]) if len(t_ns) else 0.0
     span = float(t_ns[-1] - t0) if len(t_ns) > 1 else 1.0
@@ -129,6 +134,16 @@ def stacked_area(t_ns: np.ndarray, layers: list[tuple[str, str, np.ndarray]], wi
         pts = [f"{x:.1f},{y:.1f}" for x, y in zip(xx, up)] + [f"{x:.1f},{y:.1f}" for x, y in zip(xx[::-1], lo[::-1])]
         f.add(f'<polygon points="{" ".join(pts)}" fill="{colour}" stroke="none"><title>{escape(name)}</title></polygon>')
         base = top
+    for name, colour, t, v, dashed in lines or []:
+        keep = (t >= t0) & (t <= t0 + span)
+        t, v = np.asarray(t, np.float64)[keep], np.asarray(v, np.float64)[keep]
+        if not len(t):
+            continue
+        xs, ys = f.px(t - t0), f.py(v)
+        d = f"M{xs[0]:.1f} {ys[0]:.1f}" + "".join(f"H{x:.1f}V{y:.1f}" for x, y in zip(xs[1:].tolist(), ys[1:].tolist()))
+        d += f"H{float(f.px(span)):.1f}"  # the last value holds to the end
+        dash = ' stroke-dasharray="6 4"' if dashed else ""
+        f.add(f'<path d="{d}" fill="none" stroke="{colour}" stroke-width="1.5"{dash}><title>{escape(name)}</title></path>')
     return f.svg("memory over time")
 
 
