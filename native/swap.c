@@ -1206,8 +1206,11 @@ void swap_never(CUdeviceptr p)
         b->flags |= SBF_NEVER;
         if (b->state != SB_RESIDENT) { /* out or leaving: back now, its copy finished (no stream to wait) */
             struct swap_op now = {.active = 1, .capturing = 1};
+            uint64_t stamp = ++g_tick;
             int pushed = ctx_enter();
-            consume(b, &now, ++g_tick);
+            if (b->state == SB_OUT)
+                hold_budget(b->vsize, stamp); /* room first: the budget holds for a pinned block too */
+            consume(b, &now, stamp);
             ctx_leave(pushed);
         }
     }

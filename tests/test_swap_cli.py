@@ -119,8 +119,9 @@ def test_daemon_writes_a_plan(tmp_path):
         assert int(slot["pid"]) == 100 and int(slot["period"]) == P and int(slot["budget_bytes"]) == 160 * MiB
         assert slot["template_keys"][:P].tolist() == [0x1000 + p for p in range(P)]
         addr_a = int(cap.blocks["addr"][cap.blocks["block_id"] == ids["A"]][0])
-        assert int(slot["n_actions"]) == 2
-        assert slot["actions"][:2].tolist() == [(0, int(abi.ActionKind.SWAP_OUT), addr_a, 64 * MiB),
+        assert int(slot["n_actions"]) == 3
+        assert slot["actions"][:3].tolist() == [(0, int(abi.ActionKind.SWAP_OUT), addr_a, 64 * MiB),
+                                                (86, int(abi.ActionKind.MARK), addr_a, 64 * MiB),
                                                 (87, int(abi.ActionKind.PREFETCH), addr_a, 64 * MiB)]
         # A drop makes the daemon forget the ops before it; with no new iterations, no new plan.
         ctl.ctl["plan_drops"] = 1

@@ -603,13 +603,9 @@ def test_copy_that_is_no_pointer_table_pins_nothing(fake, tmp_path, variant, mod
     no_misbehaviour(run)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "native/swap.c swap_never() brings a block that is out back through consume() with a "
-    "capturing-style op, which skips hold_budget(): nothing is evicted (nor drained) before the "
-    "block is mapped, so the device holds a + b + c + d = 4 blocks under a 3-block budget until "
-    "the copy's own evict_for_budget and the next drain (same path for cuIpcGetMemHandle and NCCL "
-    "buffers). Fix: hold_budget(b->vsize, stamp) before consume() when b->state == SB_OUT."))
 def test_pinning_a_block_that_is_out_keeps_the_physical_budget(fake, tmp_path):
+    """swap_never (pointer tables, IPC, NCCL) brings a block that is out back after making room:
+    the device never holds more than the 3-block budget."""
     run = run_swap(fake, tmp_path, "ptrtable", "ptr", "sync", budget=3 * GRAN)
     assert run.out["a_in_after_table"] == 1
     assert run.out["device_peak"] == 3 * GRAN
@@ -678,6 +674,23 @@ def test_blocks_not_vmm_backed_count_against_the_budget(fake, tmp_path, variant)
     # evicts at the next op): the device held 3 blocks + 512 KiB until a's copy completed
     assert run.out["device_peak"] == 3 * GRAN + MIB // 2
     assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"]) == (0, 0, 0)
+    no_misbehaviour(run)
+
+
+@pytest.mark.parametrize("releaser", ["on", "off"])
+def test_release_thread_frees_memory_while_the_host_is_idle(fake, tmp_path, releaser):
+    """A swap-out whose copy has ended is released by the shim's thread while the application
+    makes no CUDA call (a host waiting in loss.item()); with PYOBMEM_RELEASER=0 only at its next
+    op. Either way a comes back whole on demand."""
+    env = {"PYOBMEM_RELEASER": "0"} if releaser == "off" else {}
+    run = run_swap(fake, tmp_path, "release", budget=3 * GRAN, env=env)
+    assert run.out["x_rc"] == 0
+    if releaser == "off":
+        assert run.out["a_mapped_before"] == 1 and run.out["a_out_while_idle"] == 0
+    else:  # released by the thread, before the 200 ms without a call ended (perhaps even sooner)
+        assert run.out["a_out_while_idle"] == 1
+    assert run.out["a_out_after_op"] == 1
+    assert run.out["bad_a"] == 0
     no_misbehaviour(run)
 
 

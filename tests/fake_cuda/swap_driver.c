@@ -8,6 +8,7 @@
 #include <dlfcn.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -701,6 +702,31 @@ static int scenario_others(const char *variant)
     return 0;
 }
 
+/* The release thread: a, b, c fill a budget of 3 blocks; a 512 KiB cuMemAlloc puts the device
+ * over it, so the next op issues a's swap-out (no drain: not an allocation). The GPU has run
+ * everything; then the program makes no CUDA call for 200 ms: with the thread, a's memory is
+ * released meanwhile; without it (PYOBMEM_RELEASER=0), only at the next op. */
+static int scenario_release(void)
+{
+    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB), x = 0;
+    fill(a, 2 * MIB, 1);
+    fill(b, 2 * MIB, 2);
+    fill(c, 2 * MIB, 3);
+    fakeAdvance(-1);
+    printf("x_rc=%d\n", (int)p_alloc(&x, MIB / 2));
+    op_a(c, 0, 0); /* over the budget: a's copy out is queued */
+    fakeAdvance(-1);
+    printf("a_mapped_before=%d\n", fakeAccess(a) != -1);
+    struct timespec idle = {0, 200000000};
+    nanosleep(&idle, NULL); /* no CUDA call */
+    printf("a_out_while_idle=%d\n", fakeAccess(a) == -1);
+    op_a(c, 0, 0);
+    printf("a_out_after_op=%d\n", fakeAccess(a) == -1);
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 1, 0));
+    counters();
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
@@ -710,6 +736,8 @@ int main(int argc, char **argv)
     int rc = 2;
     if (!strcmp(s, "roundtrip"))
         rc = scenario_roundtrip(argc > 2 ? atoi(argv[2]) : 20);
+    else if (!strcmp(s, "release"))
+        rc = scenario_release();
     else if (!strcmp(s, "remap"))
         rc = scenario_remap();
     else if (!strcmp(s, "mapfail"))
