@@ -92,7 +92,7 @@ struct sblock {
     CUevent copy_ev;            /* last copy of this block on the shim stream */
     CUevent mark_ev;            /* the plan's MARK for its next prefetch (valid while marked) */
     int marked;
-    void *host;                 /* host slot (OUT_PENDING, OUT) */
+    void *host;                 /* its host slot, kept from the first swap-out until it is freed */
     uint64_t t_issue;           /* ns when the last copy was issued */
     uint64_t lru;               /* op stamp of the last op touching it */
     uint64_t stamp;             /* op stamp: the op being prepared touches it (never evicted for it) */
@@ -519,12 +519,10 @@ static void forget_uses(struct sblock *b)
         b->uses[i].live = 0;
 }
 
-/* OUT_PENDING -> RESIDENT: the copy goes on, its result is dropped. Its slot may be reused
- * at once: later copies on the shim stream are ordered after this one. */
+/* OUT_PENDING -> RESIDENT: the copy goes on, its result is dropped; the block keeps its slot
+ * (later copies into it are ordered after this one on the shim stream). */
 static void cancel_out(struct sblock *b)
 {
-    pool_free(b->host, b->size);
-    b->host = NULL;
     b->state = SB_RESIDENT;
     g_out_pending--;
     g_leaving -= b->vsize;
@@ -532,11 +530,29 @@ static void cancel_out(struct sblock *b)
 
 static void releaser_kick(void);
 
+/* A block keeps its host slot from its first swap-out until it is freed: no pool churn, and the
+ * pool never holds more than the blocks that were swapped (first-fit slots of mixed sizes,
+ * recycled at every swap-in, fragmented it past the total of all allocations on the H200). When
+ * the pool cannot grow, a resident block's slot (its copy is stale) is given up for this one. */
+static void *host_slot(struct sblock *b)
+{
+    void *h = pool_alloc(b->size);
+    for (size_t i = 0; !h && i < g_n; i++) {
+        struct sblock *o = g_tab[i];
+        if (o != b && o->host && o->state == SB_RESIDENT) {
+            pool_free(o->host, o->size);
+            o->host = NULL;
+            h = pool_alloc(b->size);
+        }
+    }
+    return h;
+}
+
 static int swap_out(struct sblock *b)
 {
     if (b->state != SB_RESIDENT || !swappable(b) || g_fences_lost || !g_stream)
         return 0;
-    void *h = pool_alloc(b->size);
+    void *h = b->host ? b->host : host_slot(b);
     if (!h)
         return 0;
     int ok = (b->copy_ev || (b->copy_ev = ev_new())) && slots_wait(b->uses, MAX_USES, g_stream) &&
@@ -544,7 +560,8 @@ static int swap_out(struct sblock *b)
              real_cuMemcpyDtoHAsync_v2(h, b->addr, b->size, g_stream) == CUDA_SUCCESS &&
              real_cuEventRecord(b->copy_ev, g_stream) == CUDA_SUCCESS;
     if (!ok) {
-        pool_free(h, b->size); /* a copy already queued into it is ordered before any reuse */
+        if (!b->host)
+            pool_free(h, b->size); /* a copy already queued into it is ordered before any reuse */
         return 0;
     }
     b->host = h;
@@ -702,8 +719,6 @@ static CUresult swap_in(struct sblock *b, int planned, uint64_t stamp)
         unmap_phys(b);
         return r; /* still OUT, host copy intact */
     }
-    pool_free(b->host, b->size);
-    b->host = NULL;
     b->state = SB_IN_PENDING;
     b->flags = planned ? (b->flags | SBF_PREFETCHED) : (b->flags & ~SBF_PREFETCHED);
     b->t_issue = shim_now_ns();
@@ -1153,10 +1168,8 @@ int swap_free(CUdeviceptr dptr, CUresult *rc)
             real_cuEventDestroy_v2(b->mark_ev);
         free(b);
     } else {
-        insert(b); /* still mapped: keep it, resident */
+        insert(b); /* still mapped: keep it, resident (with its slot) */
         b->state = SB_RESIDENT;
-        pool_free(b->host, b->size);
-        b->host = NULL;
     }
     ctx_leave(pushed);
     unrelax(relaxed, old);

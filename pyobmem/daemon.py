@@ -171,10 +171,10 @@ class SwapAgent:
             )
             if not self._warned:
                 self._warned.add(self.last_reason)
-                follow = "the shim follows the best plan and evicts" if len(plan.actions) else "the shim keeps the budget by evicting"
+                follow = "the shim follows the best plan and evicts" if plan.saved_bytes > 0 else "the shim keeps the budget by evicting"
                 self._warn(f"pyobmem: swap: {self.last_reason}; {follow} on its own beyond it (slower)")
-            if not len(plan.actions) or len(plan.actions) > abi.PLAN_MAX_ACTIONS:
-                return None
+            if plan.saved_bytes <= 0 or len(plan.actions) > abi.PLAN_MAX_ACTIONS:
+                return None  # a plan that lowers nothing would only slow the job
         return plan
 
     def _write(self, plan) -> bool:

@@ -169,3 +169,23 @@ def test_summary_of_swap_events(tmp_path):
     assert "swap: swapped in 192.0 MiB in 3: 1 prefetch hits, 1 late (stalls), 1 on demand" in text
     assert "swap: plans adopted 1, dropped 1" in text
     assert "Swap mode" in summary.format_summary(summary.summarize(cap))
+
+
+def test_agent_writes_no_plan_that_lowers_nothing(tmp_path):
+    """On the committed GPT tiny capture under 900 MiB (peak 952 MiB; blocks of 4 MiB and more) the best plan swaps two
+    blocks and saves 0 B (it lowers one op of the peak, never all): following it would only slow
+    the job, so the daemon writes nothing and says once that no plan fits."""
+    from pyobmem.daemon import SwapAgent
+    from pyobmem.planner import parse_budget
+
+    data = Path(__file__).parent / "data" / "gpt_tiny.pyobmem"
+    meta, recs = read_records(str(data))
+    ctl = Control.create(str(tmp_path / "c.ctl"), 900 * MiB, 4 * MiB)
+    said = []
+    agent = SwapAgent(ctl, parse_budget("900MiB"), meta=meta, warn=said.append)
+    agent.feed(recs[recs["type"] != abi.Ev.CAPTURE_END])
+    assert agent.tick(now=1e9) is False
+    assert agent.plans_written == 0 and ctl.generation == 0
+    assert agent.last_reason.startswith("no plan fits the budget 900.00 MiB")
+    assert len(said) == 1 and said[0].endswith("the shim keeps the budget by evicting on its own beyond it (slower)")
+    ctl.close(unlink=True)
