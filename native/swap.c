@@ -126,6 +126,8 @@ static struct {
     uint64_t *keys;
     struct pyobmem_action *acts;
     uint32_t n_acts;
+    struct pyobmem_action *idle; /* IDLE hints, by address then position */
+    uint32_t n_idle;
 } g_plan;
 static uint64_t g_adopted;
 
@@ -660,12 +662,35 @@ static void drain_outs(void)
         poll_releases();
 }
 
-/* The least recently used block that can be swapped out now, not touched by the op with stamp
- * `stamp`, not yet tried in eviction round `round`: an idle one (all its uses done) if there is
- * one, else any (its copy then waits on the shim stream for its last uses). */
+static uint32_t idle_for(const struct sblock *b, int64_t pos);
+
+/* The block to evict: one that can be swapped out now, not touched by the op with stamp `stamp`,
+ * not yet tried in eviction round `round`. Under a plan with IDLE hints, the one whose next
+ * access is farthest; otherwise (or when no hint says a block is idle) the least recently used,
+ * an idle one (all its uses done) if there is one, else any (its copy then waits on the shim
+ * stream for its last uses). */
+
 static struct sblock *lru_victim(uint64_t stamp, uint64_t round)
 {
     struct sblock *v = NULL, *busy = NULL;
+    if (g_plan.following && g_plan.n_idle && g_plan.next >= 0) {
+        /* Belady's choice on the learned iteration: the block idle the longest from here */
+        uint32_t best = 0;
+        for (size_t i = 0; i < g_n; i++) {
+            struct sblock *b = g_tab[i];
+            if (b->state != SB_RESIDENT || !swappable(b) || b->stamp == stamp || b->tried == round)
+                continue;
+            uint32_t d = idle_for(b, g_plan.next);
+            if (d > best) {
+                best = d;
+                v = b;
+            }
+        }
+        if (v) {
+            v->tried = round;
+            return v;
+        }
+    }
     for (size_t i = 0; i < g_n; i++) {
         struct sblock *b = g_tab[i];
         if (b->state != SB_RESIDENT || !swappable(b) || b->stamp == stamp || b->tried == round)
@@ -789,6 +814,36 @@ static int cmp_at(const void *a, const void *b)
     return x->at < y->at ? -1 : x->at > y->at;
 }
 
+static int cmp_addr_at(const void *a, const void *b)
+{
+    const struct pyobmem_action *x = a, *y = b;
+    if (x->addr != y->addr)
+        return x->addr < y->addr ? -1 : 1;
+    return x->at < y->at ? -1 : x->at > y->at;
+}
+
+/* Ops until b's next access from position pos by the plan's IDLE hints (cyclic), or 0 when no
+ * hint says it is idle at pos (in use now, or unknown). */
+static uint32_t idle_for(const struct sblock *b, int64_t pos)
+{
+    size_t lo = 0, hi = g_plan.n_idle;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (g_plan.idle[mid].addr < b->addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    uint32_t P = g_plan.period, p = (uint32_t)(pos % P);
+    for (size_t i = lo; i < g_plan.n_idle && g_plan.idle[i].addr == b->addr; i++) {
+        uint32_t s = g_plan.idle[i].at, n = g_plan.idle[i].until;
+        int inside = s < n ? (p > s && p < n) : (p > s || p < n); /* n <= s: wraps the iteration */
+        if (inside)
+            return (n + P - p) % P ? (n + P - p) % P : P;
+    }
+    return 0;
+}
+
 static void maybe_adopt(void)
 {
     uint64_t a = __atomic_load_n(&g_ctl->active, __ATOMIC_ACQUIRE) & 1;
@@ -817,17 +872,32 @@ static void maybe_adopt(void)
         free(acts);
         return;
     }
-    uint32_t k = 0;
-    for (uint32_t i = 0; i < na; i++)
-        if (acts[i].at < period && (acts[i].kind == PYOBMEM_ACT_SWAP_OUT || acts[i].kind == PYOBMEM_ACT_PREFETCH ||
-                                    acts[i].kind == PYOBMEM_ACT_MARK))
+    uint32_t k = 0, ni = 0;
+    struct pyobmem_action *idle = malloc((na ? na : 1) * sizeof *idle);
+    if (!idle) {
+        free(keys);
+        free(acts);
+        return;
+    }
+    for (uint32_t i = 0; i < na; i++) {
+        if (acts[i].at >= period)
+            continue;
+        if (acts[i].kind == PYOBMEM_ACT_IDLE && acts[i].until < period)
+            idle[ni++] = acts[i];
+        else if (acts[i].kind == PYOBMEM_ACT_SWAP_OUT || acts[i].kind == PYOBMEM_ACT_PREFETCH ||
+                 acts[i].kind == PYOBMEM_ACT_MARK)
             acts[k++] = acts[i];
+    }
     qsort(acts, k, sizeof *acts, cmp_at);
+    qsort(idle, ni, sizeof *idle, cmp_addr_at);
     free(g_plan.keys);
     free(g_plan.acts);
+    free(g_plan.idle);
     g_plan.keys = keys;
     g_plan.acts = acts;
     g_plan.n_acts = k;
+    g_plan.idle = idle;
+    g_plan.n_idle = ni;
     g_plan.period = period;
     g_plan.gen = gen;
     g_plan.next = -1;

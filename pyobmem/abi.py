@@ -97,6 +97,7 @@ class ActionKind(enum.IntEnum):
     SWAP_OUT = 1
     PREFETCH = 2
     MARK = 3
+    IDLE = 4
 
 
 class AllocKind(enum.IntEnum):
@@ -178,7 +179,7 @@ def _struct(fields: list[tuple], itemsize: int) -> np.dtype:
     )
 
 
-ACTION_DTYPE = _struct([("at", "<u4", 0), ("kind", "<u2", 4), ("addr", "<u8", 8), ("size", "<u8", 16)], 24)
+ACTION_DTYPE = _struct([("at", "<u4", 0), ("kind", "<u2", 4), ("until", "<u2", 6), ("addr", "<u8", 8), ("size", "<u8", 16)], 24)
 PLAN_DTYPE = _struct(
     [
         ("generation", "<u8", 0), ("pid", "<u4", 8), ("period", "<u4", 12), ("n_actions", "<u4", 16),

@@ -169,12 +169,14 @@ class SwapAgent:
                 f"{format_bytes(plan.needed_bytes, digits=2)} at one op, and the best plan reaches "
                 f"{format_bytes(plan.predicted_peak, digits=2)}"
             )
+            if plan.saved_bytes <= 0:
+                plan = plan.hints_only()  # its swaps lower nothing and would only slow the job
             if not self._warned:
                 self._warned.add(self.last_reason)
-                follow = "the shim follows the best plan and evicts" if plan.saved_bytes > 0 else "the shim keeps the budget by evicting"
+                follow = "the shim follows the best plan and evicts" if plan.swaps else "the shim keeps the budget by evicting"
                 self._warn(f"pyobmem: swap: {self.last_reason}; {follow} on its own beyond it (slower)")
-            if plan.saved_bytes <= 0 or len(plan.actions) > abi.PLAN_MAX_ACTIONS:
-                return None  # a plan that lowers nothing would only slow the job
+            if not len(plan.actions) or len(plan.actions) > abi.PLAN_MAX_ACTIONS:
+                return None
         return plan
 
     def _write(self, plan) -> bool:

@@ -404,8 +404,17 @@ class Plan:
                  "stall_ns": round(s.stall_ns)}
                 for s in self.swaps
             ],
-            "actions": len(self.actions),
+            "actions": int(np.count_nonzero(self.actions["kind"] != abi.ActionKind.IDLE)),
+            "idle_hints": int(np.count_nonzero(self.actions["kind"] == abi.ActionKind.IDLE)),
         }
+
+    def hints_only(self) -> "Plan":
+        """This plan without its swaps: only the IDLE hints (the shim's eviction beyond any plan
+        then takes the block whose next access is farthest), predicting no saving."""
+        import dataclasses
+
+        return dataclasses.replace(self, swaps=[], actions=self.actions[self.actions["kind"] == abi.ActionKind.IDLE],
+                                   predicted_peak=self.peak_bytes, time_ratio=1.0, stall_ns=0.0)
 
 
 @dataclass
@@ -577,18 +586,24 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
         swaps.append(Swap(block=int(L.cand_block[c]), addr=int(L.cand_addr[c]), size=int(L.cand_size[c]), out_at=out_at,
                           prefetch_at=q, next_at=nxt, absent=int(sim.absent[j]), stall_ns=float(sim.stall[j]),
                           mark_at=int(sim.mark[j]) % P))
-        act.append((out_at, int(abi.ActionKind.SWAP_OUT), int(L.cand_addr[c]), int(L.cand_size[c])))
-        act.append((q, int(abi.ActionKind.PREFETCH), int(L.cand_addr[c]), int(L.cand_size[c])))
-        act.append((int(sim.mark[j]) % P, int(abi.ActionKind.MARK), int(L.cand_addr[c]), int(L.cand_size[c])))
+        act.append((out_at, int(abi.ActionKind.SWAP_OUT), 0, int(L.cand_addr[c]), int(L.cand_size[c])))
+        act.append((q, int(abi.ActionKind.PREFETCH), 0, int(L.cand_addr[c]), int(L.cand_size[c])))
+        act.append((int(sim.mark[j]) % P, int(abi.ActionKind.MARK), 0, int(L.cand_addr[c]), int(L.cand_size[c])))
+    # Every candidate's idle windows, as hints: beyond the plan the shim evicts the block whose
+    # next access is farthest (Belady's choice on the learned iteration) instead of the least
+    # recently used, the worst choice on a cycle longer than the budget. Left out when they would
+    # not fit in the plan.
+    if (act or sim.peak > budget_bytes) and len(act) + len(L.win_s) <= abi.PLAN_MAX_ACTIONS:
+        for k in range(len(L.win_s)):
+            c = int(L.win_cand[k])
+            act.append((int(L.win_s[k]) % P, int(abi.ActionKind.IDLE), int(L.win_n[k]) % P, int(L.cand_addr[c]),
+                        int(L.cand_size[c])))
     actions = np.zeros(len(act), abi.ACTION_DTYPE)
     if act:
-        at = np.array([x[0] for x in act], np.int64)
-        kind = np.array([x[1] for x in act], np.int64)
-        o = np.lexsort((-kind, at))  # at one position: the prefetch (before the op), then the swap-out (after)
-        actions["at"] = at[o]
-        actions["kind"] = kind[o]
-        actions["addr"] = np.array([x[2] for x in act], np.uint64)[o]
-        actions["size"] = np.array([x[3] for x in act], np.uint64)[o]
+        a = np.array(act, dtype=np.uint64)
+        o = np.lexsort((-a[:, 1].astype(np.int64), a[:, 0]))  # at one position: hints, marks, the prefetch, the swap-out
+        for i, name in enumerate(("at", "kind", "until", "addr", "size")):
+            actions[name] = a[o, i]
     needed, needed_at = _needed(L)
     bound_bytes, ratio = None, sim.ratio
     if bound and L.capture is not None:

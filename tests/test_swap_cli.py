@@ -119,10 +119,11 @@ def test_daemon_writes_a_plan(tmp_path):
         assert int(slot["pid"]) == 100 and int(slot["period"]) == P and int(slot["budget_bytes"]) == 160 * MiB
         assert slot["template_keys"][:P].tolist() == [0x1000 + p for p in range(P)]
         addr_a = int(cap.blocks["addr"][cap.blocks["block_id"] == ids["A"]][0])
-        assert int(slot["n_actions"]) == 3
-        assert slot["actions"][:3].tolist() == [(0, int(abi.ActionKind.SWAP_OUT), addr_a, 64 * MiB),
-                                                (86, int(abi.ActionKind.MARK), addr_a, 64 * MiB),
-                                                (87, int(abi.ActionKind.PREFETCH), addr_a, 64 * MiB)]
+        assert int(slot["n_actions"]) == 4
+        assert slot["actions"][:4].tolist() == [(0, int(abi.ActionKind.IDLE), 0, addr_a, 64 * MiB),
+                                                (0, int(abi.ActionKind.SWAP_OUT), 0, addr_a, 64 * MiB),
+                                                (86, int(abi.ActionKind.MARK), 0, addr_a, 64 * MiB),
+                                                (87, int(abi.ActionKind.PREFETCH), 0, addr_a, 64 * MiB)]
         # A drop makes the daemon forget the ops before it; with no new iterations, no new plan.
         ctl.ctl["plan_drops"] = 1
         prod.put(recs[-1], wait=True)
@@ -171,10 +172,12 @@ def test_summary_of_swap_events(tmp_path):
     assert "Swap mode" in summary.format_summary(summary.summarize(cap))
 
 
-def test_agent_writes_no_plan_that_lowers_nothing(tmp_path):
-    """On the committed GPT tiny capture under 900 MiB (peak 952 MiB; blocks of 4 MiB and more) the best plan swaps two
-    blocks and saves 0 B (it lowers one op of the peak, never all): following it would only slow
-    the job, so the daemon writes nothing and says once that no plan fits."""
+def test_agent_writes_no_swap_that_lowers_nothing(tmp_path):
+    """On the committed GPT tiny capture under 900 MiB (peak 952 MiB; blocks of 4 MiB and more)
+    the best plan swaps two blocks and saves 0 B (it lowers one op of the peak, never all):
+    following it would only slow the job. The daemon writes that plan's IDLE hints alone (the
+    shim's eviction then takes the block whose next access is farthest) and says once that no
+    plan fits."""
     from pyobmem.daemon import SwapAgent
     from pyobmem.planner import parse_budget
 
@@ -184,8 +187,11 @@ def test_agent_writes_no_plan_that_lowers_nothing(tmp_path):
     said = []
     agent = SwapAgent(ctl, parse_budget("900MiB"), meta=meta, warn=said.append)
     agent.feed(recs[recs["type"] != abi.Ev.CAPTURE_END])
-    assert agent.tick(now=1e9) is False
-    assert agent.plans_written == 0 and ctl.generation == 0
-    assert agent.last_reason.startswith("no plan fits the budget 900.00 MiB")
-    assert len(said) == 1 and said[0].endswith("the shim keeps the budget by evicting on its own beyond it (slower)")
+    assert agent.tick(now=1e9) is True
+    assert agent.plans_written == 1 and ctl.generation == 1 and not agent.last_plan.swaps
+    slot = ctl.ctl["plans"][0, int(ctl.active)]
+    kinds = slot["actions"][: int(slot["n_actions"])]["kind"]
+    assert len(kinds) == len(agent.last_plan.actions) > 0 and set(kinds.tolist()) == {int(abi.ActionKind.IDLE)}
+    assert len(said) == 1 and said[0].startswith("pyobmem: swap: no plan fits the budget 900.00 MiB")
+    assert said[0].endswith("the shim keeps the budget by evicting on its own beyond it (slower)")
     ctl.close(unlink=True)

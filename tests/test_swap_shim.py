@@ -71,9 +71,10 @@ def write_plan(path: Path, pid: int, gen: int, keys, actions):
     p["period"] = len(keys)
     p["template_keys"][: len(keys)] = keys
     p["n_actions"] = len(actions)
-    for i, (at, kind, addr, size) in enumerate(actions):
+    for i, (at, kind, addr, size, *until) in enumerate(actions):
         p["actions"][i]["at"] = at
         p["actions"][i]["kind"] = int(kind)
+        p["actions"][i]["until"] = until[0] if until else 0
         p["actions"][i]["addr"] = addr
         p["actions"][i]["size"] = size
     p["generation"] = gen
@@ -673,6 +674,28 @@ def test_blocks_not_vmm_backed_count_against_the_budget(fake, tmp_path, variant)
     # the real allocator's block is made before anything can be evicted for it (the shim
     # evicts at the next op): the device held 3 blocks + 512 KiB until a's copy completed
     assert run.out["device_peak"] == 3 * GRAN + MIB // 2
+    assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"]) == (0, 0, 0)
+    no_misbehaviour(run)
+
+
+@pytest.mark.parametrize("hints", [True, False], ids=["idle_hints", "lru"])
+def test_eviction_under_a_plan_takes_the_block_idle_the_longest(fake, tmp_path, hints):
+    """Iteration [op_b(a), op_a(b, c)], budget 3 blocks, then d is allocated at position 0 (next:
+    op_b(a)). The IDLE hints say a is used now and b, c are idle until position 1: d evicts b.
+    Without hints the shim falls back to LRU and evicts a, which the very next op needs."""
+
+    def plan(path, pid, out):
+        a, b, c = out["a"], out["b"], out["c"]
+        acts = [(0, ActionKind.IDLE, a, 2 * MIB, 0), (1, ActionKind.IDLE, b, 2 * MIB, 1),
+                (1, ActionKind.IDLE, c, 2 * MIB, 1)] if hints else []
+        write_plan(path, pid, 1, [KERN_B, FUNC_A], acts)
+
+    run = run_swap(fake, tmp_path, "belady", budget=3 * GRAN, plans={1: plan})
+    assert run.out["d"] != 0
+    expect = (0, 1, 0) if hints else (1, 0, 0)
+    assert (run.out["a_out"], run.out["b_out"], run.out["c_out"]) == expect
+    plans = run.of(Ev.PLAN)
+    assert plans["flags"][0] == 0 and plans["b"][0] == 0  # adopted (no swap action; hints are not counted)
     assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"]) == (0, 0, 0)
     no_misbehaviour(run)
 

@@ -702,6 +702,36 @@ static int scenario_others(const char *variant)
     return 0;
 }
 
+/* Eviction under a plan (IDLE hints): a, b, c fill a budget of 3 blocks; the iteration is
+ * [op_b(a), op_a(b, c)]. After it, a is the least recently used block but the next op needs it:
+ * allocating d evicts b (idle the longest by the hints) under a plan that has them, a (LRU)
+ * under one that does not. */
+static int scenario_belady(void)
+{
+    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB);
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)c);
+    fill(a, 2 * MIB, 1);
+    fill(b, 2 * MIB, 2);
+    fill(c, 2 * MIB, 3);
+    fakeAdvance(-1);
+    sync_point(1); /* the test writes the plan */
+    op_b(a);
+    op_a(b, 0, c);
+    fakeAdvance(-1);
+    CUdeviceptr d = must_alloc(2 * MIB);
+    fakeAdvance(-1);
+    printf("d=%" PRIu64 "\n", (uint64_t)d);
+    printf("a_out=%d\nb_out=%d\nc_out=%d\n", fakeAccess(a) == -1, fakeAccess(b) == -1, fakeAccess(c) == -1);
+    op_b(a);
+    op_a(b, 0, c);
+    fakeAdvance(-1);
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 1, 0));
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
+    printf("bad_c=%ld\n", check(c, 2 * MIB, 3, 0));
+    counters();
+    return 0;
+}
+
 /* The release thread: a, b, c fill a budget of 3 blocks; a 512 KiB cuMemAlloc puts the device
  * over it, so the next op issues a's swap-out (no drain: not an allocation). The GPU has run
  * everything; then the program makes no CUDA call for 200 ms: with the thread, a's memory is
@@ -738,6 +768,8 @@ int main(int argc, char **argv)
         rc = scenario_roundtrip(argc > 2 ? atoi(argv[2]) : 20);
     else if (!strcmp(s, "release"))
         rc = scenario_release();
+    else if (!strcmp(s, "belady"))
+        rc = scenario_belady();
     else if (!strcmp(s, "remap"))
         rc = scenario_remap();
     else if (!strcmp(s, "mapfail"))

@@ -228,12 +228,15 @@ enum pyobmem_action_kind {
     PYOBMEM_ACT_MARK = 3,     /* after the op at `at` is issued: record the block's mark event on
                                * its stream; the next PREFETCH of the block waits for it, so that
                                * a host running ahead of the GPU does not map the memory early */
+    PYOBMEM_ACT_IDLE = 4,     /* a hint, not an action: the block is idle after its access at `at`
+                               * until its next access at `until`; when the shim must evict beyond
+                               * the plan, it takes the block whose next access is farthest */
 };
 
 struct pyobmem_action {
     uint32_t at;   /* position in the iteration: op index from the iteration's first op */
     uint16_t kind; /* pyobmem_action_kind */
-    uint16_t _pad;
+    uint16_t until; /* IDLE: position of the next access (mod period); else 0 */
     uint64_t addr; /* the block's device address, as allocated */
     uint64_t size; /* its size in bytes */
 };
