@@ -5,8 +5,9 @@ sizes B, bandwidth B/s); ``saving_curve`` feeds it one iteration of a capture's 
 
 Model (docs/model.md, "Swap saving bound"):
 
-- One iteration [t0, t1) of length T, on an estimated execution clock (``saving_curve``: an op
-  runs at max(its launch time, t0 + T * position / P)), since launch times run ahead of the GPU.
+- One iteration [t0, t1) of length T, on an estimated execution clock (``execution_clock``: one
+  queue of equal-duration ops ending at t1 when the host runs ahead), since launch times run
+  ahead of the GPU.
   Resident bytes R(t) = sizes of the live blocks at t, evaluated at every op time and
   allocation/free time in the iteration (the grid).
 - A block may leave the device during an idle window (a, b) between two accesses (the launch
