@@ -33,13 +33,11 @@ replaces it, as in bench_trace.py).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import importlib.util
 import json
 import os
 import shlex
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,35 +45,22 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
 
-REPO = Path(__file__).resolve().parents[1]
-WORKLOAD = REPO / "scripts" / "workloads" / "gpt_ddp.py"
-WARMUP = 3
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/_bench.py
+from _bench import (NO_GPU, REPO, WORKLOADS, Nvml, child_env, compare_losses, die, launcher,  # noqa: E402
+                    steady_median, visible_gpus)
+
+WORKLOAD = WORKLOADS / "gpt_ddp.py"
 KILL_GRACE_S = 10.0
+TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # torchrun sets its own
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def die(msg: str, code: int = 2) -> NoReturn:
-    print(f"{os.path.basename(sys.argv[0])}: error: {msg}", file=sys.stderr, flush=True)
-    sys.exit(code)
-
-
 # ------------------------------------------------------------------------------------ machine
-def visible_gpus() -> int:
-    """CUDA devices this process can see (CUDA_VISIBLE_DEVICES honoured); 0 without a driver. cuInit
-    creates no context."""
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-        n = ctypes.c_int(0)
-        return n.value if cuda.cuInit(0) == 0 and cuda.cuDeviceGetCount(ctypes.byref(n)) == 0 else 0
-    except OSError:
-        return 0
-
-
 def torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
@@ -84,22 +69,6 @@ def torchrun() -> list[str]:
     """torchrun of this Python (the console script next to it, else ``python -m torch.distributed.run``)."""
     exe = Path(sys.executable).with_name("torchrun")
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "torch.distributed.run"]
-
-
-def child_env(extra: dict | None = None) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # torchrun sets its own
-        env.pop(k, None)
-    env.update(extra or {})
-    return env
-
-
-def launcher(capture: Path, options: tuple[str, ...] = ()) -> list[str]:
-    custom = os.environ.get("PYOBMEM_BENCH_LAUNCHER")
-    base = shlex.split(custom) if custom else [sys.executable, "-m", "pyobmem", "run"]
-    return [*base, *options, "-f", "-o", str(capture), "--"]
 
 
 # ------------------------------------------------------------------------------------ bounded runs
@@ -179,7 +148,7 @@ def run_bounded(cmd: list[str], timeout: float, env: dict | None = None, cwd: Pa
 
 # ------------------------------------------------------------------------------------ NVML peaks
 class GpuPeaks:
-    """Samples each GPU's used memory (NVML, through scripts/bench_swap.py's Nvml) from a thread while
+    """Samples each GPU's used memory (NVML, through scripts/_bench.py's Nvml) from a thread while
     a run lasts; ``result()`` gives each GPU's peak less its idle value before the run, or the error."""
 
     def __init__(self, n: int, interval_s: float = 0.01):
@@ -187,9 +156,6 @@ class GpuPeaks:
         self.error = None
         self.idle, self.peak = [0] * n, [0] * n
         try:
-            sys.path.insert(0, str(REPO / "scripts"))
-            from bench_swap import Nvml
-
             self.devs = [Nvml(i) for i in range(n)]
             self.idle = [d.memory()[2] for d in self.devs]
         except Exception as e:  # noqa: BLE001 - NVML is optional: the figures are then missing
@@ -245,11 +211,6 @@ class Run:
         return max(meds) if meds else None
 
 
-def steady_median(step_ms: list, warmup: int = WARMUP) -> float | None:
-    xs = step_ms[warmup:] if len(step_ms) > warmup else step_ms
-    return statistics.median(xs) if xs else None
-
-
 def run_job(name: str, work: Path, nproc: int, wargs: list[str], timeout: float, pre: list[str] = (),
             gpus: int = 0) -> Run:
     out = work / f"{name}.json"
@@ -257,7 +218,7 @@ def run_job(name: str, work: Path, nproc: int, wargs: list[str], timeout: float,
            "--json", str(out)]
     log(f"{name}: {shlex.join(cmd)}")
     with GpuPeaks(min(nproc, gpus)) as peaks:
-        proc = run_bounded(cmd, timeout, env=child_env(), cwd=REPO)
+        proc = run_bounded(cmd, timeout, env=child_env(drop=TORCHRUN_VARS), cwd=REPO)
     run = Run(name, cmd, proc, gpus=peaks.result())
     for r in range(nproc):
         path = work / f"{name}.rank{r}.json"
@@ -275,11 +236,7 @@ def compare(base: Run, other: Run) -> tuple[bool, dict]:
     """(every rank's losses bitwise equal, per rank: None or the first differing step)."""
     first = {}
     for r, a in base.losses().items():
-        b = other.losses().get(r, [])
-        diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-        if diff is None and (len(a) != len(b) or not a):
-            diff = min(len(a), len(b))
-        first[r] = diff
+        first[r] = compare_losses(a, other.losses().get(r, []))[1]
     ok = bool(first) and all(v is None for v in first.values()) and set(other.ranks) == set(base.ranks)
     return ok, first
 
@@ -351,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     gpus = visible_gpus()
     if gpus == 0:
-        die("no NVIDIA GPU here (libcuda.so.1 not loadable or no device); run this on a CUDA machine")
+        die(NO_GPU)
     nproc = gpus if a.nproc is None else a.nproc
     if nproc < 1:
         die("--nproc must be at least 1")

@@ -48,7 +48,6 @@ PYOBMEM_BENCH_LAUNCHER (e.g. "pyobmem-run") to use another command in its place.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import platform
@@ -65,20 +64,19 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, NoReturn
+from typing import Callable
 
-REPO = Path(__file__).resolve().parents[1]
-WORKLOADS = REPO / "scripts" / "workloads"
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/_bench.py
+from _bench import (NO_GPU, REPO, BenchError, Nvml, child_env, compare_losses, die, fmt,  # noqa: E402
+                    gpu_present, read_steps, workload_command)
+
 BALLAST = REPO / "scripts" / "ballast.py"
-STEP_RE = re.compile(r"^step (\d+) loss (\S+) time_ms ([-+0-9.eE]+)\s*$")
 PARTS = ("gpt", "frameworks", "oversubscribed")
 FRACTIONS = (0.9, 0.75, 0.6, 0.5, 0.4)
 GPT_ARGS = ["--size", "medium", "--batch", "8", "--seq", "1024", "--deterministic", "--seed", "0"]
 MIB, GIB = 1 << 20, 1 << 30
 MIN_SHIM_BUDGET = 64 * MIB  # the shim reads a budget of 0 as "no budget": never pass less than this
-NVML_LIB = "libnvidia-ml.so.1"
-NVML_SUCCESS, NVML_ERROR_INSUFFICIENT_SIZE = 0, 7
-NVML_VALUE_NOT_AVAILABLE = (1 << 64) - 1
 IDLE_SLACK = 512 * MIB  # after a run the device is back to idle when used <= idle + this
 # The per-process query can be much slower than the device's memory info: the sampler reads the device
 # every interval and lists the processes only when the device is near its highest reading of the run
@@ -97,48 +95,11 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # pyobmem from this tree (imported only when needed: --help needs nothing)
 
 
-class BenchError(Exception):
-    """A condition that stops the bench: one line for the user."""
-
-
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')} +{time.monotonic() - _T0:5.0f}s] {msg}", file=sys.stderr, flush=True)
 
 
-def die(msg: str, code: int = 2) -> NoReturn:
-    print(f"{os.path.basename(sys.argv[0])}: error: {msg}", file=sys.stderr, flush=True)
-    sys.exit(code)
-
-
 # ------------------------------------------------------------------------------------ machine
-def gpu_present() -> bool:
-    """True when libcuda.so.1 loads, cuInit succeeds and at least one device exists.
-    cuInit creates no context: this process holds no device memory."""
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-        if cuda.cuInit(0) != 0:
-            return False
-        n = ctypes.c_int(0)
-        return cuda.cuDeviceGetCount(ctypes.byref(n)) == 0 and n.value > 0
-    except OSError:
-        return False
-
-
-def child_env(extra: dict | None = None) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    if extra:
-        env.update({k: v for k, v in extra.items() if v is not None})
-    return env
-
-
-def launcher(capture: Path, options: tuple[str, ...] = ()) -> list[str]:
-    custom = os.environ.get("PYOBMEM_BENCH_LAUNCHER")
-    base = shlex.split(custom) if custom else [sys.executable, "-m", "pyobmem", "run"]
-    return [*base, *options, "-f", "-o", str(capture), "--"]
-
-
 def jax_preset_env() -> dict:
     """The allocator variables the launcher's presets give JAX in this environment (none when the
     user set an XLA_PYTHON_CLIENT_* variable: then both runs inherit the user's)."""
@@ -180,109 +141,6 @@ def versions() -> dict:
 
 
 # ------------------------------------------------------------------------------------ NVML
-class ProcessInfo(ctypes.Structure):
-    """nvmlProcessInfo_t (the layout of nvmlDeviceGetComputeRunningProcesses_v2 and _v3)."""
-
-    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
-                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
-
-
-class MemoryInfo(ctypes.Structure):
-    """nvmlMemory_t."""
-
-    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
-
-
-class Nvml:
-    """The few NVML calls the bench needs, through ctypes. Raises BenchError (one line)."""
-
-    def __init__(self, index: int = 0, lib: str = NVML_LIB):
-        try:
-            self.lib = ctypes.CDLL(lib)
-        except OSError as e:
-            raise BenchError(f"NVML ({lib}) is not loadable ({e}); the driver-side peak memory needs it") from None
-        try:
-            init = self.lib.nvmlInit_v2
-        except AttributeError:
-            raise BenchError(f"{lib} has no nvmlInit_v2; the driver-side peak memory needs NVML") from None
-        r = init()
-        if r != NVML_SUCCESS:
-            raise BenchError(f"nvmlInit_v2 failed: {self.error(r)}")
-        self.handle = ctypes.c_void_p()
-        r = self.lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(self.handle))
-        if r != NVML_SUCCESS:
-            raise BenchError(f"nvmlDeviceGetHandleByIndex_v2({index}) failed: {self.error(r)}")
-        self.index = index
-        self._procs = None
-        for name in ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"):
-            fn = getattr(self.lib, name, None)
-            if fn is not None:
-                self._procs, self.procs_function = fn, name
-                break
-        self._buf = (ProcessInfo * 64)()
-
-    def error(self, r: int) -> str:
-        try:
-            f = self.lib.nvmlErrorString
-            f.restype = ctypes.c_char_p
-            return f"{f(r).decode(errors='replace')} ({r})"
-        except (AttributeError, OSError):
-            return f"NVML error {r}"
-
-    def memory(self) -> tuple[int, int, int]:
-        """(total, free, used) bytes of the device."""
-        m = MemoryInfo()
-        r = self.lib.nvmlDeviceGetMemoryInfo(self.handle, ctypes.byref(m))
-        if r != NVML_SUCCESS:
-            raise BenchError(f"nvmlDeviceGetMemoryInfo failed: {self.error(r)}")
-        return int(m.total), int(m.free), int(m.used)
-
-    def processes(self) -> list[tuple[int, int]] | None:
-        """[(pid, used bytes or None when NVML does not say)] of the compute processes, or None when
-        this driver cannot list them (then it is not asked again)."""
-        if self._procs is None:
-            return None
-        for _ in range(3):
-            n = ctypes.c_uint(len(self._buf))
-            r = self._procs(self.handle, ctypes.byref(n), self._buf)
-            if r == NVML_SUCCESS:
-                return [(int(p.pid), None if p.usedGpuMemory == NVML_VALUE_NOT_AVAILABLE else int(p.usedGpuMemory))
-                        for p in self._buf[: n.value]]
-            if r == NVML_ERROR_INSUFFICIENT_SIZE:
-                self._buf = (ProcessInfo * max(2 * len(self._buf), n.value + 8))()
-                continue
-            break
-        self._procs = None
-        return None
-
-    def _text(self, fn_name: str, *args) -> str | None:
-        fn = getattr(self.lib, fn_name, None)
-        if fn is None:
-            return None
-        buf = ctypes.create_string_buffer(256)
-        return buf.value.decode(errors="replace") if fn(*args, buf, ctypes.c_uint(len(buf))) == NVML_SUCCESS else None
-
-    def info(self) -> dict:
-        cuda = ctypes.c_int(0)
-        fn = getattr(self.lib, "nvmlSystemGetCudaDriverVersion_v2", None)
-        cuda_v = int(cuda.value) if fn is not None and fn(ctypes.byref(cuda)) == NVML_SUCCESS else None
-        total, _, _ = self.memory()
-        return {
-            "gpu": self._text("nvmlDeviceGetName", self.handle), "gpu_index": self.index, "gpu_total_bytes": total,
-            "driver_version": self._text("nvmlSystemGetDriverVersion"),
-            "cuda_driver_version": cuda_v, "nvml_process_query": getattr(self, "procs_function", None),
-        }
-
-    def snapshot(self, n: int = 5, gap_s: float = 0.005) -> tuple[int, set]:
-        """(median device used bytes over ``n`` reads, pids of the compute processes now)."""
-        used = []
-        for _ in range(n):
-            used.append(self.memory()[2])
-            time.sleep(gap_s)
-        procs = self.processes() or []
-        return int(statistics.median(used)), {pid for pid, _ in procs}
-
-
 class PeakTracker:
     """The peak of one run from NVML samples: the device's used memory less ``idle_used``, and the
     sum of the per-process used memory of the processes not in ``excluded`` (those on the GPU before
@@ -370,17 +228,6 @@ def steady_median(step_ms: list[float]) -> float | None:
     """The median of the last half of the steps (all of them when fewer than 2)."""
     xs = step_ms[len(step_ms) // 2:] if len(step_ms) >= 2 else step_ms
     return float(statistics.median(xs)) if xs else None
-
-
-def compare_losses(a: list[str], b: list[str]) -> tuple[bool, int | None]:
-    """(identical, first differing step or None): identical means the same number of steps and every
-    loss equal as text (float.hex, so bit for bit)."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return False, i
-    if len(a) != len(b) or not a:
-        return False, min(len(a), len(b))
-    return True, None
 
 
 def ratio(x: float | None, y: float | None) -> float | None:
@@ -522,9 +369,7 @@ def run_measured(label: str, script: str, args: list[str], json_path: Path, nvml
                  launcher_options: tuple[str, ...] = ()) -> Run:
     """Run one workload (under the launcher when ``capture`` is given) while sampling NVML; collect
     its step lines, its JSON and the driver-side peak. Never raises for a failing run."""
-    cmd = [sys.executable, str(WORKLOADS / script), *args, "--json", str(json_path)]
-    if capture is not None:
-        cmd = launcher(capture, launcher_options) + cmd
+    cmd = workload_command(script, args, json_path, capture, launcher_options)
     if json_path.exists():
         json_path.unlink()
     idle, before = nvml.snapshot()
@@ -553,19 +398,7 @@ def run_measured(label: str, script: str, args: list[str], json_path: Path, nvml
         err += f"\n{label}: stopped after the timeout of {timeout:.0f} s"
     wall = time.monotonic() - t0
     rc = 124 if timed_out else p.returncode
-    losses, step_ms = [], []
-    for line in (out or "").splitlines():
-        m = STEP_RE.match(line)
-        if m:
-            losses.append(m.group(2))
-            step_ms.append(float(m.group(3)))
-    doc, errors = None, []
-    if json_path.exists():
-        try:
-            doc = json.loads(json_path.read_text())
-            losses, step_ms = list(doc["losses"]), [float(x) for x in doc["step_ms"]]
-        except (ValueError, KeyError) as e:
-            errors.append(f"unreadable workload JSON {json_path}: {e}")
+    losses, step_ms, doc, errors = read_steps(out or "", json_path)
     if sampler.error:
         errors.append(f"NVML sampling stopped: {sampler.error}")
     run = Run(label, cmd, rc, wall, timed_out, losses, step_ms, doc, out or "", err or "", tracker.result(), steps, errors)
@@ -789,14 +622,6 @@ def schedule_estimate(parts: list[str], steps: int, ref_steps: int, fractions: l
 
 
 # ------------------------------------------------------------------------------------ output
-def fmt(v, spec: str = "") -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "NO"
-    return format(v, spec)
-
-
 def fmt_gib(v) -> str:
     return "-" if v is None else f"{v / GIB:.2f} GiB"
 
@@ -1267,7 +1092,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.steps < 2 or a.ref_steps < 2:
         die("--steps and --ref-steps must be at least 2")
     if not gpu_present():
-        die("no NVIDIA GPU here (libcuda.so.1 not loadable or no device); run this on a CUDA machine")
+        die(NO_GPU)
     try:
         nvml = Nvml(a.device_index)
     except BenchError as e:

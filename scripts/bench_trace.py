@@ -17,14 +17,8 @@ set PYOBMEM_BENCH_LAUNCHER (e.g. "pyobmem-run") to use another command in its pl
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
-import ctypes
 import json
-import os
-import re
-import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,53 +26,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-WORKLOADS = REPO / "scripts" / "workloads"
-STEP_RE = re.compile(r"^step (\d+) loss (\S+) time_ms ([-+0-9.eE]+)\s*$")
-WARMUP = 3
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/_bench.py
+from _bench import (REPO, WARMUP, child_env, compare_losses, fmt, read_steps, require_gpu,  # noqa: E402
+                    steady_median, workload_command)
+
 PROG = "bench_trace"
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def die(msg: str, code: int = 2) -> NoReturn:
-    print(f"{os.path.basename(sys.argv[0])}: error: {msg}", file=sys.stderr, flush=True)
-    sys.exit(code)
-
-
-# ------------------------------------------------------------------------------------ machine
-def gpu_present() -> bool:
-    """True when libcuda.so.1 loads, cuInit succeeds and at least one device exists."""
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-        if cuda.cuInit(0) != 0:
-            return False
-        n = ctypes.c_int(0)
-        return cuda.cuDeviceGetCount(ctypes.byref(n)) == 0 and n.value > 0
-    except OSError:
-        return False
-
-
-def require_gpu() -> None:
-    if not gpu_present():
-        die("no NVIDIA GPU here (libcuda.so.1 not loadable or no device); run this on a CUDA machine")
-
-
-def child_env(extra: dict | None = None) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    if extra:
-        env.update({k: v for k, v in extra.items() if v is not None})
-    return env
-
-
-def launcher(capture: Path, options: tuple[str, ...] = ()) -> list[str]:
-    custom = os.environ.get("PYOBMEM_BENCH_LAUNCHER")
-    base = shlex.split(custom) if custom else [sys.executable, "-m", "pyobmem", "run"]
-    return [*base, *options, "-f", "-o", str(capture), "--"]
 
 
 # ------------------------------------------------------------------------------------ runs
@@ -105,11 +62,6 @@ class Run:
         return (self.stderr.strip() or self.stdout.strip())[-n:]
 
 
-def steady_median(step_ms: list[float], warmup: int = WARMUP) -> float | None:
-    xs = step_ms[warmup:] if len(step_ms) > warmup else step_ms
-    return statistics.median(xs) if xs else None
-
-
 def run_workload(script: str, args: list[str], json_path: Path, capture: Path | None = None,
                  env: dict | None = None, timeout: float = 600, launcher_options: tuple[str, ...] = (),
                  pin_cpu: int | None = None) -> Run:
@@ -118,11 +70,8 @@ def run_workload(script: str, args: list[str], json_path: Path, capture: Path | 
     ``pin_cpu`` pins the workload process (not the daemon) to that CPU with taskset, which
     removes most of the run-to-run spread of launch-bound step times on a many-core VM.
     """
-    cmd = [sys.executable, str(WORKLOADS / script), *args, "--json", str(json_path)]
-    if pin_cpu is not None:
-        cmd = ["taskset", "-c", str(pin_cpu), *cmd]
-    if capture is not None:
-        cmd = launcher(capture, launcher_options) + cmd
+    pre = ("taskset", "-c", str(pin_cpu)) if pin_cpu is not None else ()
+    cmd = workload_command(script, args, json_path, capture, launcher_options, pre)
     if json_path.exists():
         json_path.unlink()
     t0 = time.monotonic()
@@ -135,34 +84,11 @@ def run_workload(script: str, args: list[str], json_path: Path, capture: Path | 
         err = (e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or ""))
         err += f"\ntimed out after {timeout:.0f} s"
     wall = time.monotonic() - t0
-    losses, step_ms = [], []
-    for line in out.splitlines():
-        m = STEP_RE.match(line)
-        if m:
-            losses.append(m.group(2))
-            step_ms.append(float(m.group(3)))
-    doc = None
-    errors = []
-    if json_path.exists():
-        try:
-            doc = json.loads(json_path.read_text())
-            losses, step_ms = list(doc["losses"]), [float(x) for x in doc["step_ms"]]
-        except (ValueError, KeyError) as e:
-            errors.append(f"unreadable workload JSON {json_path}: {e}")
+    losses, step_ms, doc, errors = read_steps(out, json_path)
     run = Run(cmd, rc, wall, losses, step_ms, doc, out, err, errors)
     if rc != 0:
         run.errors.append(f"exit status {rc}: {run.tail(300)}")
     return run
-
-
-def compare_losses(a: list[str], b: list[str]) -> tuple[bool, int | None]:
-    """(identical, first differing step or None)."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return False, i
-    if len(a) != len(b) or not a:
-        return False, min(len(a), len(b))
-    return True, None
 
 
 # ------------------------------------------------------------------------------------ capture
@@ -331,14 +257,6 @@ def cupy_segments(doc: dict):
 
 
 # ------------------------------------------------------------------------------------ table
-def fmt(v, spec: str = "") -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "NO"
-    return format(v, spec)
-
-
 def table(results: dict) -> str:
     head = f"{'workload':<12} {'steps':>5} {'launches':>9} {'attrib':>7} {'dropped':>7} " \
            f"{'allocs seen/exp':>15} {'matched':>9} {'loss same':>9} {'time x':>7}"

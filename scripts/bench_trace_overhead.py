@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import bench_trace as bt
+from _bench import REPO, WARMUP, die, fmt, require_gpu, steady_median
 
 TARGETS = {"gpt_small": 1.03, "mlp": 1.15, "us_per_launch": 1.0}
 
@@ -59,7 +60,7 @@ def bench(name: str, script: str, args: list[str], steps: int, repeats: int, war
             bt.log(f"{name}: repeat {r + 1}/{repeats} {mode}")
             run = bt.run_workload(script, args, work / f"{name}.{r}.{mode}.json", capture=cap, timeout=timeout,
                                   launcher_options=options or (), pin_cpu=pin_cpu)
-            med = bt.steady_median(run.step_ms, warmup)
+            med = steady_median(run.step_ms, warmup)
             row = {"repeat": r, "mode": mode, "rc": run.rc, "wall_s": round(run.wall_s, 2), "steps": len(run.step_ms),
                    "step_ms_median": med}
             errors += [f"{mode} repeat {r}: {e}" for e in run.errors]
@@ -75,7 +76,7 @@ def bench(name: str, script: str, args: list[str], steps: int, repeats: int, war
                     ref_losses = run.losses
                 elif run.losses != ref_losses:
                     identical = False
-            bt.log(f"{name}: {mode} median step {bt.fmt(med, '.3f')} ms (rc {run.rc}, {run.wall_s:.1f} s)")
+            bt.log(f"{name}: {mode} median step {fmt(med, '.3f')} ms (rc {run.rc}, {run.wall_s:.1f} s)")
             runs.append(row)
 
     def med_of(mode: str, key: str = "step_ms_median"):
@@ -120,11 +121,11 @@ def bench(name: str, script: str, args: list[str], steps: int, repeats: int, war
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5, help="untraced/traced/hooks-only rounds per workload (default 5)")
-    ap.add_argument("--out-dir", type=Path, default=bt.REPO / "bench" / "results")
+    ap.add_argument("--out-dir", type=Path, default=REPO / "bench" / "results")
     ap.add_argument("--only", choices=("gpt", "mlp"), action="append", help="default: both")
     ap.add_argument("--gpt-steps", type=int, default=15)
     ap.add_argument("--mlp-steps", type=int, default=300)
-    ap.add_argument("--warmup", type=int, default=bt.WARMUP)
+    ap.add_argument("--warmup", type=int, default=WARMUP)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cpu", type=int, default=2, help="pin the workload to this CPU (-1: do not pin; default 2)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per workload run")
@@ -133,9 +134,9 @@ def main(argv: list[str] | None = None) -> int:
                          "per step on the H200); default off, as in the platform facts")
     a = ap.parse_args(argv)
     if a.repeats < 1:
-        bt.die("--repeats must be at least 1")
+        die("--repeats must be at least 1")
     only = set(a.only or ("gpt", "mlp"))
-    bt.require_gpu()
+    require_gpu()
     pin = None if a.cpu < 0 else a.cpu
     common = ["--seed", str(a.seed)] + (["--deterministic"] if a.deterministic else [])
     out: dict = {}
@@ -168,9 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         r = out.get(name)
         if not isinstance(r, dict) or "runs" not in r:
             continue
-        print(f"{name:<18} {bt.fmt(r['untraced_step_ms'], '.3f'):>11} {bt.fmt(r['traced_step_ms'], '.3f'):>10} "
-              f"{bt.fmt(r['time_ratio'], '.3f'):>7} {TARGETS[key]:>7.2f} {bt.fmt(r['launches_per_step'], '.1f'):>11} "
-              f"{bt.fmt(r['added_us_per_launch'], '.2f'):>10}")
+        print(f"{name:<18} {fmt(r['untraced_step_ms'], '.3f'):>11} {fmt(r['traced_step_ms'], '.3f'):>10} "
+              f"{fmt(r['time_ratio'], '.3f'):>7} {TARGETS[key]:>7.2f} {fmt(r['launches_per_step'], '.1f'):>11} "
+              f"{fmt(r['added_us_per_launch'], '.2f'):>10}")
     print(f"target added time per launch: <= {TARGETS['us_per_launch']} us")
     return 1 if any(isinstance(r, dict) and r.get("errors") for r in out.values()) else 0
 
