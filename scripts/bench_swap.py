@@ -52,7 +52,6 @@ import json
 import os
 import platform
 import re
-import select
 import shlex
 import signal
 import socket
@@ -338,19 +337,27 @@ class Run:
         }
 
 
-def _kill_group(p: subprocess.Popen, grace_s: float = 20.0) -> None:
-    """SIGTERM to the run's process group (the launcher forwards it to the workload and closes the
-    capture), then SIGKILL after ``grace_s``."""
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(p.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
+def _stop(p: subprocess.Popen, steps: tuple, send=os.kill, gone: tuple = (ProcessLookupError,)) -> None:
+    """For each (signal or None, seconds) of ``steps``: send the signal (``send(p.pid, sig)``; none
+    for None), then wait that long for ``p`` to exit; done once it has, or once sending raises one of
+    ``gone``."""
+    for sig, wait in steps:
+        if sig is not None:
+            try:
+                send(p.pid, sig)
+            except gone:
+                return
         try:
             p.wait(wait)
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def _kill_group(p: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """SIGTERM to the run's process group (the launcher forwards it to the workload and closes the
+    capture), then SIGKILL after ``grace_s``."""
+    _stop(p, ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)), os.killpg, (ProcessLookupError, PermissionError))
 
 
 def wait_idle(nvml: Nvml, idle_used: int, timeout_s: float = 30.0) -> bool:
@@ -1011,19 +1018,10 @@ class Bench:
 
 
 def _read_line(stream, timeout_s: float) -> str | None:
-    """One line from a text pipe within ``timeout_s``, or None."""
-    fd = stream.fileno()
-    buf = b""
-    end = time.monotonic() + timeout_s
-    while not buf.endswith(b"\n"):
-        left = end - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            break
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        buf += chunk
-    return buf.decode(errors="replace").strip() or None
+    """One line from a text pipe within ``timeout_s``, or None (read as the launcher reads the daemon's)."""
+    from pyobmem.launcher import _read_line as read_line
+
+    return read_line(stream, timeout_s).decode(errors="replace").strip() or None
 
 
 def stop_ballast(p: subprocess.Popen) -> None:
@@ -1032,17 +1030,7 @@ def stop_ballast(p: subprocess.Popen) -> None:
         p.stdin.close()
     except (OSError, ValueError):
         pass
-    for sig, wait in ((None, 10.0), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        if sig is not None:
-            try:
-                os.kill(p.pid, sig)
-            except ProcessLookupError:
-                return
-        try:
-            p.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    _stop(p, ((None, 10.0), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)))
 
 
 def parse_parts(text: str) -> list[str]:
