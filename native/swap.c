@@ -1221,7 +1221,8 @@ int swap_free(CUdeviceptr dptr, CUresult *rc)
      * or application-stream synchronisation (C16). */
     slots_sync(b->uses, MAX_USES);
     slots_sync(g_fences, MAX_FENCES);
-    if (b->copy_ev && b->state != SB_RESIDENT && b->state != SB_OUT)
+    /* a resident block may still have a copy queued: a cancelled swap-out reads its memory */
+    if (b->copy_ev && b->state != SB_OUT)
         real_cuEventSynchronize(b->copy_ev);
     CUresult r = CUDA_SUCCESS;
     if (b->state != SB_OUT)

@@ -727,3 +727,15 @@ def test_managed_memory_does_not_count_against_the_budget(fake, tmp_path):
     assert run.out["pinned_bytes"] == 0  # nothing ever went out: no pinned pool
     assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"]) == (0, 0, 0)
     no_misbehaviour(run)
+
+
+def test_free_of_a_block_whose_cancelled_swap_out_is_still_queued(fake, tmp_path):
+    """a's swap-out is cancelled (an op touches it) while its copy out is still queued on the shim
+    stream; freeing a then must wait for that copy before unmapping the memory it reads (the
+    real driver would fault: the copy reads unmapped memory)."""
+    run = run_swap(fake, tmp_path, "cancelfree", budget=3 * GRAN, env={"PYOBMEM_RELEASER": "0"})
+    assert run.out["x_rc"] == 0
+    assert run.out["a_mapped_before"] == 1 and run.out["a_mapped_after_cancel"] == 1
+    assert run.out["free_a_rc"] == 0
+    assert run.out["bad_b"] == 0 and run.out["bad_c"] == 0
+    no_misbehaviour(run)

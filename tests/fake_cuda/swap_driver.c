@@ -757,6 +757,31 @@ static int scenario_release(void)
     return 0;
 }
 
+/* A swap-out cancelled, then the block freed while its copy is still queued: budget 3 blocks, a,
+ * b, c filled (LRU a, b, c); a 512 KiB cuMemAlloc puts the device over the budget, so the next
+ * op issues a's swap-out. The shim stream does not run (no fakeAdvance): the copy out of a is
+ * still queued when op_a(a) cancels the swap-out (a is resident again, b goes instead) and when
+ * a is freed. The free must wait for that copy before unmapping a. */
+static int scenario_cancelfree(void)
+{
+    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB), x = 0;
+    fill(a, 2 * MIB, 1);
+    fill(b, 2 * MIB, 2);
+    fill(c, 2 * MIB, 3);
+    fakeAdvance(-1);
+    printf("x_rc=%d\n", (int)p_alloc(&x, MIB / 2));
+    op_a(c, 0, 0); /* over the budget: a's copy out is queued, not run */
+    printf("a_mapped_before=%d\n", fakeAccess(a) != -1);
+    op_a(a, 0, 0); /* a's swap-out is cancelled; b goes */
+    printf("a_mapped_after_cancel=%d\n", fakeAccess(a) != -1);
+    printf("free_a_rc=%d\n", (int)p_free(a));
+    fakeAdvance(-1);
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
+    printf("bad_c=%ld\n", check(c, 2 * MIB, 3, 0));
+    counters();
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
@@ -766,6 +791,8 @@ int main(int argc, char **argv)
     int rc = 2;
     if (!strcmp(s, "roundtrip"))
         rc = scenario_roundtrip(argc > 2 ? atoi(argv[2]) : 20);
+    else if (!strcmp(s, "cancelfree"))
+        rc = scenario_cancelfree();
     else if (!strcmp(s, "release"))
         rc = scenario_release();
     else if (!strcmp(s, "belady"))
