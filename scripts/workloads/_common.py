@@ -112,6 +112,14 @@ def torch_memory(torch) -> dict:
     }
 
 
+def optimizer_step(opt, loss):
+    """Gradients reset (to None), ``loss`` backward, one step of ``opt``; returns the loss, detached."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
 def torch_train(torch, rec: Recorder, steps: int, step_fn) -> None:
     """Run ``step_fn(i) -> loss tensor`` ``steps`` times, timing each between device syncs."""
     for i in range(steps):

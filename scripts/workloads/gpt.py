@@ -119,10 +119,7 @@ def main() -> None:
                 loss = model(x, y)
         else:
             loss = model(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return loss.detach()
+        return _common.optimizer_step(opt, loss)
 
     rec = _common.Recorder()
     _common.torch_train(torch, rec, args.steps, step)

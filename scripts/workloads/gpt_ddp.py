@@ -76,10 +76,7 @@ def main() -> None:
     def step(i: int):
         x, y = tokens[i, :, :-1], tokens[i, :, 1:]
         loss = ddp(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return loss.detach()
+        return _common.optimizer_step(opt, loss)
 
     rec = RankRecorder(rank)
     _common.torch_train(torch, rec, args.steps, step)

@@ -34,10 +34,7 @@ def main() -> None:
 
     def step(i: int):
         loss = torch.nn.functional.mse_loss(model(inputs[i]), targets[i])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return loss.detach()
+        return _common.optimizer_step(opt, loss)
 
     rec = _common.Recorder()
     _common.torch_train(torch, rec, args.steps, step)
