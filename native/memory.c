@@ -246,6 +246,30 @@ CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
     return REAL(cuIpcGetMemHandle, (pHandle, dptr));
 }
 
+/* Pointer queries (Triton checks every pointer argument with cuPointerGetAttribute before a
+ * launch): a swap block that is out has no mapping, and the driver would refuse the pointer. */
+CUresult CUDAAPI cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
+{
+    if (SHIM_UNLIKELY(g_shim.swap) && shim_begin())
+        swap_touch(ptr);
+    return REAL(cuPointerGetAttribute, (data, attribute, ptr));
+}
+
+CUresult CUDAAPI cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes, void **data,
+                                        CUdeviceptr ptr)
+{
+    if (SHIM_UNLIKELY(g_shim.swap) && shim_begin())
+        swap_touch(ptr);
+    return REAL(cuPointerGetAttributes, (numAttributes, attributes, data, ptr));
+}
+
+CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+{
+    if (SHIM_UNLIKELY(g_shim.swap) && shim_begin())
+        swap_touch(dptr);
+    return REAL(cuMemGetAddressRange_v2, (pbase, psize, dptr));
+}
+
 CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                           unsigned long long flags)
 {

@@ -141,6 +141,7 @@ struct swap_op {
     int capturing;     /* the op's stream is capturing a graph: no swap action, no event on it */
     int opaque;        /* the op may touch blocks it does not name */
     int overflow;      /* more swap blocks than `addrs` holds */
+    int all;           /* it counts in g_inflight_all (opaque or overflow): nothing may go out */
     uint64_t key;      /* PYOBMEM_OP_KEY of the op */
     CUstream stream;   /* normalised (see swap_norm_stream) */
     int64_t pos;       /* the op's position in the followed plan, -1 if none */
@@ -177,6 +178,8 @@ int swap_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, s
 /* IPC-exported or named by NCCL: never swapped again; a block that is out comes back now
  * (synchronously, on the shim stream). */
 void swap_never(CUdeviceptr p);
+/* A pointer query names p: the block holding it comes back now if it is out (synchronously). */
+void swap_touch(CUdeviceptr p);
 void swap_atfork_prepare(void);
 void swap_atfork_parent(void);
 void swap_atfork_child(void);

@@ -49,6 +49,7 @@
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,6 +98,7 @@ struct sblock {
     uint64_t lru;               /* op stamp of the last op touching it */
     uint64_t stamp;             /* op stamp: the op being prepared touches it (never evicted for it) */
     uint64_t tried;             /* eviction round that already tried it */
+    unsigned inflight;          /* ops between swap_op_begin and swap_op_end naming it: never out */
 };
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -174,7 +176,14 @@ static void unrelax(int did, CUstreamCaptureMode old)
         real_cuThreadExchangeStreamCaptureMode(&old);
 }
 
-static int swappable(const struct sblock *b) { return !(b->flags & (SBF_NEVER | SBF_OPAQUE | SBF_LOST)); }
+/* Ops between swap_op_begin and swap_op_end that may touch any block (opaque or overflowing):
+ * while one is, nothing goes out (another thread's eviction could unmap what it is about to use). */
+static unsigned g_inflight_all;
+
+static int swappable(const struct sblock *b)
+{
+    return !(b->flags & (SBF_NEVER | SBF_OPAQUE | SBF_LOST)) && !b->inflight && !g_inflight_all;
+}
 
 static void emit_swap(uint16_t type, uint16_t cause, const struct sblock *b, uint64_t dur)
 {
@@ -628,6 +637,8 @@ static void *releaser(void *arg)
 
 static void releaser_exit(void)
 {
+    if (g_releaser <= 0) /* a fork child inherits the handler, not the thread */
+        return;
     pthread_mutex_lock(&g_mu);
     g_releaser_stop = 1;
     pthread_cond_signal(&g_cv);
@@ -643,11 +654,15 @@ static void releaser_kick(void)
         pthread_attr_t attr;
         g_releaser = -1;
         if ((!env || strcmp(env, "0") != 0) && pthread_attr_init(&attr) == 0) {
+            sigset_t all, old;
+            sigfillset(&all);
+            pthread_sigmask(SIG_SETMASK, &all, &old); /* the application's signals never land on it */
             pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
             if (pthread_create(&t, &attr, releaser, NULL) == 0) {
                 g_releaser = 1;
                 atexit(releaser_exit);
             }
+            pthread_sigmask(SIG_SETMASK, &old, NULL);
             pthread_attr_destroy(&attr);
         }
     }
@@ -1025,6 +1040,17 @@ static int capturing(CUstream s, int *unknown)
     return st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+/* The op has been issued (or refused): its blocks may go out again (g_mu held). */
+static void inflight_done(const struct swap_op *op)
+{
+    for (uint32_t i = 0; i < op->n; i++) {
+        struct sblock *b = find(op->addrs[i]);
+        if (b && b->addr == op->addrs[i] && b->inflight)
+            b->inflight--;
+    }
+    g_inflight_all -= op->all;
+}
+
 CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int how, const uint64_t *words, size_t n)
 {
     int unknown;
@@ -1063,6 +1089,12 @@ CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int how, co
         else
             op->overflow = 1;
     }
+    /* Until swap_op_end the op's blocks stay in: between here and the real call another thread
+     * could otherwise evict one, and its copy would not wait for this op (not yet recorded). */
+    for (uint32_t i = 0; i < op->n; i++)
+        find(op->addrs[i])->inflight++;
+    op->all = op->overflow || how;
+    g_inflight_all += op->all;
     /* the plan: prefetches before the op (never evicting one of its blocks) */
     op->pos = plan_step(key);
     if (op->pos >= 0 && !paused)
@@ -1084,11 +1116,13 @@ CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int how, co
     }
     if (fail == CUDA_SUCCESS && !paused)
         evict_for_budget(0, stamp); /* the budget holds between allocations too */
+    if (fail != CUDA_SUCCESS) {
+        inflight_done(op); /* the op is refused: swap_op_end will not run */
+        op->active = 0;
+    }
     ctx_leave(pushed);
     pthread_mutex_unlock(&g_mu);
     unrelax(relaxed, old);
-    if (fail != CUDA_SUCCESS)
-        op->active = 0;
     return fail;
 }
 
@@ -1101,6 +1135,7 @@ void swap_op_end(struct swap_op *op, CUresult r)
     int relaxed = relax(&old);
     pthread_mutex_lock(&g_mu);
     int pushed = ctx_enter();
+    inflight_done(op);
     if (r == CUDA_SUCCESS && !op->capturing) {
         if ((op->opaque || op->overflow) && !slot_record(g_fences, MAX_FENCES, op->stream) && !g_fences_lost) {
             g_fences_lost = 1;
@@ -1280,6 +1315,21 @@ int swap_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, s
     return 1;
 }
 
+/* Bring b back now if it is out or leaving (g_mu held): room first, then synchronously on the
+ * shim stream (no application stream to wait on). */
+static void bring_back(struct sblock *b)
+{
+    if (b->state == SB_RESIDENT)
+        return;
+    struct swap_op now = {.active = 1, .capturing = 1};
+    uint64_t stamp = ++g_tick;
+    int pushed = ctx_enter();
+    if (b->state == SB_OUT)
+        hold_budget(b->vsize, stamp); /* the budget holds for it too */
+    consume(b, &now, stamp);
+    ctx_leave(pushed);
+}
+
 void swap_never(CUdeviceptr p)
 {
     CUstreamCaptureMode old;
@@ -1288,15 +1338,21 @@ void swap_never(CUdeviceptr p)
     struct sblock *b = find(p);
     if (b) {
         b->flags |= SBF_NEVER;
-        if (b->state != SB_RESIDENT) { /* out or leaving: back now, its copy finished (no stream to wait) */
-            struct swap_op now = {.active = 1, .capturing = 1};
-            uint64_t stamp = ++g_tick;
-            int pushed = ctx_enter();
-            if (b->state == SB_OUT)
-                hold_budget(b->vsize, stamp); /* room first: the budget holds for a pinned block too */
-            consume(b, &now, stamp);
-            ctx_leave(pushed);
-        }
+        bring_back(b);
+    }
+    pthread_mutex_unlock(&g_mu);
+    unrelax(relaxed, old);
+}
+
+void swap_touch(CUdeviceptr p)
+{
+    CUstreamCaptureMode old;
+    int relaxed = relax(&old);
+    pthread_mutex_lock(&g_mu);
+    struct sblock *b = find(p);
+    if (b) {
+        b->lru = ++g_tick;
+        bring_back(b);
     }
     pthread_mutex_unlock(&g_mu);
     unrelax(relaxed, old);
@@ -1359,7 +1415,9 @@ void swap_atfork_child(void)
 {
     /* The child has no CUDA context of its own: it traces, it does not swap. */
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
     g_mu = fresh;
+    g_cv = cv;
     g_shim.swap = 0;
     g_releaser = -1; /* no thread in the child, and none to start */
 }

@@ -377,6 +377,8 @@ static const struct sym syms[] = {
     S("cuMemcpyDtoHAsync", 3020, cuMemcpyDtoHAsync_v2, NULL),
     S("cuMemAllocPitch", 3020, cuMemAllocPitch_v2, NULL),
     S("cuIpcGetMemHandle", 4010, cuIpcGetMemHandle, NULL),
+    S("cuPointerGetAttribute", 4000, cuPointerGetAttribute, NULL),
+    S("cuMemGetAddressRange", 3020, cuMemGetAddressRange_v2, NULL),
     S("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2, NULL),
     S("cuStreamEndCapture", 10000, cuStreamEndCapture, NULL),
     S("cuLaunchKernel", 4000, cuLaunchKernel, (void *)cuLaunchKernel_ptsz),

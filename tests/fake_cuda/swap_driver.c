@@ -732,6 +732,37 @@ static int scenario_belady(void)
     return 0;
 }
 
+/* Pointer queries on a block that is out (Triton checks every pointer argument): a, b, c fill a
+ * budget of 3 blocks, d's allocation sends a out; the query brings it back first, so the driver
+ * answers as for any live pointer. */
+static int scenario_ptrquery(const char *which)
+{
+    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB);
+    fill(a, 2 * MIB, 1);
+    fill(b, 2 * MIB, 2);
+    fill(c, 2 * MIB, 3);
+    op_a(b, 0, c);
+    fakeAdvance(-1);
+    CUdeviceptr d = must_alloc(2 * MIB);
+    fakeAdvance(-1);
+    printf("d=%" PRIu64 "\na_out=%d\n", (uint64_t)d, fakeAccess(a) == -1);
+    CUresult r;
+    if (!strcmp(which, "attr")) {
+        int v = 7;
+        r = ((CUresult(*)(void *, CUpointer_attribute, CUdeviceptr))get("cuPointerGetAttribute"))(
+            &v, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, a + 4096);
+    } else {
+        CUdeviceptr base = 0;
+        size_t size = 0;
+        r = ((CUresult(*)(CUdeviceptr *, size_t *, CUdeviceptr))get("cuMemGetAddressRange"))(&base, &size, a + 4096);
+    }
+    printf("query_rc=%d\na_in=%d\n", (int)r, fakeAccess(a) != -1);
+    fakeAdvance(-1);
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 1, 0));
+    counters();
+    return 0;
+}
+
 /* The release thread: a, b, c fill a budget of 3 blocks; a 512 KiB cuMemAlloc puts the device
  * over it, so the next op issues a's swap-out (no drain: not an allocation). The GPU has run
  * everything; then the program makes no CUDA call for 200 ms: with the thread, a's memory is
@@ -797,6 +828,8 @@ int main(int argc, char **argv)
         rc = scenario_release();
     else if (!strcmp(s, "belady"))
         rc = scenario_belady();
+    else if (!strcmp(s, "ptrquery"))
+        rc = scenario_ptrquery(argc > 2 ? argv[2] : "attr");
     else if (!strcmp(s, "remap"))
         rc = scenario_remap();
     else if (!strcmp(s, "mapfail"))
