@@ -125,6 +125,14 @@ def live_bytes(blocks: np.ndarray, mask: np.ndarray | None = None) -> tuple[np.n
     freed = b["t_free"] >= 0
     t = np.concatenate([b["t_alloc"].astype(np.int64), b["t_free"][freed].astype(np.int64)])
     d = np.concatenate([b["size"].astype(np.int64), -b["size"][freed].astype(np.int64)])
+    return step_function(t, d)
+
+
+def step_function(t: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sum of the changes ``d`` made at times ``t`` (int64) as a step function: (times, the sum
+    after the changes at each time). Changes at one instant are merged, so ``times`` is strictly
+    increasing; no change: two empty arrays.
+    """
     if not len(t):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     order = np.argsort(t, kind="stable")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import abi
-from ..export import cuda_span
+from ..export import cuda_span, step_function
 
 
 def resident_bytes(capture, pid: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -53,14 +53,7 @@ def resident_bytes(capture, pid: int | None = None) -> tuple[np.ndarray, np.ndar
                 out_d.append(n)
         t.append(np.asarray(out_t, np.int64))
         d.append(np.asarray(out_d, np.int64))
-    t, d = np.concatenate(t), np.concatenate(d)
-    if not len(t):
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    order = np.argsort(t, kind="stable")
-    t, d = t[order], d[order]
-    times, first = np.unique(t, return_index=True)
-    last = np.r_[first[1:], len(t)] - 1
-    return times, np.cumsum(d)[last]
+    return step_function(np.concatenate(t), np.concatenate(d))
 
 
 def _over(times: np.ndarray, values: np.ndarray, limit: int, end: int) -> int:
