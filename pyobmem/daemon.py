@@ -87,7 +87,7 @@ class SwapAgent:
         self.pending = None  # a plan waiting for the shim to adopt the one in force
         self.budget_bytes = budget.resolve(None) if budget is not None else None
         self._warn = warn or _warn
-        self._warned: set = set()
+        self._warned = False  # the "no plan fits" line is said once per run
 
     def feed(self, recs) -> None:
         t = recs["type"]
@@ -172,7 +172,7 @@ class SwapAgent:
             if plan.saved_bytes <= 0:
                 plan = plan.hints_only()  # its swaps lower nothing and would only slow the job
             if not self._warned:
-                self._warned.add(self.last_reason)
+                self._warned = True
                 follow = "the shim follows the best plan and evicts" if plan.swaps else "the shim keeps the budget by evicting"
                 self._warn(f"pyobmem: swap: {self.last_reason}; {follow} on its own beyond it (slower)")
             if not len(plan.actions) or len(plan.actions) > abi.PLAN_MAX_ACTIONS:
