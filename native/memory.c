@@ -46,15 +46,19 @@ static void pin_pointer_table(const void *src, uint64_t n)
     if (!src || n < 8 || n > POINTER_TABLE_MAX || ((uintptr_t)src & 7))
         return;
     const uint64_t *w = src;
-    for (uint64_t i = 0; i < n / 8; i++) {
-        if (w[i] < 4096)
-            continue;
+    uint64_t hits[16];
+    size_t nh = 0, i = 0;
+    while (i < n / 8) { /* one lock per batch of hits; swap_never takes the swap lock */
         blocks_read_lock();
-        const struct block *b = blocks_lookup(w[i]);
-        int hit = b && b->kind == PYOBMEM_ALLOC_DRIVER;
+        for (; i < n / 8 && nh < 16; i++) {
+            const struct block *b = w[i] >= 4096 ? blocks_lookup(w[i]) : NULL;
+            if (b && b->kind == PYOBMEM_ALLOC_DRIVER)
+                hits[nh++] = w[i];
+        }
         blocks_read_unlock();
-        if (hit)
-            swap_never(w[i]);
+        for (size_t k = 0; k < nh; k++)
+            swap_never(hits[k]);
+        nh = 0;
     }
 }
 
