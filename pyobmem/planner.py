@@ -196,6 +196,11 @@ def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, ba
     """Learn the iteration of ``capture``'s main process (see LearnedIteration), or say why not."""
     it = detect_iterations(capture) if it is None else it
     main = it.main_rows()
+    if it.main < 0 and it.partial is not None:
+        # The model left out a repeating unit (a transformer layer) as part of a longer iteration.
+        u = it.partial
+        return NoPlan(f"no repeating iteration yet: the repeating unit of {u.period_ops:,} launches and copies is "
+                      f"part of an iteration ({u.left_out} recurring kernels are not in it); waiting for whole iterations")
     if it.main < 0 or len(main) < MIN_MATCHING:
         return NoPlan("no repeating iteration yet")
     regime = it.main_regime
@@ -231,12 +236,6 @@ def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, ba
     if P > abi.PLAN_MAX_OPS:
         return NoPlan(f"an iteration of {P:,} ops exceeds the plan's limit of {abi.PLAN_MAX_OPS:,}")
     keys = keys_all[a:b]
-    # A repeating layer (24 identical transformer blocks) is a period too: when ops that recur
-    # over the main regime are missing from the template, it is part of an iteration, not one.
-    span_keys, counts = np.unique(keys_all[lo[0] : hi[-1]], return_counts=True)
-    missing = np.setdiff1d(span_keys[counts >= len(main)], keys)
-    if len(missing):
-        return NoPlan(f"the repeating unit of {P:,} ops is part of an iteration ({len(missing)} recurring ops are not in it); waiting for whole iterations")
     clock = execution_clock(capture, it, row)
     t0, t1 = int(it.t_start[row]), int(it.t_end[row])
     T = float(max(t1 - t0, 1))

@@ -4,7 +4,10 @@ The stream is the main process's kernel launches, graph launches and copies (the
 most launches), each mapped to a small int "kernel id" (same type, handle and copy direction ->
 same id). Training repeats one sequence of kernels per iteration, so the stream is periodic over
 long stretches. ``detect_iterations`` finds those stretches (regimes), the period of each, its
-phase and every iteration in it; docs/model.md describes the method and its limits. Everything
+phase and every iteration in it; docs/model.md describes the method and its limits. A repeating
+unit whose template leaves out kernels that recur between its repeats as often as it repeats (one
+transformer layer of a training step) is part of a longer iteration, never an iteration itself
+(``_left_out``): the longer period that holds those kernels is taken instead, or none. Everything
 is O(n log n) in the stream length n (FFT autocorrelation, runs of matches, anchored alignment).
 """
 
@@ -59,6 +62,19 @@ class Regime:
 
 
 @dataclass(frozen=True)
+class PartialUnit:
+    """A repeating unit left out as part of a longer iteration (see ``_left_out``).
+
+    ``period_ops``: its ops (of the main sequence); ``count``: its aligned repeats; ``left_out``:
+    how many kernel ids recur between its repeats as often as it repeats and are not in it.
+    """
+
+    period_ops: int
+    count: int
+    left_out: int
+
+
+@dataclass(frozen=True)
 class IterationModel:
     """Iterations found in a capture. Arrays have one row per iteration, sorted by start.
 
@@ -70,7 +86,9 @@ class IterationModel:
     the iteration, or len(ops)). ``t_start``/``t_end``: ns (t_end: the time of ``end_op``, or of
     the last op when the stream ends there). ``regime``: index into ``regimes`` (int32).
     ``match``: fraction of template positions matched (float64). ``main``: index of the regime
-    covering the most ops, -1 when no iteration was found.
+    covering the most ops, -1 when no iteration was found. ``partial``: when no iteration was
+    found but a repeating unit was left out as part of a longer iteration (the longer one repeats
+    too few times yet), that unit; else None.
     """
 
     pid: int | None
@@ -87,6 +105,7 @@ class IterationModel:
     t_end: np.ndarray = field(repr=False)
     regime: np.ndarray = field(repr=False)
     match: np.ndarray = field(repr=False)
+    partial: PartialUnit | None = None
 
     @property
     def count(self) -> int:
@@ -140,22 +159,26 @@ def detect_iterations(capture) -> IterationModel:
     if len(kernel_rows):
         ko = capture.ops[kernel_rows]
         htod = (ko["type"] == abi.Ev.MEMCPY) & ((ko["copy_kind"] & 0xFF) == abi.CopyKind.HTOD)
-    found = detect_in_sequence(ids, ts, htod)
-    return _model(capture, pid, rows, ids, kernel_rows, ts, found)
+    partial: list = []
+    found = detect_in_sequence(ids, ts, htod, partial=partial)
+    return _model(capture, pid, rows, ids, kernel_rows, ts, found, partial)
 
 
-def detect_in_sequence(ids: np.ndarray, ts: np.ndarray | None = None, htod_ids: np.ndarray | None = None) -> list:
+def detect_in_sequence(ids: np.ndarray, ts: np.ndarray | None = None, htod_ids: np.ndarray | None = None,
+                       partial: list | None = None) -> list:
     """Regimes of an int sequence: a list of dicts with period, template, starts, scores, phase.
 
     ``ts`` (ns per position) lets the phase follow the longest pause; ``htod_ids`` (bool per id)
     marks host-to-device copies. The regimes come in the order they were found (largest first).
+    ``partial``, when given, receives a dict (period, count, left_out, depth) per repeating unit
+    left out as part of a longer iteration (``_left_out``), in the order they were met.
     """
     s = np.ascontiguousarray(ids, dtype=np.int32)
     if ts is None:
         ts = np.arange(len(s), dtype=np.int64)
     claimed = np.zeros(len(s), bool)
     out: list = []
-    _process(s, ts, htod_ids, 0, len(s), 0, 1, claimed, out)
+    _process(s, ts, htod_ids, 0, len(s), 0, 1, claimed, out, partial=partial)
     return out
 
 
@@ -166,17 +189,18 @@ def _ns_per_op(ts, starts, period) -> float:
     return float(np.median((ts[starts + period - 1] - ts[starts]) / (period - 1)))
 
 
-def _process(s, ts, htod_ids, a, b, depth, min_period, claimed, out, main_ns=None) -> None:
+def _process(s, ts, htod_ids, a, b, depth, min_period, claimed, out, main_ns=None, partial=None) -> None:
     if b - a < MIN_COPIES * max(min_period, 1) or depth > MAX_DEPTH:
         return
     loc = s[a:b]
-    lags = _candidate_lags(loc)
+    ranked = _ranked_lags(loc, _candidate_lags(loc))
     # At the top the period is the best lag of at least MIN_PERIOD (runs of shorter lags still
     # explain away the longer ones inside them); below, a too short best lag means no regime.
-    pick = _pick_lag(loc, lags, MIN_PERIOD if depth == 0 else 1)
+    pick = _best_lag(ranked, MIN_PERIOD if depth == 0 else 1)
     if pick is not None and pick[0] < min_period:
         pick = None  # a local feature (layers) in a stretch between iterations, not a regime
-    if pick is not None:
+    found = None
+    while pick is not None:
         period, run_start = pick
         t0 = loc[run_start : run_start + period]
         phi, how = _phase(loc, ts[a:b], run_start, period, htod_ids)
@@ -188,25 +212,63 @@ def _process(s, ts, htod_ids, a, b, depth, min_period, claimed, out, main_ns=Non
                  or _ns_per_op(ts, starts + a, period) > SUB_REGIME_MAX_SLOWDOWN * max(main_ns, 1.0))
         )
         enough = len(starts) >= (MIN_MAIN_ITERATIONS if depth == 0 else MIN_ITERATIONS)
-        if enough and not slow:
-            starts = starts + a
-            out.append({"period": period, "template": template, "starts": starts, "scores": scores, "phase": how})
-            for st in starts:
-                claimed[st : st + period] = True
-            if depth == 0:
-                min_period = max(1, int(period * SUB_REGIME_MIN_RATIO))
-                main_ns = _ns_per_op(ts, starts, period)
-        else:
-            pick = None
-    if pick is None and depth > 0:
-        return
-    # Recurse into the unexplained stretches of [a, b).
-    free = ~claimed[a:b]
-    edges = np.diff(np.concatenate(([0], free.view(np.int8), [0])))
-    for ga, gb in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)):
-        if pick is None:
+        if not enough or slow:
             break
-        _process(s, ts, htod_ids, a + ga, a + gb, depth + 1, min_period, claimed, out, main_ns)
+        left = _left_out(loc, template, starts)
+        if not len(left):
+            found = (period, template, starts, scores, how)
+            break
+        # Part of a longer iteration (a layer of a training step): the longer period that holds
+        # what it leaves out, if one repeats often enough; else no regime rather than a wrong one.
+        if partial is not None:
+            partial.append({"period": period, "count": len(starts), "left_out": len(left), "depth": depth})
+        pick = _best_lag(ranked, period + 1, need=left, s=loc)
+    if found is None:
+        if depth > 0:
+            return
+    else:
+        period, template, starts, scores, how = found
+        starts = starts + a
+        out.append({"period": period, "template": template, "starts": starts, "scores": scores, "phase": how})
+        for st in starts:
+            claimed[st : st + period] = True
+        if depth == 0:
+            min_period = max(1, int(period * SUB_REGIME_MIN_RATIO))
+            main_ns = _ns_per_op(ts, starts, period)
+        # Recurse into the unexplained stretches of [a, b).
+        free = ~claimed[a:b]
+        edges = np.diff(np.concatenate(([0], free.view(np.int8), [0])))
+        for ga, gb in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)):
+            _process(s, ts, htod_ids, a + ga, a + gb, depth + 1, min_period, claimed, out, main_ns, partial)
+
+
+def _left_out(s: np.ndarray, template: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Kernel ids (sorted) that the template leaves out but that recur between its iterations as
+    often as the template does: a repeating unit that leaves them out is part of a longer iteration
+    (one transformer layer of a training step), not an iteration. Empty when there are none.
+
+    Between the iterations (sorted starts, P ops each), the gaps of at least MIN_COPIES x P ops
+    (room for a repeat of their own) split them into g + 1 runs. When most ops of those gaps are
+    kernels the template does not have (another part of the step, not an evaluation or a step of
+    another shape, which run mostly the iteration's own kernels), the ids that occur there at
+    least k * g / (g + 1) times, k the iterations, are returned: as often per gap as the
+    iterations per run. Shorter gaps (a checkpoint's copies, an odd batch) split nothing.
+    """
+    P, k = len(template), len(starts)
+    none = np.zeros(0, np.int32)
+    if k < 2:
+        return none
+    ends = starts + P
+    wide = np.flatnonzero(starts[1:] - ends[:-1] >= MIN_COPIES * P)
+    if not len(wide):
+        return none
+    g = len(wide)
+    between = np.concatenate([s[ends[i] : starts[i + 1]] for i in wide])
+    other = between[~np.isin(between, template)]
+    if 2 * len(other) <= len(between):
+        return none
+    cnt = np.bincount(other)
+    return np.flatnonzero(cnt * (g + 1) >= k * g).astype(np.int32)
 
 
 def _candidate_lags(s: np.ndarray) -> np.ndarray:
@@ -266,17 +328,32 @@ def _runs(s: np.ndarray, L: int) -> tuple[np.ndarray, np.ndarray]:
     return st[keep], en[keep]
 
 
-def _pick_lag(s: np.ndarray, lags: np.ndarray, min_lag: int = 1):
-    """The period of the largest periodic stretch: (period, start of its longest run) or None.
+def _best_lag(ranked: list, min_lag: int, need: np.ndarray | None = None, s: np.ndarray | None = None):
+    """The period of the largest periodic stretch: the first (period, start of its longest run)
+    of ``ranked`` (``_ranked_lags``) with a period of at least ``min_lag``, or None. With ``need``
+    (ids a shorter period left out), only a period whose ops s[start : start + period] hold most
+    of them (more than half: kernels of the first step only, such as the optimizer state's
+    initialisation, may be missing)."""
+    for L, st in ranked:
+        if L < min_lag:
+            continue
+        if need is not None and 2 * np.count_nonzero(np.isin(need, s[st : st + L])) <= len(need):
+            continue
+        return L, st
+    return None
+
+
+def _ranked_lags(s: np.ndarray, lags: np.ndarray) -> list:
+    """(period, start of its longest run) of each lag that can be a period, largest total
+    coverage first (ties: the shorter lag).
 
     A run of lag L inside one period of a larger lag L' (shorter than L'+L) is a local feature
     (transformer layers, repeated optimizer kernels) and does not count, even when L' repeats
     only twice; a run of lag L that spans L'+L ops of a run of L' > L explains it (L' is a
-    multiple or a mix of periods). Only runs of MIN_COPIES copies or more, of a lag of at least
-    ``min_lag``, can be picked.
+    multiple or a mix of periods). Only runs of MIN_COPIES copies or more count.
     """
     if not len(lags):
-        return None
+        return []
     runs = {int(L): _runs(s, int(L)) for L in lags}
     lags = [L for L in sorted(runs) if len(runs[L][0])]
     alive = {L: np.ones(len(runs[L][0]), bool) for L in lags}
@@ -300,17 +377,15 @@ def _pick_lag(s: np.ndarray, lags: np.ndarray, min_lag: int = 1):
                 np.add.at(mark, lo, 1)
                 np.add.at(mark, hi, -1)
                 alive[Lb] &= np.cumsum(mark)[:-1] == 0
-    best, best_cov = None, 0
+    ranked = []
     for L in lags:
-        if L < min_lag:
-            continue
         st, en = runs[L]
         a = alive[L] & (en - st >= MIN_COPIES * L)
         c = int((en[a] - st[a]).sum())
-        if c > best_cov:
+        if c > 0:
             longest = int(np.argmax(np.where(a, en - st, -1)))
-            best, best_cov = (L, int(st[longest])), c
-    return best
+            ranked.append((-c, L, int(st[longest])))
+    return [(L, st) for _, L, st in sorted(ranked)]
 
 
 def _phase(s, ts, run_start, period, htod_ids) -> tuple[int, str]:
@@ -415,7 +490,7 @@ def _longest_cyclic_run(c: np.ndarray) -> int:
     return int((np.flatnonzero(e == -1) - np.flatnonzero(e == 1)).max(initial=0))
 
 
-def _model(capture, pid, rows, ids, kernel_rows, ts, found) -> IterationModel:
+def _model(capture, pid, rows, ids, kernel_rows, ts, found, partial=()) -> IterationModel:
     n_ops = len(capture.ops)
     regimes, st_all, per_all, rg_all, sc_all = [], [], [], [], []
     order = sorted(range(len(found)), key=lambda i: int(found[i]["starts"][0]))
@@ -452,6 +527,8 @@ def _model(capture, pid, rows, ids, kernel_rows, ts, found) -> IterationModel:
         regime = np.zeros(0, np.int32)
         match = np.zeros(0)
         main = -1
+    top = [p for p in partial if p["depth"] == 0]  # the first unit left out at the top, if no iteration
+    unit = PartialUnit(*(int(top[0][f]) for f in ("period", "count", "left_out"))) if main < 0 and top else None
     start_op = rows[start_seq] if len(start_seq) else np.zeros(0, np.int64)
     nxt = end_seq < len(rows)
     end_op = np.where(nxt, rows[np.minimum(end_seq, len(rows) - 1)], n_ops) if len(end_seq) else np.zeros(0, np.int64)
@@ -466,5 +543,5 @@ def _model(capture, pid, rows, ids, kernel_rows, ts, found) -> IterationModel:
         pid=pid, seq_rows=rows, seq_ids=ids, kernel_rows=kernel_rows, regimes=tuple(regimes), main=main,
         start_seq=start_seq.astype(np.int64), end_seq=end_seq.astype(np.int64), start_op=np.asarray(start_op, np.int64),
         end_op=np.asarray(end_op, np.int64), t_start=np.asarray(t_start, np.int64), t_end=np.asarray(t_end, np.int64),
-        regime=regime, match=match,
+        regime=regime, match=match, partial=unit,
     )
