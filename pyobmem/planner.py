@@ -376,6 +376,16 @@ class Plan:
         return int(self.peak_bytes - self.predicted_peak)
 
     @property
+    def n_hints(self) -> int:
+        """IDLE hints (the shim's eviction beyond the plan), not actions."""
+        return int(np.count_nonzero(self.actions["kind"] == abi.ActionKind.IDLE))
+
+    @property
+    def n_actions(self) -> int:
+        """Swap-outs, marks and prefetches per iteration."""
+        return len(self.actions) - self.n_hints
+
+    @property
     def swapped_bytes(self) -> int:
         """Bytes of distinct blocks the plan swaps."""
         return int(sum({s.block: s.size for s in self.swaps}.values()))
@@ -403,8 +413,8 @@ class Plan:
                  "stall_ns": round(s.stall_ns)}
                 for s in self.swaps
             ],
-            "actions": int(np.count_nonzero(self.actions["kind"] != abi.ActionKind.IDLE)),
-            "idle_hints": int(np.count_nonzero(self.actions["kind"] == abi.ActionKind.IDLE)),
+            "actions": self.n_actions,
+            "idle_hints": self.n_hints,
         }
 
     def hints_only(self) -> "Plan":

@@ -99,7 +99,7 @@ def format_plan(plan, cap, path: str, budget=None) -> str:
         f"  time        {plan.time_ratio:.3f}x the iteration (stalls {format_duration(int(plan.stall_ns))} per iteration)",
         f"  needs       at least {format_bytes(plan.needed_bytes)} resident at op {plan.needed_at}, whatever the plan",
         f"  swapped     {len({s.block for s in plan.swaps})} blocks, {format_bytes(plan.swapped_bytes)}; "
-        f"{len(plan.actions)} actions per iteration",
+        f"{plan.n_actions:,} actions per iteration, {plan.n_hints:,} idle hints for eviction",
     ]
     if plan.swaps:
         rows = [[s.block, hex(s.addr), format_bytes(s.size), s.out_at, s.prefetch_at, s.next_at, s.absent,
