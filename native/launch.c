@@ -108,19 +108,24 @@ void emit_op_with_accesses(uint16_t type, uint16_t flags, uint64_t seq, uint64_t
     recs[0].c = c;
     recs[0].d = d;
     recs[0].e = (uint64_t)t->n | (e_high << 32);
-    unsigned n = 1;
-    for (uint32_t i = 0; i < t->n; i += 4, n++) {
-        recs[n].type = PYOBMEM_EV_ACCESS;
-        recs[n].a = seq;
+    ring_write(recs, 1 + pack_accesses(recs + 1, seq, t->words, t->n));
+}
+
+unsigned pack_accesses(struct pyobmem_record *recs, uint64_t seq, const uint64_t *words, uint32_t n)
+{
+    unsigned r = 0;
+    for (uint32_t i = 0; i < n; i += 4, r++) {
+        recs[r].type = PYOBMEM_EV_ACCESS;
+        recs[r].a = seq;
         uint64_t w[4] = {0, 0, 0, 0};
-        for (uint32_t k = 0; k < 4 && i + k < t->n; k++)
-            w[k] = t->words[i + k];
-        recs[n].b = w[0];
-        recs[n].c = w[1];
-        recs[n].d = w[2];
-        recs[n].e = w[3];
+        for (uint32_t k = 0; k < 4 && i + k < n; k++)
+            w[k] = words[i + k];
+        recs[r].b = w[0];
+        recs[r].c = w[1];
+        recs[r].d = w[2];
+        recs[r].e = w[3];
     }
-    ring_write(recs, n);
+    return r;
 }
 
 void record_launch(uintptr_t handle, uint64_t stream, uint64_t grid, void **kernelParams, void **extra,

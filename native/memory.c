@@ -657,19 +657,7 @@ static void emit_batch(uint64_t b, uint64_t c, uint64_t bytes, CUstream s, const
     recs[0].c = c;
     recs[0].d = bytes;
     recs[0].e = (uint64_t)(uintptr_t)s;
-    unsigned n = 1;
-    for (uint32_t i = n0; i < t->n; i += 4, n++) {
-        recs[n].type = PYOBMEM_EV_ACCESS;
-        recs[n].a = seq;
-        uint64_t w[4] = {0, 0, 0, 0};
-        for (uint32_t k = 0; k < 4 && i + k < t->n; k++)
-            w[k] = t->words[i + k];
-        recs[n].b = w[0];
-        recs[n].c = w[1];
-        recs[n].d = w[2];
-        recs[n].e = w[3];
-    }
-    ring_write(recs, n);
+    ring_write(recs, 1 + pack_accesses(recs + 1, seq, t->words + n0, t->n > n0 ? t->n - n0 : 0));
     if (t->truncated && !__atomic_exchange_n(&noted, 1, __ATOMIC_RELAXED))
         ring_note("batch copy touched more than %d blocks: the others are not recorded", SHIM_MAX_TOUCHED);
 }

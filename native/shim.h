@@ -205,6 +205,8 @@ uint32_t scan_launch_args(uintptr_t handle, void **kernelParams, void **extra, s
 /* Emit a LAUNCH or GRAPH_LAUNCH record followed by its ACCESS records, as one ring group. */
 void emit_op_with_accesses(uint16_t type, uint16_t flags, uint64_t seq, uint64_t b, uint64_t c, uint64_t d,
                            uint64_t e_high, const struct touched *t);
+/* ACCESS records of op `seq` naming words[0..n), four a record, into recs; returns how many. */
+unsigned pack_accesses(struct pyobmem_record *recs, uint64_t seq, const uint64_t *words, uint32_t n);
 void record_launch(uintptr_t handle, uint64_t stream, uint64_t grid, void **kernelParams, void **extra,
                    uint16_t flags);
 uint16_t launch_config_flags(const CUlaunchConfig *config);
