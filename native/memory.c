@@ -254,7 +254,8 @@ CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
  * launch): a swap block that is out has no mapping, and the driver would refuse the pointer. */
 CUresult CUDAAPI cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
 {
-    if (SHIM_UNLIKELY(g_shim.swap) && shim_begin())
+    int rec = shim_begin(); /* also the shim's lazy init, when this is the first call */
+    if (SHIM_UNLIKELY(g_shim.swap) && rec)
         swap_touch(ptr);
     return REAL(cuPointerGetAttribute, (data, attribute, ptr));
 }
@@ -262,14 +263,16 @@ CUresult CUDAAPI cuPointerGetAttribute(void *data, CUpointer_attribute attribute
 CUresult CUDAAPI cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes, void **data,
                                         CUdeviceptr ptr)
 {
-    if (SHIM_UNLIKELY(g_shim.swap) && shim_begin())
+    int rec = shim_begin();
+    if (SHIM_UNLIKELY(g_shim.swap) && rec)
         swap_touch(ptr);
     return REAL(cuPointerGetAttributes, (numAttributes, attributes, data, ptr));
 }
 
 CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
 {
-    if (SHIM_UNLIKELY(g_shim.swap) && shim_begin())
+    int rec = shim_begin();
+    if (SHIM_UNLIKELY(g_shim.swap) && rec)
         swap_touch(dptr);
     return REAL(cuMemGetAddressRange_v2, (pbase, psize, dptr));
 }
