@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The wheel on a GPU machine: a pyobmem wheel built elsewhere (`python -m build --wheel -o .whl .`)
+# The wheel on a GPU machine: a pyobmem wheel built elsewhere (`python -m build --wheel`, into dist/)
 # is installed into a fresh venv over the machine's torch (--system-site-packages) offline, with
 # CUDA_HOME and PYTHONPATH unset, and its `pyobmem-run` traces the tiny GPT from outside the
 # source tree:
 #
-#     scripts/wheel_check.sh [WHEEL]        (default: the one .whl/pyobmem-*.whl)
+#     scripts/wheel_check.sh [WHEEL]        (default: the one dist/pyobmem-*.whl)
 #
-# The other wheels under .whl/ (runtime dependencies the machine lacks, e.g. cffi and pycparser)
-# are installed with it (--no-index --no-deps). Prints the capture's summary and one line
+# The wheels under .whl/ (runtime dependencies the machine lacks, e.g. cffi and pycparser; not
+# pyobmem's own, which gpu_session.sh would put ahead of the source tree) are installed with it (--no-index --no-deps). Prints the capture's summary and one line
 # "wheel check: ..."; exits 0 only if the installed copy (shim and package) traced the run and
 # the capture has kernel launches attributed to blocks. With $OUT set, the capture is copied there.
 set -euo pipefail
@@ -19,14 +19,11 @@ shopt -s nullglob
 if (( $# )); then
     WHEEL=$(realpath "$1")
 else
-    found=(.whl/pyobmem-*.whl)
-    (( ${#found[@]} == 1 )) || { echo "wheel check: want exactly one .whl/pyobmem-*.whl, found ${#found[@]}" >&2; exit 2; }
+    found=(dist/pyobmem-*.whl)
+    (( ${#found[@]} == 1 )) || { echo "wheel check: want exactly one dist/pyobmem-*.whl, found ${#found[@]}" >&2; exit 2; }
     WHEEL=$REPO/${found[0]}
 fi
-DEPS=()
-for w in .whl/*.whl; do
-    [[ $(basename "$w") == pyobmem-* ]] || DEPS+=("$REPO/$w")
-done
+DEPS=(.whl/*.whl)
 
 unset CUDA_HOME PYTHONPATH PYOBMEM_SHIM VIRTUAL_ENV
 WORK=$(mktemp -d /tmp/pyobmem-wheel.XXXXXX)
