@@ -9,7 +9,11 @@
  * host-to-device stream and writes the flag from that stream. The consumer must read the
  * producer's values. Prints "@ key=value" lines.
  *
- *     nvcc -o gpu_time_swap gpu_time_swap.cu -lcuda && ./gpu_time_swap [MiB] [sleep_ms]
+ *     nvcc -o gpu_time_swap gpu_time_swap.cu -lcuda && ./gpu_time_swap [MiB] [sleep_ms] [gpu|host]
+ *
+ * "gpu": the flag is device memory written by cuStreamWriteValue32 on the host-to-device stream;
+ * "host": mapped pinned host memory the helper thread sets once the copy is done. The first hung on
+ * the H200 (driver 580): the app stream never saw the flag (an alarm reports where each thread was).
  */
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -17,10 +21,23 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <signal.h>
 #include <time.h>
+#include <unistd.h>
+
+static pthread_t g_main_thread;
+static const char *volatile g_main = "start", *volatile g_helper = "not started";
+static void on_alarm(int sig)
+{
+    (void)sig;
+    fprintf(stderr, "@ hung_main=%s\n@ hung_helper=%s\n", g_main, g_helper);
+    _exit(3);
+}
 
 #define CK(x)                                                                                                          \
     do {                                                                                                               \
+        if (pthread_self() == g_main_thread) g_main = #x; else g_helper = #x;                                                                                                               \
         CUresult r_ = (x);                                                                                             \
         if (r_ != CUDA_SUCCESS) {                                                                                      \
             const char *s_ = "?";                                                                                      \
@@ -67,6 +84,7 @@ struct swap {
     CUstream h2d;
     CUevent out_done, mark;
     CUdeviceptr flag;
+    volatile uint32_t *host_flag; /* mode "host": the flag in mapped pinned host memory */
     CUcontext ctx;
     double t_released, t_mapped, free_before, free_released;
 };
@@ -90,14 +108,24 @@ static void *gpu_time_thread(void *arg)
     CK(cuMemSetAccess(s->va, s->size, &s->access, 1));
     s->t_mapped = now_ms();
     CK(cuMemcpyHtoDAsync(s->va, s->host, s->size, s->h2d));
-    CK(cuStreamWriteValue32(s->h2d, s->flag, 1, CU_STREAM_WRITE_VALUE_DEFAULT));
+    if (s->host_flag) { /* the CPU sets the flag once the copy is done */
+        CK(cuStreamSynchronize(s->h2d));
+        __atomic_store_n(s->host_flag, 1u, __ATOMIC_RELEASE);
+    } else {
+        CK(cuStreamWriteValue32(s->h2d, s->flag, 1, CU_STREAM_WRITE_VALUE_DEFAULT));
+    }
+    g_helper = "done";
     return NULL;
 }
 
 int main(int argc, char **argv)
 {
+    g_main_thread = pthread_self();
+    signal(SIGALRM, on_alarm);
+    alarm(20);
     size_t mib = argc > 1 ? strtoul(argv[1], NULL, 10) : 1024;
     int sleep_ms = argc > 2 ? atoi(argv[2]) : 100;
+    int host_mode = argc > 3 && !strcmp(argv[3], "host"); /* who writes the flag: "gpu" (default) or "host" */
     struct swap s = {};
     s.size = mib << 20;
     cudaFree(0); /* the primary context */
@@ -119,8 +147,16 @@ int main(int argc, char **argv)
     CK(cuMemMap(s.va, s.size, 0, s.phys, 0));
     CK(cuMemSetAccess(s.va, s.size, &s.access, 1));
     CK(cuMemHostAlloc(&s.host, s.size, 0));
-    CK(cuMemAlloc(&s.flag, 4));
-    CK(cuMemsetD32(s.flag, 0, 1));
+    if (host_mode) {
+        void *hf;
+        CK(cuMemHostAlloc(&hf, 4, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
+        s.host_flag = (volatile uint32_t *)hf;
+        *s.host_flag = 0;
+        CK(cuMemHostGetDevicePointer(&s.flag, hf, 0));
+    } else {
+        CK(cuMemAlloc(&s.flag, 4));
+        CK(cuMemsetD32(s.flag, 0, 1));
+    }
     unsigned long long *bad;
     CK(cuMemAlloc((CUdeviceptr *)&bad, 8));
     CK(cuMemsetD32((CUdeviceptr)bad, 0, 2));
