@@ -59,6 +59,8 @@ MIN_CONFIDENCE = 0.9  # model confidence (mean template match) of the main regim
 MAX_RATIO = 2.0  # the planner never predicts a slower iteration than this
 GREEDY_MAX_RATIO = 1e6  # the greedy runs without a stall limit; the budget stops the planner
 
+BARE_NUMBER = ("a number without a unit is a fraction of the card when at most 1 (0.75; 1 is the whole card), "
+               "else whole bytes; give other sizes with a unit (1.5GiB) or as a percentage of the card (75%)")
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z%]*)\s*$")
 _UNITS = {
     "": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20,
@@ -88,22 +90,25 @@ class Budget:
 
 
 def parse_budget(text: str) -> Budget:
-    """``16GiB``, ``16G`` (binary), ``16GB`` (decimal), ``500MiB``, ``123456`` (bytes), ``0.75`` or
-    ``75%`` (of the card). Raises PyobmemError (exit 2) with one line."""
+    """``16GiB``, ``16G`` (binary), ``16GB`` (decimal), ``500MiB``, ``75%`` (of the card's memory,
+    the only size known at launch, not of the job's peak) or a number without a unit: a fraction
+    of the card when at most 1 (``0.75``; ``1``: the whole card), else whole bytes (``123456``).
+    Raises PyobmemError (exit 2) with one line."""
     m = _SIZE.match(str(text))
     if not m:
-        raise PyobmemError(f"bad budget {text!r}: use a size (16GiB, 500MiB, bytes) or a fraction of the card (0.75, 75%)", 2)
+        raise PyobmemError(f"bad budget {text!r}: use a size (16GiB, 500MiB, bytes) or a share of the card (75%, 0.75)", 2)
     value, unit = float(m.group(1)), m.group(2).lower()
     if unit == "%":
         if not 0 < value <= 100:
             raise PyobmemError(f"bad budget {text!r}: a percentage of the card must be in (0, 100]", 2)
         return Budget(text=text, fraction=value / 100)
-    if unit == "" and "." in m.group(1):
-        if value > 1:
-            raise PyobmemError(f"bad budget {text!r}: a fraction of the card must be in (0, 1]; give sizes in whole bytes or with a unit", 2)
+    if unit == "":
         if value <= 0:
             raise PyobmemError(f"bad budget {text!r}: must be positive", 2)
-        return Budget(text=text, fraction=value)
+        if value <= 1:
+            return Budget(text=text, fraction=value)
+        if value != int(value) or "." in m.group(1):
+            raise PyobmemError(f"bad budget {text!r}: {BARE_NUMBER}", 2)
     if unit not in _UNITS:
         raise PyobmemError(f"bad budget {text!r}: unknown unit {m.group(2)!r} (B, KiB, MiB, GiB, TiB, K, M, G, T, KB, MB, GB, TB, %)", 2)
     n = int(value * _UNITS[unit])
@@ -345,8 +350,13 @@ class Plan:
     ``time_ratio`` (predicted iteration time over the unswapped one), ``stall_ns`` (per iteration);
     ``feasible`` (the predicted peak fits the budget); ``needed_bytes`` (the least any plan could
     reach on this iteration: at some position the blocks that cannot be out together) and
-    ``needed_at`` (that position); ``bound_bytes`` (the model's saving bound at ``time_ratio``,
-    None when not computed); ``iteration_ns``, ``bandwidth``, ``min_swap_bytes``.
+    ``needed_at`` (that position); ``reach_bytes`` / ``reach_at``: the least peak any plan can
+    reach under the cost model (each window out as long as it can be alone, engines idle: a lower
+    bound >= ``needed_bytes``) and its position; ``bound_bytes`` (the model's saving bound at
+    ``time_ratio``, None when not computed); ``iteration_ns``, ``bandwidth``, ``min_swap_bytes``;
+    ``iteration_index`` (the planned iteration among the main regime's, from 0, as the model's
+    saving curve counts it); ``candidates`` (count, bytes) and ``excluded`` (reason -> (count,
+    bytes)) of the process's blocks, as ``LearnedIteration``.
     """
 
     pid: int
@@ -370,6 +380,11 @@ class Plan:
     period: int = 0
     matching: int = 0
     iterations: int = 0
+    iteration_index: int = -1
+    reach_bytes: int = 0
+    reach_at: int = 0
+    candidates: tuple = (0, 0)
+    excluded: dict = field(default_factory=dict, repr=False)
 
     @property
     def saved_bytes(self) -> int:
@@ -406,6 +421,9 @@ class Plan:
             "saved_bytes": self.saved_bytes, "bound_bytes": self.bound_bytes,
             "time_ratio": round(self.time_ratio, 6), "stall_ns": round(self.stall_ns),
             "needed_bytes": self.needed_bytes, "needed_at": self.needed_at,
+            "reach_bytes": self.reach_bytes, "reach_at": self.reach_at, "iteration": self.iteration_index,
+            "candidates": {"blocks": self.candidates[0], "bytes": self.candidates[1]},
+            "excluded": {why: {"blocks": n, "bytes": b} for why, (n, b) in self.excluded.items()},
             "swapped_blocks": len({s.block for s in self.swaps}), "swapped_bytes": self.swapped_bytes,
             "swaps": [
                 {"block": s.block, "addr": hex(s.addr), "size": s.size, "out_after": s.out_at,
@@ -585,8 +603,10 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
     peak = int(L.live[peak_at]) if P else 0
     chosen: list[int] = []
     sim = _simulate(L, np.zeros(0, np.int64))
+    cov = _nominal_absence(L)
     if sim.peak > budget_bytes:
-        chosen, sim = _cover(L, budget_bytes, max_ratio, sim)
+        chosen, sim = _cover(L, budget_bytes, max_ratio, sim, cov)
+    reach_at, reach = _reach(L, cov)
     w = np.array(chosen, np.int64)
     swaps, act = [], []
     for j, k in enumerate(w):
@@ -630,18 +650,30 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
         feasible=sim.peak <= budget_bytes and len(actions) <= abi.PLAN_MAX_ACTIONS, needed_bytes=needed,
         needed_at=needed_at, needed_op_row=int(L.op_rows[needed_at]) if P else -1, bound_bytes=bound_bytes, iteration_ns=L.iteration_ns, bandwidth=L.bandwidth,
         min_swap_bytes=L.min_swap_bytes, period=P, matching=L.matching, iterations=L.iterations,
+        iteration_index=L.iteration_index, reach_bytes=reach, reach_at=reach_at,
+        candidates=(len(L.cand_block), int(L.cand_size.sum())), excluded=dict(L.excluded),
     )
 
 
-def _cover(L: LearnedIteration, budget_bytes: int, max_ratio: float, sim: _Sim) -> tuple[list, _Sim]:
+def _reach(L: LearnedIteration, cov: np.ndarray) -> tuple[int, int]:
+    """(position, bytes): the highest resident bytes with every window out as long as it can be
+    alone (``_nominal_absence``): no plan's peak is lower under the cost model."""
+    if not L.period:
+        return 0, 0
+    size = L.cand_size[L.win_cand].astype(np.int64)
+    res = L.live - (cov * size[:, None]).sum(axis=0).astype(np.int64) if len(size) else L.live
+    k = int(np.argmax(res))
+    return k, int(res[k])
+
+
+def _cover(L: LearnedIteration, budget_bytes: int, max_ratio: float, sim: _Sim, cov: np.ndarray) -> tuple[list, _Sim]:
     """Choose windows until the simulated peak fits ``budget_bytes`` (or none helps): at each
     step, among the unused windows whose block is out at the peak position (nominally), the one
     covering the most excess (resident bytes over the budget, capped at its size, summed over
     the positions it is out, per byte it moves: every byte costs the same copy time), kept only
     when the simulation (engine queues included) confirms it lowers the resident bytes at that
     position within ``max_ratio``. Returns (chosen windows, their simulation); when the budget
-    cannot be met, the lowest peak reached."""
-    cov = _nominal_absence(L)
+    cannot be met, the lowest peak reached. ``cov``: ``_nominal_absence(L)``."""
     size = L.cand_size[L.win_cand].astype(np.float64)
     free = cov.any(axis=1)
     chosen: list[int] = []

@@ -48,7 +48,7 @@ def test_plan_on_committed_captures(capfd):
     # gpt_tiny: 952 MiB live all along; no plan reaches half of it (at least 708 MiB at op 62).
     assert main(["plan", str(DATA / "gpt_tiny.pyobmem"), "--budget", "0.5GiB"]) == 1
     out, err = capfd.readouterr()
-    assert "iteration   160 ops" in out and "peak        952.0 MiB without swapping" in out
+    assert "planned     iteration 4 of 0..8: 160 ops" in out and "peak        952.0 MiB without swapping" in out
     assert err.strip().startswith("pyobmem: error: the budget 512.0 MiB is below what the job needs at one instant: 708.0 MiB")
     # A budget above the peak: nothing to swap.
     assert main(["plan", str(DATA / "gpt_tiny.pyobmem"), "--budget", "1GiB", "--json"]) == 0

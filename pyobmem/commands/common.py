@@ -124,18 +124,39 @@ def _itanium_nested(name: str) -> str:
     return "::".join(parts) if parts else name
 
 
+_OPEN, _CLOSE = "<([{", ">)]}"
+
+
+def function_name(demangled: str) -> str:
+    """The qualified name of a demangled function, its template arguments kept, without its return
+    type and parameter list: ``std::enable_if<!(false), void>::type ns::kernel<int>(int*) const`` ->
+    ``ns::kernel<int>``. Brackets are matched, so a ``(`` or a space inside template arguments
+    (``{lambda()#1}``, ``(bool)1``) is neither; ``operator()`` keeps its brackets."""
+    depth, start = 0, 0
+    i = 0
+    while i < len(demangled):
+        ch = demangled[i]
+        if ch == "(" and depth == 0:
+            if demangled.endswith("operator", 0, i) and demangled.startswith("()", i):
+                i += 2
+                continue
+            return demangled[start:i] if i > start else demangled
+        if ch in _OPEN:
+            depth += 1
+        elif ch in _CLOSE:
+            depth = max(depth - 1, 0)
+        elif ch == " " and depth == 0 and not demangled.endswith("operator", 0, i):
+            start = i + 1
+        i += 1
+    return demangled[start:] or demangled
+
+
 def short_name(name: str, width: int, demangled: dict | None = None) -> str:
     """A kernel name that fits ``width`` characters: demangled when possible, the return type and
     the parameter list left out, then cut with an ellipsis."""
     n = (demangled or {}).get(name)
-    if n is None:
-        n = _itanium_nested(name)
-    n = n.replace("(anonymous namespace)", "{anon}")
-    if n.startswith("void "):
-        n = n[5:]
-    paren = n.find("(")
-    if paren > 0:
-        n = n[:paren]
+    # A demangled signature loses its return type and parameters; other names stay as they are.
+    n = _itanium_nested(name) if n is None else function_name(n.replace("(anonymous namespace)", "{anon}"))
     if len(n) <= width:
         return n
     base = n.split("<", 1)[0]

@@ -118,7 +118,8 @@ def stats_dict(a, top: int = 10) -> dict:
     ref = it.iteration_ns
     order = np.lexsort((np.arange(len(bm)), -bm.size))[:top]
     top_blocks = [{
-        "block": int(r), "block_id": int(cap.blocks["block_id"][r]), "pid": int(cap.blocks["pid"][r]),
+        "block": cap.block_label(r), "row": int(r), "block_id": int(cap.blocks["block_id"][r]),
+        "pid": int(cap.blocks["pid"][r]),
         "size": int(bm.size[r]), "class": CLASSES[int(bm.cls[r])],
         "lifetime_iterations": None if np.isnan(bm.lifetime_iters[r]) else _round(bm.lifetime_iters[r], 2),
         "accesses": int(bm.n_accesses[r]),
@@ -218,7 +219,7 @@ def format_stats(d: dict) -> str:
     if d["top_blocks"]:
         out += ["", f"largest {len(d['top_blocks'])} blocks:"]
         out.append(table(["block", "size", "class", "lifetime", "accesses", "longest idle"], [
-            [f"{b['pid']}:{b['block_id']}", format_bytes(b["size"], digits=2), b["class"],
+            [b["block"], format_bytes(b["size"], digits=2), b["class"],
              "n/a" if b["lifetime_iterations"] is None else f"{b['lifetime_iterations']} it", b["accesses"],
              _pct(b["longest_idle_share"]) + (" of it" if b["longest_idle_share"] is not None else "")]
             for b in d["top_blocks"]]))

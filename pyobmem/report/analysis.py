@@ -144,7 +144,7 @@ def candidates(capture, a: Analysis, sav, top: int = 15) -> list[dict]:
             inside = t[(t >= w0) & (t < w1)]
             gaps = np.diff(np.r_[t[(t < w0)][-1:], inside, t[t >= w1][:1]])
             cls = str(a.block_class[b]) if sub < 0 or tm is None else model.CLASSES[int(tm.cls[sub])]
-            c = out[(b, sub)] = {"row": b, "block_id": int(blocks["block_id"][b]),
+            c = out[(b, sub)] = {"row": b, "block": capture.block_label(b), "block_id": int(blocks["block_id"][b]),
                           "size": int(blocks["size"][b]) if size is None else int(size),
                           "offset": 0 if sub < 0 or tm is None else int(tm.start[sub]),
                           "class": cls, "accesses": int(len(inside)),

@@ -171,7 +171,7 @@ def access_map(capture, a: Analysis, width: int = MAP_WIDTH) -> str:
         colour = CLASS_COLOURS.get(a.block_class[r], "#999")
         la, le = max(int(blocks["t_alloc"][r]), w0) - w0, min(int(end[r]), w1) - w0
         x0, x1 = float(f.px(la)), float(f.px(le))
-        label = f"block {int(blocks['block_id'][r])} {format_bytes(int(blocks['size'][r]))} {a.block_class[r]}"
+        label = f"block {capture.block_label(r)} {format_bytes(int(blocks['size'][r]))} {a.block_class[r]}"
         f.add(f'<rect x="{x0:.1f}" y="{y}" width="{max(x1 - x0, 0.5):.1f}" height="{rh - 1}" fill="#f0f0f0">'
               f'<title>{escape(label)}</title></rect>')
         full = a.accesses_of(r)
@@ -387,7 +387,7 @@ def render(capture, generated: str | None = None, ranks: str | None = None, subj
                 f"to host memory could save, if the iteration may run that much longer (pyobmem.model's saving "
                 f"bound, copies at {a.model.saving.bandwidth / 1e9:g} GB/s each way).</p>")
         parts.append(_section("Saving curve", body, "saving"))
-        cand = [[f'{c["block_id"]}+{format_bytes(c["offset"])}' if c.get("offset") else c["block_id"], format_bytes(c["size"]),
+        cand = [[f'{c["block"]}+{format_bytes(c["offset"])}' if c.get("offset") else c["block"], format_bytes(c["size"]),
                  c["class"], c["accesses"], format_duration(c["longest_idle_ns"], significant=3),
                  format_duration(c["out_ns"], significant=3), format_duration(c["copy_ns"], significant=3),
                  format_duration(c["stall_ns"], significant=3) if c["stall_ns"] else "none"]
