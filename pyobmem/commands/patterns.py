@@ -111,7 +111,7 @@ def format_patterns(d: dict, limit: int = 50, width: int | None = None) -> str:
         out.append(f"iteration {format_duration(d['iteration_ns'], digits=3)}; positions are % of the iteration")
     if d["drops"]["dropped"]:
         out.append(f"warning: {d['drops']['dropped']} events were dropped; findings may be wrong near "
-                   f"ops {d['drops'].get('first_op', '?')}..{d['drops'].get('last_op', '?')}")
+                   f"ops {d['drops'].get('first_op', '?')}..{d['drops'].get('last_op', '?')} ({d['drops']['hint']})")
     if not d["complete"]:
         out.append("note: the capture was cut short, so 'leaked' means 'unused and not freed before the cut'")
     f = d["findings"]
