@@ -97,8 +97,8 @@ def test_csv_and_perfetto_carry_the_swaps(tmp_path):
         rows = list(csv.DictReader(f))
     sw = [r for r in rows if r["event"].startswith("swap_")]
     assert [(r["event"], r["name"], r["time_ns"], r["bytes"], r["stream"]) for r in sw] == [
-        ("swap_out", "", "10000", str(64 * MiB), "7"), ("swap_in", "demand", "20000", str(64 * MiB), "7"),
-        ("swap_out", "", "30000", str(32 * MiB), "7")]
+        ("swap_out", "", "8000", str(64 * MiB), "7"), ("swap_in", "demand", "18000", str(64 * MiB), "7"),
+        ("swap_out", "", "28000", str(32 * MiB), "7")]  # ns from the first CUDA event (at 2000)
     assert [int(r["time_ns"]) for r in rows] == sorted(int(r["time_ns"]) for r in rows)
     export(cap, "perfetto", str(tmp_path / "s.json"))
     doc = json.loads((tmp_path / "s.json").read_text())
