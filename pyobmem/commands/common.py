@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -67,6 +68,25 @@ def budget_arg(text: str, what: str = "--budget"):
 
 def warn(message: str) -> None:
     print(f"pyobmem: warning: {message}", file=sys.stderr, flush=True)
+
+
+def distinct(paths: list[str]) -> list[str]:
+    """``paths`` without repeats of one file (the same path, or another name of it), in order,
+    with a warning for each file given more than once: a capture counted twice would double its
+    rank in a table."""
+    seen: dict = {}
+    for p in paths:
+        try:
+            st = os.stat(p)
+            key = (st.st_dev, st.st_ino)
+        except OSError:
+            key = os.path.abspath(p)  # missing: reading it says so
+        seen.setdefault(key, []).append(p)
+    for names in seen.values():
+        if len(names) > 1:
+            also = "" if len(set(names)) == 1 else f" (as {', '.join(names[1:])})"
+            warn(f"{names[0]} is given {len(names)} times{also}; it is read once")
+    return [names[0] for names in seen.values()]
 
 
 def load(path: str, *, say_incomplete: bool = False):

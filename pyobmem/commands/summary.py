@@ -19,7 +19,7 @@ from ..model.blocks import live_bytes_peak
 from ..ranks import rank_rows
 from ..report.swap import swap_facts
 from ..units import format_bytes, format_duration
-from .common import load
+from .common import distinct, load
 
 NAME = "summary"
 NO_ACTIVITY = "no CUDA activity was seen"
@@ -39,11 +39,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    if len(args.capture) > 1:
-        summary = summarize_many([load(path) for path in args.capture])
+    paths = distinct(args.capture)
+    if len(paths) > 1:
+        summary = summarize_many([load(path) for path in paths])
         text = format_many
     else:
-        summary, text = summarize(load(args.capture[0])), format_summary
+        summary, text = summarize(load(paths[0])), format_summary
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
     else:
