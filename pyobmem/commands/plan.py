@@ -71,7 +71,7 @@ def plan_json(plan, cap, best=None) -> dict:
         s["row"] = s["block"]
         s["block"] = cap.block_label(s["row"])
     if best is not None and best is not plan:
-        d["rejected"] = {"swapped_blocks": len({s.block for s in best.swaps}), "saved_bytes": best.saved_bytes,
+        d["rejected"] = {"blocks": _swapped(best, cap), "saved_bytes": best.saved_bytes,
                          "time_ratio": round(best.time_ratio, 6), "why": "saves nothing: worse than no plan"}
     return d
 
@@ -146,11 +146,21 @@ def _predicted(plan, best, cap) -> list[str]:
             why = f"the planner found none that lowers the peak (its cost model allows {format_bytes(plan.reach_bytes)})"
         lines = [f"none: {why}"]
         if best is not plan:
-            lines.append(f"the best one found swaps {len({s.block for s in best.swaps})} blocks and saves 0 B at "
+            blocks = _swapped(best, cap)
+            lines.append(f"the best one found swaps {len(blocks)} blocks ({', '.join(blocks)}) and saves 0 B at "
                          f"{best.time_ratio:.3f}x: worse than none, so none is shown")
         return lines
     return [f"{format_bytes(plan.predicted_peak)} peak ({'fits' if plan.feasible else 'does not fit'}), "
             f"saving {format_bytes(plan.saved_bytes)} (model bound at this slowdown: {format_bytes(plan.bound_bytes)})"]
+
+
+def _swapped(plan, cap) -> list[str]:
+    """The blocks a plan swaps, as every verb names them, in the plan's order."""
+    return list(dict.fromkeys(cap.block_label(s.block) for s in plan.swaps))
+
+
+def _blocks(n: int) -> str:
+    return f"{n:,} block{'' if n == 1 else 's'}"
 
 
 def _mib(n: float) -> str:
@@ -162,8 +172,7 @@ def format_plan(plan, cap, path: str, budget=None, best=None) -> str:
     instead (``useful``)."""
     best = plan if best is None else best
     pred = _predicted(plan, best, cap)
-    excluded = [f"{n:,} block{'s' if n != 1 else ''} {why} ({format_bytes(b)})"
-                for why, (n, b) in plan.excluded.items()] or ["none"]
+    excluded = [f"{_blocks(n)}: {why} ({format_bytes(b)})" for why, (n, b) in plan.excluded.items()] or ["none"]
     n_it = plan.iterations
     out = [
         f"Swap plan for {path} (pid {plan.pid})",
@@ -172,7 +181,7 @@ def format_plan(plan, cap, path: str, budget=None, best=None) -> str:
         f"  budget      {_budget_text(plan, budget)}; copies at {plan.bandwidth / 1e9:.1f} GB/s each way; "
         f"blocks under {format_bytes(plan.min_swap_bytes)} stay",
         f"  peak        {format_bytes(plan.peak_bytes)} without swapping, at op {plan.peak_at}",
-        f"  candidates  {plan.candidates[0]:,} blocks, {format_bytes(plan.candidates[1])}",
+        f"  candidates  {_blocks(plan.candidates[0])}, {format_bytes(plan.candidates[1])}",
         f"  excluded    {excluded[0]}",
         *[f"              {e}" for e in excluded[1:]],
         f"  needs       at least {format_bytes(plan.needed_bytes)} resident at op {plan.needed_at}, whatever the plan "
