@@ -352,7 +352,8 @@ class Plan:
     reach on this iteration: at some position the blocks that cannot be out together) and
     ``needed_at`` (that position); ``reach_bytes`` / ``reach_at``: the least peak any plan can
     reach under the cost model (each window out as long as it can be alone, engines idle: a lower
-    bound >= ``needed_bytes``) and its position; ``bound_bytes`` (the model's saving bound at
+    bound >= ``needed_bytes``; 0 when not computed: a plan that fits, made without ``bound``) and its
+    position; ``bound_bytes`` (the model's saving bound at
     ``time_ratio``, None when not computed); ``iteration_ns``, ``bandwidth``, ``min_swap_bytes``;
     ``iteration_index`` (the planned iteration among the main regime's, from 0, as the model's
     saving curve counts it); ``candidates`` (count, bytes) and ``excluded`` (reason -> (count,
@@ -603,10 +604,11 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
     peak = int(L.live[peak_at]) if P else 0
     chosen: list[int] = []
     sim = _simulate(L, np.zeros(0, np.int64))
-    cov = _nominal_absence(L)
-    if sim.peak > budget_bytes:
+    over = sim.peak > budget_bytes
+    cov = _nominal_absence(L) if over or bound else None  # W x P: the daemon skips it for a plan that fits
+    if over:
         chosen, sim = _cover(L, budget_bytes, max_ratio, sim, cov)
-    reach_at, reach = _reach(L, cov)
+    reach_at, reach = _reach(L, cov) if cov is not None else (0, 0)
     w = np.array(chosen, np.int64)
     swaps, act = [], []
     for j, k in enumerate(w):
