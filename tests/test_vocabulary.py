@@ -75,6 +75,13 @@ def test_one_block_id_in_every_verb(capsys, tmp_path, gpt_html):
     _out(capsys, ["export", GPT, "--format", "perfetto", "-o", str(pf)])
     tracks = [e for e in json.loads(pf.read_text())["traceEvents"] if e.get("cat") == "block"]
     assert tracks[0]["args"]["block"] == BIG and tracks[0]["name"] == "block 2160:12 198.0 MiB persistent"
+    # memory_viz: the block's root frame
+    mv = tmp_path / "g.pickle"
+    _out(capsys, ["export", GPT, "--format", "memory-viz", "-o", str(mv)])
+    import pickle
+
+    seg = next(s for s in pickle.loads(mv.read_bytes())["segments"] if s["address"] == 0x7F2FC8000000)
+    assert seg["blocks"][0]["frames"][-1]["name"] == "block 2160:12: persistent, 32 accesses"
     # report: the access map and the swap candidates
     assert "<title>block 2160:12 198.0 MiB persistent</title>" in gpt_html
     assert "<tr><td>2160:12</td><td class=n>198.0 MiB</td>" in gpt_html
