@@ -427,7 +427,7 @@ class Plan:
             "excluded": {why: {"blocks": n, "bytes": b} for why, (n, b) in self.excluded.items()},
             "swapped_blocks": len({s.block for s in self.swaps}), "swapped_bytes": self.swapped_bytes,
             "swaps": [
-                {"block": s.block, "addr": hex(s.addr), "size": s.size, "out_after": s.out_at,
+                {"row": s.block, "addr": hex(s.addr), "size": s.size, "out_after": s.out_at,
                  "prefetch_before": s.prefetch_at, "mark_after": s.mark_at, "next_access": s.next_at, "absent_ops": s.absent,
                  "stall_ns": round(s.stall_ns)}
                 for s in self.swaps

@@ -77,6 +77,7 @@ def test_plan_synthetic_json(tmp_path, capfd):
     j = json.loads(capfd.readouterr().out)
     assert j["feasible"] and j["predicted_peak_bytes"] == 145 * MiB and j["saved_bytes"] == 64 * MiB
     assert [(s["out_after"], s["prefetch_before"], s["next_access"]) for s in j["swaps"]] == [(0, 87, 0)]
+    assert [(s["block"], s["row"]) for s in j["swaps"]] == [("100:1", 0)]  # pid:id, as every verb names it
 
 
 def _start_daemon(ring_path, out, control_path, budget):

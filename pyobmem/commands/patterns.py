@@ -56,7 +56,8 @@ def run(args) -> int:
 
 
 def patterns_dict(a, slack_pct: float = SLACK_PCT, idle_pct: float = IDLE_PCT, kinds=None) -> dict:
-    """Findings as JSON values: sizes B, times ns, positions % of the iteration."""
+    """Findings as JSON values: sizes B, times ns, positions % of the iteration; ``block``: the
+    block as every verb names it (``pid:id``, the first instance), ``row``: its capture row."""
     cap = a.capture
     found = a.findings(slack_pct=slack_pct, idle_pct=idle_pct)
     if kinds:

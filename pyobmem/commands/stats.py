@@ -90,7 +90,9 @@ def _props(pr) -> dict:
 
 
 def stats_dict(a, top: int = 10) -> dict:
-    """Everything ``stats`` shows, as JSON values (sizes B, times ns from the capture's origin)."""
+    """Everything ``stats`` shows, as JSON values (sizes B, times ns from the capture's origin;
+    blocks named ``pid:id`` as in every verb, ``row``: the capture row; ``blocks_by_class``: whole
+    allocations, ``sub_blocks_by_class``: tensors, byte totals summed over the run)."""
     cap, it, bm, pr = a.capture, a.iterations, a.blocks, a.properties
     t0 = origin_ns(cap)
     main = it.main_regime
