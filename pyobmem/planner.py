@@ -148,7 +148,8 @@ class LearnedIteration:
     mean template match); ``bandwidth`` (B/s); ``min_swap_bytes``.
     Candidates, one row each: ``cand_block`` (capture block row), ``cand_addr``, ``cand_size``,
     ``cand_pos`` (list of int arrays: access positions in the iteration, sorted). ``excluded``:
-    reason -> (count, bytes) for the process's blocks that are no candidates.
+    reason -> (count, bytes) for the process's blocks that are no candidates; ``reason_of``: block row
+    -> that reason, for each of them.
     Windows (cyclic idle gaps of candidates), one row each: ``win_cand`` (candidate row), ``win_s``
     (last access position), ``win_n`` (next access position, + P when it wraps).
     ``iteration_row``: the row of the IterationModel; ``it``/``bm`` kept for the bound.
@@ -179,6 +180,7 @@ class LearnedIteration:
     capture: object = field(default=None, repr=False)
     it: object = field(default=None, repr=False)
     bm: object = field(default=None, repr=False)
+    reason_of: dict = field(default_factory=dict, repr=False)
 
     @property
     def period(self) -> int:
@@ -281,11 +283,12 @@ def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, ba
         ("not live over the whole iteration", (ta > it_t0) | ((tf >= 0) & (tf <= it_t1))),
         ("not accessed in the iteration", ~accessed),
     ]
-    excluded, taken = {}, ~mine
+    excluded, reason_of, taken = {}, {}, ~mine
     for why, mask in reasons:
         m = mask & ~taken
         if np.any(m):
             excluded[why] = (int(np.count_nonzero(m)), int(size[m].sum()))
+            reason_of.update(dict.fromkeys(np.flatnonzero(m).tolist(), why))
         taken |= m
     cand = np.flatnonzero(~taken)
     order = np.lexsort((acc_pos, acc["block"]))
@@ -307,7 +310,7 @@ def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, ba
         cand_block=cand.astype(np.int64), cand_addr=blocks["addr"][cand].astype(np.uint64),
         cand_size=size[cand], cand_pos=cand_pos, excluded=excluded,
         win_cand=cat(wc), win_s=cat(ws), win_n=cat(wn), iteration_row=row, iteration_index=i,
-        capture=capture, it=it, bm=bm,
+        capture=capture, it=it, bm=bm, reason_of=reason_of,
     )
 
 

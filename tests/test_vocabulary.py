@@ -221,7 +221,10 @@ def test_report_candidates_show_how_they_differ_from_plan(gpt_html):
     assert (c["block"], c["windows"], c["out_ns"], c["stall_ns"], c["from_ratio"]) == (BIG, 2, 8_726_982, 7_549_746, 1.293)
     assert ("<tr><td>2160:12</td><td class=n>198.0 MiB</td><td>persistent</td><td class=n>3</td>"
             "<td class=n>12.4 ms</td><td class=n>2</td><td class=n>8.73 ms</td><td class=n>15.1 ms</td>"
-            "<td class=n>7.55 ms</td><td class=n>1.29x</td></tr>") in gpt_html
+            "<td class=n>7.55 ms</td><td class=n>1.29x</td><td>may swap it</td></tr>") in gpt_html
+    # a sub-block (tensor) of a segment: plan would move its whole block
+    assert ("<tr><td>2160:13+0 B</td><td class=n>24.5 MiB</td>" in gpt_html
+            and "<td>may swap the whole 198.0 MiB block</td>" in gpt_html)
     assert "The bound is the model's ceiling, not a plan" in gpt_html
     assert "<code>pyobmem plan FILE --budget SIZE</code> is what swap mode would do" in gpt_html
 
@@ -327,3 +330,12 @@ def test_already_fits_says_which_budget_would_make_it_swap(tmp_path, capsys):
     out = _out(capsys, ["plan", str(tmp_path / "synth.pyobmem"), "--budget", "188MiB", "--bandwidth", str(BW)]).out
     assert "  predicted   145.0 MiB peak (fits), saving 64.0 MiB" in out
     assert re.search(r"^  100:1  0x7f0000000000  64\.0 MiB +0 +87 +0 +82 +0 ns$", out, re.M)
+
+
+def test_report_candidates_say_why_plan_leaves_a_block():
+    from pyobmem.report.analysis import analyse
+
+    # JAX's platform allocator maps every buffer itself: the bound may move them, plan never.
+    c = analyse(read_capture(os.path.join(DATA, "jax.pyobmem"))).candidates
+    assert [(x["block"], x["plan"]) for x in c] == [(b, "no: not VMM-backable (not cuMemAlloc)")
+                                                    for b in ("2581:61", "2581:62", "2581:25")]

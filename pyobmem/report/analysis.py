@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import model
+from .. import model, planner
+from ..units import format_bytes
 
 CLASSES = model.CLASSES
 COPY_BANDWIDTH = model.DEFAULT_BANDWIDTH
@@ -128,7 +129,8 @@ def candidates(capture, a: Analysis, sav, top: int = 15) -> list[dict]:
     """The blocks the saving bound swaps, in the order its greedy takes them (the first ones give
     the most peak per stall): size, class, accesses in the iteration, longest idle interval there,
     ``windows`` (greedy steps that took it: a window across the iteration's end is taken on each
-    side), ``out_ns`` (time out within the analysed iteration), copy time out + in, total stall,
+    side), ``sub`` (a sub-block, at ``offset``, not the whole block), ``plan`` (what ``pyobmem plan`` may
+    do with the block), ``out_ns`` (time out within the analysed iteration), copy time out + in, total stall,
     ``from_ratio`` (the slowdown from which the bound takes it: 1 + stalls so far / T, or the copy
     time so far / T)."""
     blocks = capture.blocks
@@ -159,6 +161,25 @@ def candidates(capture, a: Analysis, sav, top: int = 15) -> list[dict]:
         c["stall_ns"] += int(stall)
         c["out_ns"] += max(int(min(e, w1) - max(s, w0)), 0)
         c["windows"] += 1
+    in_plan = _plan_view(capture, a)
     for c in out.values():
         c["fits"] = c["stall_ns"] == 0
+        c["sub"] = c["offset"] > 0 or c["size"] < int(blocks["size"][c["row"]])
+        c["plan"] = in_plan(c["row"], c["sub"])
     return list(out.values())
+
+
+def _plan_view(capture, a: Analysis):
+    """A function (block row, is a sub-block) -> what ``pyobmem plan`` may do with that block:
+    the planner's candidates and, for the others, its reason (``LearnedIteration.reason_of``)."""
+    L = planner.learn_iteration(capture, it=a.model.iterations, bm=a.model.blocks)
+    if isinstance(L, planner.NoPlan):
+        return lambda row, sub: f"no plan: {L.reason}"
+    cands = set(L.cand_block.tolist())
+
+    def view(row: int, sub: bool) -> str:
+        if row in cands:
+            return f"may swap the whole {format_bytes(int(capture.blocks['size'][row]))} block" if sub else "may swap it"
+        return f"no: {L.reason_of.get(row, 'not of the planned process')}"
+
+    return view

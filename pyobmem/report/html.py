@@ -28,7 +28,8 @@ LINE_COLOURS = {RESIDENT: "#222222", BUDGET: "#e15759", BUDGET_EACH: "#e15759"}
 CANDIDATES_NOTE = (
     "<p class=muted>The blocks the saving bound swaps, in the order it takes them (most peak saved per stall "
     "first); block+offset: a sub-block (tensor) inside a segment; from slowdown: the time ratio from which the "
-    "bound takes it (the saving curve above). The bound is the model's ceiling, not a plan: it takes one "
+    "bound takes it (the saving curve above); pyobmem plan: whether swap mode's planner may swap the block (whole) "
+    "or why not. The bound is the model's ceiling, not a plan: it takes one "
     "iteration on its own, so a window across the iteration's end is taken on both sides (windows 2, each "
     "with its copies), it moves sub-blocks, and it buys peak with stalls. <code>pyobmem plan FILE --budget "
     "SIZE</code> is what swap mode would do: whole cuMemAlloc blocks of 4 MiB and more, the iteration taken "
@@ -423,13 +424,14 @@ def render(capture, generated: str | None = None, ranks: str | None = None, subj
                 f"to host memory could save, if the iteration may run that much longer (pyobmem.model's saving "
                 f"bound, copies at {a.model.saving.bandwidth / 1e9:g} GB/s each way).</p>")
         parts.append(_section("Saving curve", body, "saving"))
-        cand = [[f'{c["block"]}+{format_bytes(c["offset"])}' if c.get("offset") else c["block"], format_bytes(c["size"]),
+        cand = [[f'{c["block"]}+{format_bytes(c["offset"])}' if c["sub"] else c["block"], format_bytes(c["size"]),
                  c["class"], c["accesses"], format_duration(c["longest_idle_ns"], significant=3), c["windows"],
                  format_duration(c["out_ns"], significant=3), format_duration(c["copy_ns"], significant=3),
-                 format_duration(c["stall_ns"], significant=3) if c["stall_ns"] else "none", f'{c["from_ratio"]:.2f}x']
+                 format_duration(c["stall_ns"], significant=3) if c["stall_ns"] else "none", f'{c["from_ratio"]:.2f}x',
+                 c["plan"]]
                 for c in a.candidates]
         body = (_table(["block", "size", "class", "accesses / iteration", "longest idle", "windows",
-                        "out of device in the iteration", "copy out + in", "stall", "from slowdown"], cand,
+                        "out of device in the iteration", "copy out + in", "stall", "from slowdown", "pyobmem plan"], cand,
                        {1, 3, 4, 5, 6, 7, 8, 9}) if cand
                 else "<p>No block is worth swapping in this iteration.</p>")
         parts.append(_section("Top swap candidates", body + CANDIDATES_NOTE, "candidates"))
