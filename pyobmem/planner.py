@@ -387,6 +387,7 @@ class Plan:
     iteration_index: int = -1
     reach_bytes: int = 0
     reach_at: int = 0
+    reach_op_row: int = -1  # the capture op row at ``reach_at``
     candidates: tuple = (0, 0)
     excluded: dict = field(default_factory=dict, repr=False)
 
@@ -656,6 +657,7 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
         needed_at=needed_at, needed_op_row=int(L.op_rows[needed_at]) if P else -1, bound_bytes=bound_bytes, iteration_ns=L.iteration_ns, bandwidth=L.bandwidth,
         min_swap_bytes=L.min_swap_bytes, period=P, matching=L.matching, iterations=L.iterations,
         iteration_index=L.iteration_index, reach_bytes=reach, reach_at=reach_at,
+        reach_op_row=int(L.op_rows[reach_at]) if P else -1,
         candidates=(len(L.cand_block), int(L.cand_size.sum())), excluded=dict(L.excluded),
     )
 

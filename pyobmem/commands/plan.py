@@ -92,19 +92,13 @@ def infeasible_message(plan, cap) -> str:
 
 def _reach_text(plan, cap) -> str:
     """Why no plan gets under ``reach_bytes``: what stays resident at ``reach_at``."""
-    at = f"op {plan.reach_at} ({_op_name(cap, _row_at(plan, cap, plan.reach_at))})"
+    at = f"op {plan.reach_at} ({_op_name(cap, plan.reach_op_row)})"
     if plan.reach_bytes >= plan.peak_bytes:
         return (f"no plan lowers the peak of {format_bytes(plan.peak_bytes)}: at {at} no candidate block can be "
                 f"off the device (each is in use there, or idle for less than its copy out and back in at "
                 f"{plan.bandwidth / 1e9:.1f} GB/s)")
     return (f"no plan gets under {format_bytes(plan.reach_bytes)}: at {at} the other blocks cannot be off the "
             f"device (in use, or idle for less than a copy out and back in at {plan.bandwidth / 1e9:.1f} GB/s)")
-
-
-def _row_at(plan, cap, position: int) -> int:
-    """The capture op row of ``position`` of the planned iteration (the needed position's row
-    is kept by the plan; others are found from it)."""
-    return plan.needed_op_row - plan.needed_at + position if plan.needed_op_row >= 0 else -1
 
 
 def _op_name(cap, row: int) -> str:
