@@ -59,6 +59,8 @@ MIN_CONFIDENCE = 0.9  # model confidence (mean template match) of the main regim
 MAX_RATIO = 2.0  # the planner never predicts a slower iteration than this
 GREEDY_MAX_RATIO = 1e6  # the greedy runs without a stall limit; the budget stops the planner
 
+BARE_NUMBER = ("a number without a unit is a fraction of the card when at most 1 (0.75; 1 is the whole card), "
+               "else whole bytes; give other sizes with a unit (1.5GiB) or as a percentage of the card (75%)")
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z%]*)\s*$")
 _UNITS = {
     "": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20,
@@ -88,22 +90,25 @@ class Budget:
 
 
 def parse_budget(text: str) -> Budget:
-    """``16GiB``, ``16G`` (binary), ``16GB`` (decimal), ``500MiB``, ``123456`` (bytes), ``0.75`` or
-    ``75%`` (of the card). Raises PyobmemError (exit 2) with one line."""
+    """``16GiB``, ``16G`` (binary), ``16GB`` (decimal), ``500MiB``, ``75%`` (of the card's memory,
+    the only size known at launch, not of the job's peak) or a number without a unit: a fraction
+    of the card when at most 1 (``0.75``; ``1``: the whole card), else whole bytes (``123456``).
+    Raises PyobmemError (exit 2) with one line."""
     m = _SIZE.match(str(text))
     if not m:
-        raise PyobmemError(f"bad budget {text!r}: use a size (16GiB, 500MiB, bytes) or a fraction of the card (0.75, 75%)", 2)
+        raise PyobmemError(f"bad budget {text!r}: use a size (16GiB, 500MiB, bytes) or a share of the card (75%, 0.75)", 2)
     value, unit = float(m.group(1)), m.group(2).lower()
     if unit == "%":
         if not 0 < value <= 100:
             raise PyobmemError(f"bad budget {text!r}: a percentage of the card must be in (0, 100]", 2)
         return Budget(text=text, fraction=value / 100)
-    if unit == "" and "." in m.group(1):
-        if value > 1:
-            raise PyobmemError(f"bad budget {text!r}: a fraction of the card must be in (0, 1]; give sizes in whole bytes or with a unit", 2)
+    if unit == "":
         if value <= 0:
             raise PyobmemError(f"bad budget {text!r}: must be positive", 2)
-        return Budget(text=text, fraction=value)
+        if value <= 1:
+            return Budget(text=text, fraction=value)
+        if value != int(value) or "." in m.group(1):
+            raise PyobmemError(f"bad budget {text!r}: {BARE_NUMBER}", 2)
     if unit not in _UNITS:
         raise PyobmemError(f"bad budget {text!r}: unknown unit {m.group(2)!r} (B, KiB, MiB, GiB, TiB, K, M, G, T, KB, MB, GB, TB, %)", 2)
     n = int(value * _UNITS[unit])
@@ -145,7 +150,8 @@ class LearnedIteration:
     ``cand_pos`` (list of int arrays: access positions in the iteration, sorted), ``cand_site``
     (int64 (C, 2): allocation site of a tensor of the iteration, see ``_sites``; (-1, -1) for a
     block live over the whole iteration, named by its address). ``excluded``:
-    reason -> (count, bytes) for the process's blocks that are no candidates.
+    reason -> (count, bytes) for the process's blocks that are no candidates; ``reason_of``: block row
+    -> that reason, for each of them.
     Windows (cyclic idle gaps of candidates), one row each: ``win_cand`` (candidate row), ``win_s``
     (last access position), ``win_n`` (next access position, + P when it wraps).
     ``iteration_row``: the row of the IterationModel; ``it``/``bm`` kept for the bound.
@@ -177,6 +183,7 @@ class LearnedIteration:
     capture: object = field(default=None, repr=False)
     it: object = field(default=None, repr=False)
     bm: object = field(default=None, repr=False)
+    reason_of: dict = field(default_factory=dict, repr=False)
 
     @property
     def period(self) -> int:
@@ -291,11 +298,12 @@ def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, ba
         ("not live over the whole iteration" + (" nor allocated in it" if by_site else ""), ~whole & ~in_iteration),
         ("not accessed in the iteration", ~accessed),
     ]
-    excluded, taken = {}, ~mine
+    excluded, reason_of, taken = {}, {}, ~mine
     for why, mask in reasons:
         m = mask & ~taken
         if np.any(m):
             excluded[why] = (int(np.count_nonzero(m)), int(size[m].sum()))
+            reason_of.update(dict.fromkeys(np.flatnonzero(m).tolist(), why))
         taken |= m
     cand = np.flatnonzero(~taken)
     site = _sites(launch_t, ta, mine & in_iteration & (size >= min_swap_bytes), cand)
@@ -322,7 +330,7 @@ def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, ba
         cand_block=cand.astype(np.int64), cand_addr=blocks["addr"][cand].astype(np.uint64),
         cand_size=size[cand], cand_pos=cand_pos, cand_site=site, excluded=excluded,
         win_cand=cat(wc), win_s=cat(ws), win_n=cat(wn), iteration_row=row, iteration_index=i,
-        capture=capture, it=it, bm=bm,
+        capture=capture, it=it, bm=bm, reason_of=reason_of,
     )
 
 
@@ -387,8 +395,14 @@ class Plan:
     ``time_ratio`` (predicted iteration time over the unswapped one), ``stall_ns`` (per iteration);
     ``feasible`` (the predicted peak fits the budget); ``needed_bytes`` (the least any plan could
     reach on this iteration: at some position the blocks that cannot be out together) and
-    ``needed_at`` (that position); ``bound_bytes`` (the model's saving bound at ``time_ratio``,
-    None when not computed); ``iteration_ns``, ``bandwidth``, ``min_swap_bytes``.
+    ``needed_at`` (that position); ``reach_bytes`` / ``reach_at``: the least peak any plan can
+    reach under the cost model (each window out as long as it can be alone, engines idle: a lower
+    bound >= ``needed_bytes``; 0 when not computed: a plan that fits, made without ``bound``) and its
+    position; ``bound_bytes`` (the model's saving bound at
+    ``time_ratio``, None when not computed); ``iteration_ns``, ``bandwidth``, ``min_swap_bytes``;
+    ``iteration_index`` (the planned iteration among the main regime's, from 0, as the model's
+    saving curve counts it); ``candidates`` (count, bytes) and ``excluded`` (reason -> (count,
+    bytes)) of the process's blocks, as ``LearnedIteration``.
     """
 
     pid: int
@@ -412,6 +426,12 @@ class Plan:
     period: int = 0
     matching: int = 0
     iterations: int = 0
+    iteration_index: int = -1
+    reach_bytes: int = 0
+    reach_at: int = 0
+    reach_op_row: int = -1  # the capture op row at ``reach_at``
+    candidates: tuple = (0, 0)
+    excluded: dict = field(default_factory=dict, repr=False)
 
     @property
     def saved_bytes(self) -> int:
@@ -448,9 +468,12 @@ class Plan:
             "saved_bytes": self.saved_bytes, "bound_bytes": self.bound_bytes,
             "time_ratio": round(self.time_ratio, 6), "stall_ns": round(self.stall_ns),
             "needed_bytes": self.needed_bytes, "needed_at": self.needed_at,
+            "reach_bytes": self.reach_bytes, "reach_at": self.reach_at, "iteration": self.iteration_index,
+            "candidates": {"blocks": self.candidates[0], "bytes": self.candidates[1]},
+            "excluded": {why: {"blocks": n, "bytes": b} for why, (n, b) in self.excluded.items()},
             "swapped_blocks": len({s.block for s in self.swaps}), "swapped_bytes": self.swapped_bytes,
             "swaps": [
-                {"block": s.block, "addr": hex(s.addr), "size": s.size, "out_after": s.out_at,
+                {"row": s.block, "addr": hex(s.addr), "size": s.size, "out_after": s.out_at,
                  "prefetch_before": s.prefetch_at, "mark_after": s.mark_at, "next_access": s.next_at, "absent_ops": s.absent,
                  "stall_ns": round(s.stall_ns)}
                 for s in self.swaps
@@ -675,8 +698,11 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
     peak = int(L.live[peak_at]) if P else 0
     chosen: list[int] = []
     sim = _simulate(L, np.zeros(0, np.int64), budget_bytes)
-    if sim.peak > budget_bytes:
-        chosen, sim = _cover(L, budget_bytes, max_ratio, sim)
+    over = sim.peak > budget_bytes
+    cov = _nominal_absence(L) if over or bound else None  # W x P: the daemon skips it for a plan that fits
+    if over:
+        chosen, sim = _cover(L, budget_bytes, max_ratio, sim, cov)
+    reach_at, reach = _reach(L, cov) if cov is not None else (0, 0)
     w = np.array(chosen, np.int64)
     swaps, act = [], []
     for j, k in enumerate(w):
@@ -720,18 +746,32 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
         feasible=sim.peak <= budget_bytes and len(actions) <= abi.PLAN_MAX_ACTIONS, needed_bytes=needed,
         needed_at=needed_at, needed_op_row=int(L.op_rows[needed_at]) if P else -1, bound_bytes=bound_bytes, iteration_ns=L.iteration_ns, bandwidth=L.bandwidth,
         min_swap_bytes=L.min_swap_bytes, period=P, matching=L.matching, iterations=L.iterations,
+        iteration_index=L.iteration_index, reach_bytes=reach, reach_at=reach_at,
+        reach_op_row=int(L.op_rows[reach_at]) if P else -1,
+        candidates=(len(L.cand_block), int(L.cand_size.sum())), excluded=dict(L.excluded),
     )
 
 
-def _cover(L: LearnedIteration, budget_bytes: int, max_ratio: float, sim: _Sim) -> tuple[list, _Sim]:
+def _reach(L: LearnedIteration, cov: np.ndarray) -> tuple[int, int]:
+    """(position, bytes): the highest resident bytes with every window out as long as it can be
+    alone (``_nominal_absence``): no plan's peak is lower under the cost model."""
+    if not L.period:
+        return 0, 0
+    size = L.cand_size[L.win_cand].astype(np.int64)
+    res = L.live - (cov * size[:, None]).sum(axis=0).astype(np.int64) if len(size) else L.live
+    k = int(np.argmax(res))
+    return k, int(res[k])
+
+
+def _cover(L: LearnedIteration, budget_bytes: int, max_ratio: float, sim: _Sim, cov: np.ndarray) -> tuple[list, _Sim]:
     """Choose windows until the simulated peak fits ``budget_bytes`` (or none helps): at each
     step, among the unused windows whose block is out at the peak position (nominally), the one
     covering the most excess (resident bytes over the budget, capped at its size, summed over
     the positions it is out, per byte it moves: every byte costs the same copy time), kept only
     when the simulation (engine queues included) confirms it lowers the resident bytes at that
     position within ``max_ratio``. Returns (chosen windows, their simulation); when the budget
-    cannot be met, the lowest peak reached."""
-    nominal, held = _nominal_absence(L), _nominal_absence(L, held=True)
+    cannot be met, the lowest peak reached. ``cov``: ``_nominal_absence(L)``."""
+    nominal, held = cov, _nominal_absence(L, held=True)
     size = L.cand_size[L.win_cand].astype(np.float64)
     free = held.any(axis=1)
     chosen: list[int] = []

@@ -148,7 +148,7 @@ def test_print_1_on_a_machine_without_gpu(tmp_path, shim):
     lines = proc.stderr.splitlines()
     assert "pyobmem: no CUDA activity was seen" in lines
     assert f"pyobmem: capture written to {captures[0]}" in lines
-    assert any(line.startswith("pyobmem: next: pyobmem stats ") for line in lines)
+    assert not any("next:" in line for line in lines)  # nothing to look at in an empty capture
     cap = read_capture(captures[0])
     assert cap.complete and cap.exit_status == 0 and len(cap.ops) == 0 and len(cap.blocks) == 0
     summary = pyobmem("summary", captures[0], cwd=tmp_path)
