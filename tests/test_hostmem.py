@@ -18,6 +18,8 @@ from test_shim import fake  # noqa: F401
 from pyobmem.abi import AllocKind, Ev, LaunchFlag
 from pyobmem.capture import decode_records
 from pyobmem.commands.summary import attribution, format_summary, summarize
+from pyobmem.export import live_bytes
+from pyobmem.export.memory_viz import snapshot
 
 UNKNOWN = int(LaunchFlag.UNKNOWN_ADDRESS)
 
@@ -78,6 +80,9 @@ def test_summary_counts_host_only_and_names_unattributed_kernels(fake, tmp_path)
     # host blocks are not device memory: the peak is the device block alone
     assert s["allocations"]["peak_live_bytes"] == 4096
     assert s["allocations"]["by_kind"]["host"] == {"count": 4, "bytes": 8192 + 4096 + 16384 + 8192}
+    assert int(live_bytes(cap.blocks)[1].max()) == 4096  # the live-bytes step function too
+    seen = {e["addr"] for trace in snapshot(cap)["device_traces"] for e in trace}
+    assert seen == {run.out["dev"]}  # memory_viz: no host block
     text = format_summary(s)
     assert "3 attributed, 2 host-only, 3 unattributed, 0 without addresses" in text
     assert "traced by the shim's hooks 8, by CUPTI 0" in text
