@@ -216,6 +216,16 @@ static struct {
     uint64_t host, dev, size;
 } g_alias[HOST_ALIAS_MAX];
 static unsigned g_alias_n;
+static uint32_t g_alias_pid; /* the process the table is of: a fork child starts empty, as its blocks do */
+
+/* Under g_alias_mu. */
+static void alias_own(void)
+{
+    if (g_alias_pid != g_shim.pid) {
+        g_alias_pid = g_shim.pid;
+        g_alias_n = 0;
+    }
+}
 
 static void host_alloc(const void *p, size_t size)
 {
@@ -229,6 +239,7 @@ static void host_free(const void *p, int known, const struct block *b)
     uint64_t h = (uint64_t)(uintptr_t)p;
     after_free(h, known, b, 0);
     pthread_mutex_lock(&g_alias_mu);
+    alias_own();
     for (unsigned i = 0; i < g_alias_n;) {
         if (g_alias[i].host == h) {
             blocks_remove_range(g_alias[i].dev, g_alias[i].dev + g_alias[i].size, 0);
@@ -304,6 +315,7 @@ CUresult CUDAAPI cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsig
         /* the device-side view of the whole host block, from its start */
         uint64_t dev = *pdptr - (h - hb.start), size = hb.end - hb.start;
         pthread_mutex_lock(&g_alias_mu);
+        alias_own();
         int room = g_alias_n < HOST_ALIAS_MAX;
         if (room)
             g_alias[g_alias_n++] = (__typeof__(g_alias[0])){hb.start, dev, size};
