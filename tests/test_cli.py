@@ -275,16 +275,16 @@ def test_environment_of_the_child(tmp_path, shim):
     assert cap.meta["presets"] == {} and cap.meta["cupti"] == "0"
 
     # --cupti: the libcupti found here ("1": let the shim search), or the user's own choice
-    proc = pyobmem("run", "-f", "-q", "--cupti", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path, env=_env(shim["env"]))
+    proc = pyobmem("run", "-f", "-q", "--cupti", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path, env=clean_env(shim["env"]))
     assert proc.stdout.splitlines()[4] == (find_cupti() or "1")
     proc = pyobmem("run", "-f", "-q", "--cupti", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path,
-                   env=_env({**shim["env"], "PYOBMEM_CUPTI": "/opt/my/libcupti.so"}))
+                   env=clean_env({**shim["env"], "PYOBMEM_CUPTI": "/opt/my/libcupti.so"}))
     assert proc.stdout.splitlines()[4] == "/opt/my/libcupti.so"
     proc = pyobmem("run", "-f", "-q", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path,
-                   env=_env({**shim["env"], "PYOBMEM_CUPTI": "/opt/my/libcupti.so"}))
+                   env=clean_env({**shim["env"], "PYOBMEM_CUPTI": "/opt/my/libcupti.so"}))
     assert proc.stdout.splitlines()[4] == "0"  # without --cupti the variable alone subscribes nothing
     proc = pyobmem("run", "-f", "-q", "--cupti", "--no-cupti", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path,
-                   env=_env(shim["env"]))
+                   env=clean_env(shim["env"]))
     assert proc.returncode == 2 and "not allowed with argument" in proc.stderr
 
 
