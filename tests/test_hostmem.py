@@ -20,6 +20,7 @@ from pyobmem.capture import decode_records
 from pyobmem.commands.summary import attribution, format_summary, summarize
 from pyobmem.export import live_bytes
 from pyobmem.export.memory_viz import snapshot
+from pyobmem.report.swap import resident_bytes
 
 UNKNOWN = int(LaunchFlag.UNKNOWN_ADDRESS)
 
@@ -81,6 +82,7 @@ def test_summary_counts_host_only_and_names_unattributed_kernels(fake, tmp_path)
     assert s["allocations"]["peak_live_bytes"] == 4096
     assert s["allocations"]["by_kind"]["host"] == {"count": 4, "bytes": 8192 + 4096 + 16384 + 8192}
     assert int(live_bytes(cap.blocks)[1].max()) == 4096  # the live-bytes step function too
+    assert int(resident_bytes(cap)[1].max()) == 4096  # swap mode's resident bytes
     seen = {e["addr"] for trace in snapshot(cap)["device_traces"] for e in trace}
     assert seen == {run.out["dev"]}  # memory_viz: no host block
     text = format_summary(s)
