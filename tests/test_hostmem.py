@@ -17,7 +17,7 @@ from test_shim import fake  # noqa: F401
 
 from pyobmem.abi import AllocKind, Ev, LaunchFlag
 from pyobmem.capture import decode_records
-from pyobmem.commands.summary import attribution, format_summary, summarize
+from pyobmem.commands.summary import attribution, format_short, format_summary, summarize
 from pyobmem.export import live_bytes
 from pyobmem.export.memory_viz import snapshot
 from pyobmem.report.swap import resident_bytes
@@ -86,8 +86,11 @@ def test_summary_counts_host_only_and_names_unattributed_kernels(fake, tmp_path)
     seen = {e["addr"] for trace in snapshot(cap)["device_traces"] for e in trace}
     assert seen == {run.out["dev"]}  # memory_viz: no host block
     text = format_summary(s)
-    assert "3 attributed, 2 host-only, 3 unattributed, 0 without addresses" in text
-    assert "traced by the shim's hooks 8, by CUPTI 0" in text
+    assert s["launches"]["attributed_pct"] == 37.5  # 3 of 8
+    assert ("by kind          3 attributed (device blocks), 2 host-only (pinned host memory), 3 unattributed, "
+            "0 without addresses") in text
+    assert "traced by        the shim's hooks 8, CUPTI 0" in text
+    assert "launches: 3 attributed (device blocks)" in format_short(s)
     assert "Unattributed launches (an address in no recorded block), by kernel\n  kernel    launches\n  kernel_a         3" in text
 
 

@@ -61,6 +61,7 @@ def summarize(cap: Capture) -> dict:
     copies = ops[ops["type"] == abi.Ev.MEMCPY]
     memsets = ops[ops["type"] == abi.Ev.MEMSET]
     graphs = ops[ops["type"] == abi.Ev.GRAPH_LAUNCH]
+    la = attribution(cap)
     return {
         "capture": {
             "path": cap.path,
@@ -77,11 +78,11 @@ def summarize(cap: Capture) -> dict:
         "allocations": _allocations(blocks),
         "launches": {
             "count": len(launches),
-            "attributed_pct": _pct(np.count_nonzero(launches["n_touched"] > 0), len(launches)),
+            "attributed_pct": _pct(la["attribution"]["attributed"], len(launches)),
             "opaque_pct": _pct(np.count_nonzero(launches["flags"] & abi.LaunchFlag.OPAQUE), len(launches)),
             "graph_launches": len(graphs),
             "blocks_touched": _stats(launches["n_touched"]),
-            **attribution(cap),
+            **la,
         },
         "copies": _copies(copies),
         "memsets": {"count": len(memsets), "bytes": int(memsets["bytes"].sum())},
@@ -115,7 +116,8 @@ TOP_KERNELS = 10
 
 
 def attribution(cap: Capture) -> dict:
-    """How the kernel launches of ``cap`` were attributed, and by which path.
+    """How the kernel launches of ``cap`` were attributed, and by which path (summary's
+    ``attributed_pct`` is ``attributed`` of all launches).
 
     ``attribution``: launch counts that add up to all launches: ``attributed`` (the words it names
     are in recorded blocks, one at least a device block), ``host_only`` (only host blocks, pinned
@@ -328,13 +330,13 @@ def _status_line(s: dict) -> str:
 
 def _attribution_line(la: dict) -> str:
     a = la["attribution"]
-    return (f"{_num(a['attributed'])} attributed, {_num(a['host_only'])} host-only, {_num(a['unattributed'])} "
-            f"unattributed, {_num(a['no_addresses'])} without addresses")
+    return (f"{_num(a['attributed'])} attributed (device blocks), {_num(a['host_only'])} host-only (pinned host "
+            f"memory), {_num(a['unattributed'])} unattributed, {_num(a['no_addresses'])} without addresses")
 
 
 def _traced_by_line(la: dict) -> str:
     t = la["traced_by"]
-    return f"traced by the shim's hooks {_num(t['hooks'])}, by CUPTI {_num(t['cupti'])}"
+    return f"the shim's hooks {_num(t['hooks'])}, CUPTI {_num(t['cupti'])}"
 
 
 def _iteration_line(s: dict) -> str:
@@ -360,7 +362,7 @@ def format_short(s: dict) -> str:
             f"iteration: {_iteration_line(s)}",
         ]
         if la.get("attribution"):
-            lines.insert(1, f"launches: {_attribution_line(la)}; {_traced_by_line(la)}")
+            lines.insert(1, f"launches: {_attribution_line(la)}; traced by {_traced_by_line(la)}")
         if s.get("swap"):
             lines += ["swap: " + line for line in _swap_lines(s["swap"])]
         if s.get("ranks"):
