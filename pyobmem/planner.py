@@ -142,7 +142,9 @@ class LearnedIteration:
     of the main regime whose keys equal the template / all of them); ``confidence`` (the model's
     mean template match); ``bandwidth`` (B/s); ``min_swap_bytes``.
     Candidates, one row each: ``cand_block`` (capture block row), ``cand_addr``, ``cand_size``,
-    ``cand_pos`` (list of int arrays: access positions in the iteration, sorted). ``excluded``:
+    ``cand_pos`` (list of int arrays: access positions in the iteration, sorted), ``cand_site``
+    (int64 (C, 2): allocation site of a tensor of the iteration, see ``_sites``; (-1, -1) for a
+    block live over the whole iteration, named by its address). ``excluded``:
     reason -> (count, bytes) for the process's blocks that are no candidates.
     Windows (cyclic idle gaps of candidates), one row each: ``win_cand`` (candidate row), ``win_s``
     (last access position), ``win_n`` (next access position, + P when it wraps).
@@ -165,6 +167,7 @@ class LearnedIteration:
     cand_addr: np.ndarray = field(repr=False)
     cand_size: np.ndarray = field(repr=False)
     cand_pos: list = field(repr=False)
+    cand_site: np.ndarray = field(repr=False)
     excluded: dict = field(repr=False)
     win_cand: np.ndarray = field(repr=False)
     win_s: np.ndarray = field(repr=False)
@@ -192,8 +195,13 @@ def op_keys(ops: np.ndarray) -> np.ndarray:
 
 
 def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, bandwidth: float | None = None,
-                    it: IterationModel | None = None, bm=None) -> LearnedIteration | NoPlan:
-    """Learn the iteration of ``capture``'s main process (see LearnedIteration), or say why not."""
+                    it: IterationModel | None = None, bm=None, by_site: bool = False) -> LearnedIteration | NoPlan:
+    """Learn the iteration of ``capture``'s main process (see LearnedIteration), or say why not.
+
+    ``by_site``: stream-ordered blocks allocated inside the iteration (the tensors a per-tensor
+    allocator preset gives, ``backend:cudaMallocAsync``) are candidates too, each identified by
+    its allocation site (``cand_site``), with the idle windows between its accesses in its
+    lifetime; otherwise only blocks live over the whole iteration are."""
     it = detect_iterations(capture) if it is None else it
     main = it.main_rows()
     if it.main < 0 and it.partial is not None:
@@ -267,14 +275,21 @@ def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, ba
     acc_pos = pos_of_row[acc["op"]] if len(acc) else np.zeros(0, np.int64)
     accessed = np.zeros(len(blocks), bool)
     accessed[acc["block"]] = True
+    t_next = int(ops["ts_ns"][pid_rows[b]]) if b < len(pid_rows) else np.iinfo(np.int64).max
+    whole = (ta <= it_t0) & ((tf < 0) | (tf > it_t1))
+    stream_ordered = blocks["kind"] == abi.AllocKind.ASYNC
+    # A tensor of this iteration: allocated after its first op, before the next iteration's.
+    in_iteration = stream_ordered & (ta >= it_t0) & (ta < t_next) if by_site else np.zeros(len(blocks), bool)
+    backable = (blocks["kind"] == abi.AllocKind.DRIVER) | stream_ordered
     reasons = [
-        ("not VMM-backable (not cuMemAlloc)", blocks["kind"] != abi.AllocKind.DRIVER),
+        ("not VMM-backable (not cuMemAlloc or stream-ordered)" if by_site else "not VMM-backable (not cuMemAlloc)",
+         ~backable if by_site else blocks["kind"] != abi.AllocKind.DRIVER),
         (f"under {format_bytes(min_swap_bytes, digits=2)}", size < min_swap_bytes),
         ("touched by an opaque launch", bm.opaque),
         ("named by an NCCL call (pinned)", _nccl_named(capture)),
         ("arena", bm.cls == ARENA),
         ("never accessed", bm.cls == NEVER),
-        ("not live over the whole iteration", (ta > it_t0) | ((tf >= 0) & (tf <= it_t1))),
+        ("not live over the whole iteration" + (" nor allocated in it" if by_site else ""), ~whole & ~in_iteration),
         ("not accessed in the iteration", ~accessed),
     ]
     excluded, taken = {}, ~mine
@@ -284,13 +299,18 @@ def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, ba
             excluded[why] = (int(np.count_nonzero(m)), int(size[m].sum()))
         taken |= m
     cand = np.flatnonzero(~taken)
+    site = _sites(launch_t, ta, mine & in_iteration & (size >= min_swap_bytes), cand)
     order = np.lexsort((acc_pos, acc["block"]))
     ab, ap = acc["block"][order], acc_pos[order]
     cand_pos, wc, ws, wn = [], [], [], []
     for ci, blk in enumerate(cand):
         p = np.unique(ap[np.searchsorted(ab, blk, "left") : np.searchsorted(ab, blk, "right")])
         cand_pos.append(p)
-        nxt = np.append(p[1:], p[0] + P)
+        # A block live over the iteration is idle from its last access to its first in the next
+        # iteration; a tensor of the iteration only between two of its accesses (it holds nothing
+        # before the first, and is freed after the last).
+        nxt = np.append(p[1:], p[0] + P) if site[ci, 0] < 0 else p[1:]
+        p = p if site[ci, 0] < 0 else p[:-1]
         ok = nxt - p >= 2  # at least one position in between
         wc.append(np.full(np.count_nonzero(ok), ci))
         ws.append(p[ok])
@@ -301,10 +321,32 @@ def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, ba
         matching=matching, iterations=len(main), confidence=float(regime.confidence),
         bandwidth=bandwidth_of(capture, bandwidth), min_swap_bytes=int(min_swap_bytes),
         cand_block=cand.astype(np.int64), cand_addr=blocks["addr"][cand].astype(np.uint64),
-        cand_size=size[cand], cand_pos=cand_pos, excluded=excluded,
+        cand_size=size[cand], cand_pos=cand_pos, cand_site=site, excluded=excluded,
         win_cand=cat(wc), win_s=cat(ws), win_n=cat(wn), iteration_row=row, iteration_index=i,
         capture=capture, it=it, bm=bm,
     )
+
+
+def _sites(launch_t: np.ndarray, t_alloc: np.ndarray, counted: np.ndarray, cand: np.ndarray) -> np.ndarray:
+    """int64 (len(cand), 2): the allocation site of each candidate block (rows of the capture's
+    blocks) that is one of ``counted`` (bool per block: the allocations the shim counts, the
+    process's stream-ordered ones of at least min_swap_bytes made in the iteration): (position of
+    the last op issued before its allocation, its ordinal among the counted allocations since that
+    op); (-1, -1) for the others. With its size the site names one tensor of every iteration."""
+    site = np.full((len(cand), 2), -1, np.int64)
+    rows = np.flatnonzero(counted)
+    if not len(rows):
+        return site
+    rows = rows[np.argsort(t_alloc[rows], kind="stable")]
+    pos = np.searchsorted(launch_t, t_alloc[rows].astype(np.int64), side="right") - 1
+    start = np.r_[0, np.flatnonzero(np.diff(pos)) + 1]  # runs of one position (pos is sorted)
+    ordinal = np.arange(len(pos)) - np.repeat(start, np.diff(np.r_[start, len(pos)]))
+    of = np.full(len(t_alloc), -1, np.int64)
+    of[rows] = np.arange(len(rows))
+    k = of[cand]
+    hit = k >= 0
+    site[hit, 0], site[hit, 1] = pos[k[hit]], ordinal[k[hit]]
+    return site
 
 
 def _nccl_named(capture) -> np.ndarray:
@@ -438,6 +480,7 @@ class _Sim:
     absent: np.ndarray  # positions out per window
     ratio: float
     resident: np.ndarray
+    wait_ns: float = 0.0  # per iteration: the GPU held at the budget for swap-outs to end
 
 
 def _clocks(L: LearnedIteration, iterations: int) -> tuple[np.ndarray, np.ndarray]:
@@ -458,12 +501,16 @@ def _released(ext: np.ndarray, hx: np.ndarray, s: np.ndarray, out_done: np.ndarr
     return h, p_out
 
 
-def _simulate(L: LearnedIteration, w: np.ndarray) -> _Sim:
+def _simulate(L: LearnedIteration, w: np.ndarray, budget_bytes: int | None = None) -> _Sim:
     """The cost model on windows ``w`` (rows of L's windows), three iterations unrolled; figures
     of the middle one (the steady state). Two clocks: the shim acts when the host issues an op
     (``L.issue``), copies run and memory is used when the GPU executes it (``L.times``); the
     host runs ahead, so a prefetch issued at position q maps its memory while the GPU is still
-    at an earlier position. Resident bytes are counted at the GPU's positions."""
+    at an earlier position. Resident bytes are counted at the GPU's positions.
+
+    With ``budget_bytes``, where the resident bytes would exceed the budget while swap-outs are
+    still copying, the shim holds the op until enough of them end (``_hold``): the block is out
+    from there, and the wait adds to the iteration's time (``wait_ns``)."""
     P, T = L.period, L.iteration_ns
     ext, hx = _clocks(L, 4)  # positions 0 .. 4P-1
     size = L.cand_size[L.win_cand[w]].astype(np.float64)
@@ -500,8 +547,11 @@ def _simulate(L: LearnedIteration, w: np.ndarray) -> _Sim:
     stall = np.maximum(done - deadline, 0.0) + starve
     useless = (back <= p_out) | (h >= n)  # the block would never be out
     # Resident bytes over the middle iteration [P, 2P).
-    diff = np.zeros(4 * P + 1)
     okw = ~useless
+    wait = 0.0
+    if budget_bytes is not None and len(s):
+        p_out, wait = _hold(L, ext, s, p_out, back, out_done, sz, okw, budget_bytes)
+    diff = np.zeros(4 * P + 1)
     np.add.at(diff, p_out[okw], -sz[okw])
     np.add.at(diff, back[okw], sz[okw])
     out = np.cumsum(diff)[P : 2 * P]
@@ -510,12 +560,49 @@ def _simulate(L: LearnedIteration, w: np.ndarray) -> _Sim:
     m = len(w)
     mid = slice(m, 2 * m)  # the windows of iteration 1: actions are taken from them
     in_iter = (n >= P) & (n < 2 * P)
-    stalls = float(stall[in_iter].sum())
+    stalls = float(stall[in_iter].sum()) + wait
     copy = float(d.sum() + r.sum()) if m else 0.0
     ratio = max(1.0 + stalls / T, float(d.sum()) / T, copy / T) if m else 1.0
     useless_w = useless[mid] | useless[: m] | useless[2 * m :]
     return _Sim(peak=int(resident[k]) if P else 0, peak_at=k, stall=stall[mid], useless=useless_w, q=q[mid],
-                mark=mark[mid], absent=np.maximum(back[mid] - p_out[mid], 0), ratio=ratio, resident=resident)
+                mark=mark[mid], absent=np.maximum(back[mid] - p_out[mid], 0), ratio=ratio, resident=resident,
+                wait_ns=wait)
+
+
+def _hold(L: LearnedIteration, ext: np.ndarray, s: np.ndarray, p_out: np.ndarray, back: np.ndarray,
+          out_done: np.ndarray, sz: np.ndarray, ok: np.ndarray, budget_bytes: int) -> tuple[np.ndarray, float]:
+    """The shim's budget hold on the middle iteration: at each GPU position p (in order) whose
+    resident bytes exceed the budget, the op waits for the swap-outs already issued there (last
+    access before p) and still copying, earliest copy end first, until enough have ended; those
+    blocks are out from p. Returns (p_out with the held blocks out from their position, the
+    waiting in ns). Later positions run later by the waits so far (the copies do not: the
+    engine keeps going while the GPU waits). A position where every issued swap-out is not
+    enough waits for them all (the plan then does not fit there)."""
+    P = L.period
+    p_out = p_out.copy()
+    delay = 0.0
+    for _ in range(P):
+        diff = np.zeros(4 * P + 1)
+        np.add.at(diff, p_out[ok], -sz[ok])
+        np.add.at(diff, back[ok], sz[ok])
+        resident = L.live + np.cumsum(diff)[P : 2 * P].astype(np.int64)
+        over = np.flatnonzero(resident > budget_bytes)
+        p = -1
+        for j in over:  # the first position over the budget that pending swap-outs can help
+            pp = P + int(j)
+            if np.any(ok & (s < pp) & (p_out > pp) & (back > pp)):
+                p = pp
+                break
+        if p < 0:
+            break
+        pend = np.flatnonzero(ok & (s < p) & (p_out > p) & (back > p))
+        pend = pend[np.argsort(out_done[pend], kind="stable")]
+        need = int(resident[p - P]) - budget_bytes
+        k = min(int(np.searchsorted(np.cumsum(sz[pend]), need, side="left")), len(pend) - 1)
+        take = pend[: k + 1]
+        delay += max(0.0, float(out_done[take].max()) - (float(ext[p]) + delay))
+        p_out[take] = p
+    return p_out, delay
 
 
 def _marks(ext: np.ndarray, hx: np.ndarray, s: np.ndarray, q: np.ndarray, latest: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -551,11 +638,12 @@ def _needed(L: LearnedIteration) -> tuple[int, int]:
     return int(need[j]), j
 
 
-def _nominal_absence(L: LearnedIteration) -> np.ndarray:
+def _nominal_absence(L: LearnedIteration, held: bool = False) -> np.ndarray:
     """bool (windows, P): the GPU positions (mod P) at which each window alone keeps its block
     out under the cost model with idle copy engines (``_simulate``'s clocks and release rule):
     from its release after the copy out to the remap of the latest prefetch the host can issue
-    with the remap and copy done before the next access."""
+    with the remap and copy done before the next access. ``held``: from the position after its
+    last access, where the budget hold (``_hold``) can keep the GPU until the copy ends."""
     P = L.period
     W = len(L.win_s)
     cov = np.zeros((W, P), bool)
@@ -569,6 +657,8 @@ def _nominal_absence(L: LearnedIteration) -> np.ndarray:
     h, p_out = _released(ext, hx, s, ext[s] + d)
     q = np.minimum(np.searchsorted(hx, ext[n] - d - r, side="right") - 1, n)
     back = np.searchsorted(ext, _marks(ext, hx, s, q, ext[n] - d - r)[1], side="left")
+    if held:
+        p_out = s + 1
     length = np.clip(back - p_out, 0, P)
     length[q <= h] = 0
     for w in np.flatnonzero(length > 0):
@@ -585,7 +675,7 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
     peak_at = int(np.argmax(L.live)) if P else 0
     peak = int(L.live[peak_at]) if P else 0
     chosen: list[int] = []
-    sim = _simulate(L, np.zeros(0, np.int64))
+    sim = _simulate(L, np.zeros(0, np.int64), budget_bytes)
     if sim.peak > budget_bytes:
         chosen, sim = _cover(L, budget_bytes, max_ratio, sim)
     w = np.array(chosen, np.int64)
@@ -642,13 +732,16 @@ def _cover(L: LearnedIteration, budget_bytes: int, max_ratio: float, sim: _Sim) 
     when the simulation (engine queues included) confirms it lowers the resident bytes at that
     position within ``max_ratio``. Returns (chosen windows, their simulation); when the budget
     cannot be met, the lowest peak reached."""
-    cov = _nominal_absence(L)
+    nominal, held = _nominal_absence(L), _nominal_absence(L, held=True)
     size = L.cand_size[L.win_cand].astype(np.float64)
-    free = cov.any(axis=1)
+    free = held.any(axis=1)
     chosen: list[int] = []
     best = (sim.peak, [], sim)
     while sim.peak > budget_bytes:
         p = sim.peak_at
+        # Windows out at p with the engines idle first; then those the budget hold keeps out
+        # there, at the cost of waiting for their copies.
+        cov = nominal if np.any(free & nominal[:, p]) else held
         cand = np.flatnonzero(free & cov[:, p])
         if not len(cand):
             break
@@ -658,7 +751,7 @@ def _cover(L: LearnedIteration, budget_bytes: int, max_ratio: float, sim: _Sim) 
         for k in cand[np.lexsort((size[cand], -gain))]:
             free[k] = False
             trial = chosen + [int(k)]
-            t = _simulate(L, np.array(trial, np.int64))
+            t = _simulate(L, np.array(trial, np.int64), budget_bytes)
             if t.useless[-1] or t.resident[p] >= sim.resident[p] or t.ratio > max_ratio:
                 continue
             chosen, sim, taken = trial, t, True

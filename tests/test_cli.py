@@ -288,6 +288,18 @@ def test_environment_of_the_child(tmp_path, shim):
     assert proc.returncode == 2 and "not allowed with argument" in proc.stderr
 
 
+@pytest.mark.parametrize("sub, name", [("cuda_cupti", "libcupti.so.12"), ("cu13", "libcupti.so.13")])
+def test_cupti_of_pip_installed_cuda_is_found(tmp_path, monkeypatch, sub, name):
+    """A machine with pip-installed PyTorch and no toolkit: CUPTI comes from NVIDIA's wheel."""
+    lib = tmp_path / "site-packages" / "nvidia" / sub / "lib"
+    lib.mkdir(parents=True)
+    (lib / name).write_bytes(b"")
+    monkeypatch.setattr("site.getsitepackages", lambda: [str(tmp_path / "site-packages")])
+    monkeypatch.setattr("site.getusersitepackages", lambda: str(tmp_path / "user"))
+    monkeypatch.setattr("sys.path", [])
+    assert find_cupti() == str(lib / name)
+
+
 def test_metadata_records_the_run(tmp_path, shim):
     user_env = {
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
