@@ -1,5 +1,5 @@
 /*
- * The block table: live device ranges [start, end) -> (block id, kind), a sorted array with
+ * The block table: live ranges [start, end) -> (block id, kind), a sorted array with
  * binary search. Writers (alloc, free, map, unmap) take the write lock; the launch path holds
  * the read lock once per launch around all its lookups.
  *
@@ -72,7 +72,10 @@ static void emit_free(const struct block *b, uint64_t stream)
 
 /* Remove entries [i, j) (write lock held), emitting FREE for each. */
 /* Device memory the budget counts: what the driver allocates on the device for the block. */
-static int on_device(const struct block *b) { return b->kind != PYOBMEM_ALLOC_MANAGED; }
+static int on_device(const struct block *b)
+{
+    return b->kind != PYOBMEM_ALLOC_MANAGED && b->kind != PYOBMEM_ALLOC_HOST;
+}
 
 static void erase(size_t i, size_t j, uint64_t stream)
 {

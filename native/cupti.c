@@ -1,19 +1,26 @@
 /*
- * The CUPTI subscriber (optional). After the first successful cuInit, libcupti is dlopen'ed and
- * subscribed to exactly the launch callback ids; the API_EXIT callback of a launch that
- * succeeded runs the same record_launch() as the hooks, flagged VIA_CUPTI, and the launch hooks stop recording (no
- * double count). Graph launches stay with their hook. CUPTI allows one subscriber per process:
- * when it is taken (Nsight, compute-sanitizer, a profiler) or libcupti is missing, the shim
- * says so once in a NOTE and keeps recording from its hooks (C05).
+ * The CUPTI subscriber: opt-in (pyobmem-run --cupti; PYOBMEM_CUPTI set to "1" or a path). By
+ * default launches are traced from the shim's own hooks, which attribute every launch at lower
+ * cost, and CUPTI stays free for torch.profiler/Kineto, Nsight and other tools of the process.
  *
- * libcupti is found, in order: $PYOBMEM_CUPTI alone when it is set ("0": never use CUPTI; an
- * explicit path is not silently replaced by another library), else libcupti.so.13, .12,
+ * When asked for, after the first successful cuInit libcupti is dlopen'ed and subscribed to
+ * exactly the launch callback ids; the API_EXIT callback of a launch that succeeded runs the same
+ * record_launch() as the hooks, flagged VIA_CUPTI, and the launch hooks stop recording (no double
+ * count). Graph launches stay with their hook. CUPTI allows one subscriber per process: when it
+ * is taken (Nsight, compute-sanitizer, a profiler), libcupti is missing or any CUPTI call fails,
+ * the shim says so once in a NOTE naming the library's path, its version and the error, and
+ * keeps recording from its hooks (C05, C25).
+ *
+ * libcupti is found, in order: one already mapped in the process under a known soname (a
+ * framework's, C25: never a second copy), else $PYOBMEM_CUPTI when it is a path (an explicit
+ * path is not silently replaced by another library), else ("1") libcupti.so.13, .12,
  * libcupti.so, $CUDA_HOME/lib64/libcupti.so, /usr/local/cuda/lib64/libcupti.so,
  * /usr/local/cuda/extras/CUPTI/lib64/libcupti.so. CUPTI is only called through dlsym'ed
  * pointers; the headers give the callback ids and the parameter structs.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,14 +171,17 @@ _Static_assert(sizeof(cuLaunchKernelEx_params) == sizeof(cuLaunchKernelEx_ptsz_p
 _Static_assert(sizeof(cuLaunchCooperativeKernel_params) == sizeof(cuLaunchCooperativeKernel_ptsz_params),
                "ptsz params layout");
 
-static void *open_cupti(const char **why)
+/* Sonames a framework or profiler loads libcupti under: one already mapped is reused (C25). */
+static const char *const g_sonames[] = {"libcupti.so.13", "libcupti.so.12", "libcupti.so"};
+
+static void *open_cupti(const char *env, const char **why)
 {
-    const char *env = getenv(PYOBMEM_ENV_CUPTI);
-    if (env && strcmp(env, "0") == 0) {
-        *why = "disabled by PYOBMEM_CUPTI=0";
-        return NULL;
+    for (size_t i = 0; i < sizeof g_sonames / sizeof g_sonames[0]; i++) {
+        void *h = dlopen(g_sonames[i], RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+        if (h)
+            return h;
     }
-    if (env && *env) {
+    if (strcmp(env, "1") != 0) {
         void *h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
         *why = "PYOBMEM_CUPTI library could not be loaded";
         return h;
@@ -195,6 +205,20 @@ static void *open_cupti(const char **why)
     return NULL;
 }
 
+/* "PATH (CUPTI version V)" of an opened libcupti, for the one line that says what happened. */
+static void describe(void *lib, char *buf, size_t n)
+{
+    struct link_map *lm = NULL;
+    const char *path = dlinfo(lib, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name && lm->l_name[0] ? lm->l_name : "libcupti";
+    typedef CUptiResult(CUPTIAPI * version_fn)(uint32_t *);
+    version_fn ver = (version_fn)dlsym(lib, "cuptiGetVersion");
+    uint32_t v = 0;
+    if (ver && ver(&v) == CUPTI_SUCCESS)
+        snprintf(buf, n, "%s (CUPTI version %u)", path, v);
+    else
+        snprintf(buf, n, "%s (CUPTI version unknown)", path);
+}
+
 static const char *result_name(void *lib, CUptiResult r, char *buf, size_t n)
 {
     result_string_fn rs = (result_string_fn)dlsym(lib, "cuptiGetResultString");
@@ -207,24 +231,30 @@ static const char *result_name(void *lib, CUptiResult r, char *buf, size_t n)
 
 void cupti_start(void)
 {
+    const char *env = getenv(PYOBMEM_ENV_CUPTI);
+    if (!env || !*env || strcmp(env, "0") == 0) {
+        ring_note("cupti=off (the default; --cupti subscribes)");
+        return;
+    }
     const char *why = "unknown";
-    char buf[64];
-    void *lib = open_cupti(&why);
+    char buf[64], lib_text[256];
+    void *lib = open_cupti(env, &why);
     if (!lib) {
         ring_note("cupti=unavailable: %s", why);
         return;
     }
+    describe(lib, lib_text, sizeof lib_text);
     subscribe_fn sub = (subscribe_fn)dlsym(lib, "cuptiSubscribe");
     enable_fn enable = (enable_fn)dlsym(lib, "cuptiEnableCallback");
     unsubscribe_fn unsub = (unsubscribe_fn)dlsym(lib, "cuptiUnsubscribe");
     if (!sub || !enable) {
-        ring_note("cupti=unavailable: cuptiSubscribe/cuptiEnableCallback missing in libcupti");
+        ring_note("cupti=unavailable: %s: cuptiSubscribe/cuptiEnableCallback missing", lib_text);
         return;
     }
     CUpti_SubscriberHandle h = NULL;
     CUptiResult r = sub(&h, on_callback, NULL);
     if (r != CUPTI_SUCCESS) {
-        ring_note("cupti=unavailable: cuptiSubscribe: %s", result_name(lib, r, buf, sizeof buf));
+        ring_note("cupti=unavailable: %s: cuptiSubscribe: %s", lib_text, result_name(lib, r, buf, sizeof buf));
         return;
     }
     for (size_t i = 0; i < sizeof g_cbids / sizeof g_cbids[0]; i++) {
@@ -232,10 +262,10 @@ void cupti_start(void)
         if (r != CUPTI_SUCCESS) {
             if (unsub)
                 unsub(h);
-            ring_note("cupti=unavailable: cuptiEnableCallback: %s", result_name(lib, r, buf, sizeof buf));
+            ring_note("cupti=unavailable: %s: cuptiEnableCallback: %s", lib_text, result_name(lib, r, buf, sizeof buf));
             return;
         }
     }
     __atomic_store_n(&g_shim.cupti_active, 1, __ATOMIC_RELEASE);
-    ring_note("cupti=active");
+    ring_note("cupti=active: %s", lib_text);
 }

@@ -3,7 +3,8 @@
  * (cached layout -> scan 8-byte argument words -> block table -> LAUNCH + ACCESS records).
  *
  * The path allocates nothing and makes no syscall or driver call once a handle's layout is
- * cached: one hash probe, one read lock, a binary search per candidate word, one ring group.
+ * cached and each of its argument offsets has been asked about (at most once, see ask_driver):
+ * one hash probe, one read lock, a binary search per candidate word, one ring group.
  * Argument bytes are only read (memcpy), never written.
  */
 #include <string.h>
@@ -12,33 +13,100 @@
 
 #define MAX_EXTRA_PAIRS 64
 
-void touched_add(struct touched *t, uint64_t word)
+int touched_add(struct touched *t, uint64_t word)
 {
     const struct block *b = blocks_lookup(word);
     if (!b)
-        return;
+        return 0;
     for (uint32_t i = 0; i < t->n; i++)
         if (t->ids[i] == b->id)
-            return;
+            return 1;
     if (t->n == SHIM_MAX_TOUCHED) {
         t->truncated = 1;
-        return;
+        return 1;
     }
     t->ids[t->n] = b->id;
     t->starts[t->n] = b->start;
     t->words[t->n] = PYOBMEM_ACCESS_WORD(b->id, word - b->start);
     t->n++;
+    return 1;
+}
+
+/* Argument words in no block: is the word at this offset of this kernel an address? The driver is
+ * asked once per (kernel, offset), with the first value there that is in no block
+ * (cuPointerGetAttribute, outside the block lock); the answer is kept in the layout's slot. */
+enum { SLOT_UNASKED = 0, SLOT_ASKING = 1, SLOT_ADDRESS = 2, SLOT_NOT_ADDRESS = 3 };
+#define MIN_ADDRESS 0x10000ull          /* below: a small integer or NULL, never asked */
+#define MAX_ADDRESS 0x00ffffffffffffffull /* above: not a user-space or device address */
+#define MAX_ASKS 8                      /* per launch; the others are asked at a later launch */
+
+struct scan {
+    struct touched *t;
+    const struct param_layout *l; /* NULL: no slots (layout unknown) */
+    int unknown;                  /* a word at an ADDRESS slot is in no block */
+    uint32_t n_asks;
+    uint32_t ask_slot[MAX_ASKS];
+    uint64_t ask_word[MAX_ASKS];
+};
+
+static void not_in_block(struct scan *s, uint32_t offset, uint64_t w)
+{
+    uint32_t i = offset / 8;
+    if (!s->l || !s->l->slots || i >= s->l->n_slots || w < MIN_ADDRESS || w > MAX_ADDRESS)
+        return;
+    uint8_t *slot = &s->l->slots[i];
+    uint8_t st = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+    if (st == SLOT_ADDRESS) {
+        s->unknown = 1;
+    } else if (st == SLOT_UNASKED && s->n_asks < MAX_ASKS &&
+               __atomic_compare_exchange_n(slot, &st, SLOT_ASKING, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+        s->ask_slot[s->n_asks] = i;
+        s->ask_word[s->n_asks++] = w;
+    }
+}
+
+static const char *memory_type_name(unsigned type)
+{
+    switch (type) {
+    case CU_MEMORYTYPE_HOST: return "host";
+    case CU_MEMORYTYPE_DEVICE: return "device";
+    case CU_MEMORYTYPE_ARRAY: return "array";
+    case CU_MEMORYTYPE_UNIFIED: return "unified";
+    default: return "unknown";
+    }
+}
+
+/* The driver's answers for the words `s` collected (blocks lock not held). The query's error, if
+ * any, is returned to the shim alone: nothing is left pending for the application. */
+static void ask_driver(struct scan *s, uintptr_t handle)
+{
+    for (uint32_t k = 0; k < s->n_asks; k++) {
+        unsigned type = 0;
+        shim_tls_guard++;
+        CUresult r = real_cuPointerGetAttribute
+                         ? real_cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)s->ask_word[k])
+                         : CUDA_ERROR_NOT_INITIALIZED;
+        shim_tls_guard--;
+        __atomic_store_n(&s->l->slots[s->ask_slot[k]], r == CUDA_SUCCESS ? SLOT_ADDRESS : SLOT_NOT_ADDRESS,
+                         __ATOMIC_RELEASE);
+        if (r == CUDA_SUCCESS) {
+            s->unknown = 1;
+            ring_note("unknown_address.%#llx+%u=%s memory at %#llx, in no recorded block", (unsigned long long)handle,
+                      s->ask_slot[k] * 8, memory_type_name(type), (unsigned long long)s->ask_word[k]);
+        }
+    }
 }
 
 /* Scan the 8-byte words of one parameter whose bytes start at p and which sits at byte offset
  * `offset` of the argument buffer: words aligned to 8 in the buffer. */
-static uint32_t scan_param(struct touched *t, const char *p, uint32_t offset, uint32_t size)
+static uint32_t scan_param(struct scan *s, const char *p, uint32_t offset, uint32_t size)
 {
     uint32_t n = 0;
     for (uint32_t k = (uint32_t)(-offset) & 7u; k + 8 <= size; k += 8) {
         uint64_t w;
         memcpy(&w, p + k, sizeof w);
-        touched_add(t, w);
+        if (!touched_add(s->t, w))
+            not_in_block(s, offset + k, w);
         n++;
     }
     return n;
@@ -72,6 +140,7 @@ uint32_t scan_launch_args(uintptr_t handle, void **kernelParams, void **extra, s
     size_t bufsize = 0;
     int have_buf = !kernelParams && extra && extra_buffer(extra, &buf, &bufsize);
     uint32_t words = 0;
+    struct scan s = {.t = t, .l = l->known ? l : NULL};
 
     if (!l->known)
         *flags |= PYOBMEM_LAUNCH_NO_LAYOUT | PYOBMEM_LAUNCH_OPAQUE;
@@ -82,17 +151,21 @@ uint32_t scan_launch_args(uintptr_t handle, void **kernelParams, void **extra, s
     if (l->known && kernelParams) {
         for (uint32_t i = 0; i < l->count; i++)
             if (l->size[i] >= 8 && kernelParams[i])
-                words += scan_param(t, kernelParams[i], l->offset[i], l->size[i]);
+                words += scan_param(&s, kernelParams[i], l->offset[i], l->size[i]);
     } else if (l->known && have_buf) {
         for (uint32_t i = 0; i < l->count; i++)
             if (l->size[i] >= 8 && (size_t)l->offset[i] + l->size[i] <= bufsize)
-                words += scan_param(t, buf + l->offset[i], l->offset[i], l->size[i]);
+                words += scan_param(&s, buf + l->offset[i], l->offset[i], l->size[i]);
     } else if (have_buf) {
-        words += scan_param(t, buf, 0, (uint32_t)(bufsize > UINT32_MAX ? UINT32_MAX : bufsize));
+        words += scan_param(&s, buf, 0, (uint32_t)(bufsize > UINT32_MAX ? UINT32_MAX : bufsize));
     }
     blocks_read_unlock();
+    if (SHIM_UNLIKELY(s.n_asks))
+        ask_driver(&s, handle);
     if (t->truncated)
         *flags |= PYOBMEM_LAUNCH_TRUNCATED;
+    if (s.unknown)
+        *flags |= PYOBMEM_LAUNCH_UNKNOWN_ADDRESS;
     return words;
 }
 

@@ -5,6 +5,7 @@
  * written only when the call succeeded. A free of a pointer the table does not know goes to the
  * real free like any other and is recorded as UNTRACKED (C12).
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -203,6 +204,149 @@ CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
     }
 DEF_FREE_ASYNC(cuMemFreeAsync)
 DEF_FREE_ASYNC(cuMemFreeAsync_ptsz)
+
+/* ---- pinned and mapped host memory: host blocks (never swapped, not device memory) ----
+ * A kernel may read pinned host memory through its host address (unified addressing) or through
+ * the device pointer cuMemHostGetDevicePointer gives; when that differs, it is a second host
+ * block, removed with the first. */
+
+#define HOST_ALIAS_MAX 256
+static pthread_mutex_t g_alias_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    uint64_t host, dev, size;
+} g_alias[HOST_ALIAS_MAX];
+static unsigned g_alias_n;
+static uint32_t g_alias_pid; /* the process the table is of: a fork child starts empty, as its blocks do */
+
+/* Under g_alias_mu. */
+static void alias_own(void)
+{
+    if (g_alias_pid != g_shim.pid) {
+        g_alias_pid = g_shim.pid;
+        g_alias_n = 0;
+    }
+}
+
+static void host_alloc(const void *p, size_t size)
+{
+    if (p)
+        blocks_add((uint64_t)(uintptr_t)p, size, 0, PYOBMEM_ALLOC_HOST, current_device());
+}
+
+/* After a successful cuMemFreeHost / cuMemHostUnregister of p: the block and its aliases. */
+static void host_free(const void *p, int known, const struct block *b)
+{
+    uint64_t h = (uint64_t)(uintptr_t)p;
+    after_free(h, known, b, 0);
+    pthread_mutex_lock(&g_alias_mu);
+    alias_own();
+    for (unsigned i = 0; i < g_alias_n;) {
+        if (g_alias[i].host == h) {
+            blocks_remove_range(g_alias[i].dev, g_alias[i].dev + g_alias[i].size, 0);
+            g_alias[i] = g_alias[--g_alias_n];
+        } else {
+            i++;
+        }
+    }
+    pthread_mutex_unlock(&g_alias_mu);
+}
+
+/* The host block holding p, if p lies in one. */
+static int host_block_of(uint64_t p, struct block *out)
+{
+    int found = 0;
+    blocks_read_lock();
+    const struct block *b = blocks_lookup(p);
+    if (b && b->kind == PYOBMEM_ALLOC_HOST) {
+        *out = *b;
+        found = 1;
+    }
+    blocks_read_unlock();
+    return found;
+}
+
+CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
+{
+    int rec = shim_begin();
+    CUresult r = REAL(cuMemHostAlloc, (pp, bytesize, Flags));
+    if (rec && r == CUDA_SUCCESS && pp)
+        host_alloc(*pp, bytesize);
+    return r;
+}
+
+CUresult CUDAAPI cuMemAllocHost_v2(void **pp, size_t bytesize)
+{
+    int rec = shim_begin();
+    CUresult r = REAL(cuMemAllocHost_v2, (pp, bytesize));
+    if (rec && r == CUDA_SUCCESS && pp)
+        host_alloc(*pp, bytesize);
+    return r;
+}
+
+CUresult CUDAAPI cuMemAllocHost(void **pp, unsigned int bytesize)
+{
+    int rec = shim_begin();
+    CUresult r = REAL(cuMemAllocHost, (pp, bytesize));
+    if (rec && r == CUDA_SUCCESS && pp)
+        host_alloc(*pp, bytesize);
+    return r;
+}
+
+#define DEF_HOST_REGISTER(NAME)                                             \
+    CUresult CUDAAPI NAME(void *p, size_t bytesize, unsigned int Flags)     \
+    {                                                                       \
+        int rec = shim_begin();                                             \
+        CUresult r = REAL(NAME, (p, bytesize, Flags));                      \
+        if (rec && r == CUDA_SUCCESS)                                       \
+            host_alloc(p, bytesize);                                        \
+        return r;                                                           \
+    }
+DEF_HOST_REGISTER(cuMemHostRegister_v2)
+DEF_HOST_REGISTER(cuMemHostRegister)
+
+CUresult CUDAAPI cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int Flags)
+{
+    int rec = shim_begin();
+    CUresult r = REAL(cuMemHostGetDevicePointer_v2, (pdptr, p, Flags));
+    struct block hb;
+    uint64_t h = (uint64_t)(uintptr_t)p;
+    if (rec && r == CUDA_SUCCESS && pdptr && *pdptr && *pdptr != h && host_block_of(h, &hb) &&
+        !blocks_access_word(*pdptr)) {
+        /* the device-side view of the whole host block, from its start */
+        uint64_t dev = *pdptr - (h - hb.start), size = hb.end - hb.start;
+        pthread_mutex_lock(&g_alias_mu);
+        alias_own();
+        int room = g_alias_n < HOST_ALIAS_MAX;
+        if (room)
+            g_alias[g_alias_n++] = (__typeof__(g_alias[0])){hb.start, dev, size};
+        pthread_mutex_unlock(&g_alias_mu);
+        if (room)
+            blocks_add(dev, size, 0, PYOBMEM_ALLOC_HOST, hb.device);
+    }
+    return r;
+}
+
+CUresult CUDAAPI cuMemFreeHost(void *p)
+{
+    int rec = shim_begin();
+    struct block b;
+    int known = rec && blocks_find_start((uint64_t)(uintptr_t)p, &b);
+    CUresult r = REAL(cuMemFreeHost, (p));
+    if (rec && r == CUDA_SUCCESS)
+        host_free(p, known, &b);
+    return r;
+}
+
+CUresult CUDAAPI cuMemHostUnregister(void *p)
+{
+    int rec = shim_begin();
+    struct block b;
+    int known = rec && blocks_find_start((uint64_t)(uintptr_t)p, &b);
+    CUresult r = REAL(cuMemHostUnregister, (p));
+    if (rec && r == CUDA_SUCCESS)
+        host_free(p, known, &b);
+    return r;
+}
 
 /* ---- virtual memory management: a mapping is a block ---- */
 

@@ -4,7 +4,8 @@
  * Querying a layout costs driver calls (about 17 us per launch on the H200), so each handle is
  * queried once: cuFuncGetParamInfo first, then cuKernelGetParamInfo (runtime launches pass a
  * CUkernel cast to CUfunction), iterating paramIndex until CUDA_ERROR_INVALID_VALUE. Failures
- * are cached too. The first sight of a handle also emits its KERNEL_NAME records.
+ * are cached too. The first sight of a handle also emits its KERNEL_NAME records. Each known layout
+ * also keeps one byte per 8-byte argument word: what the driver said of an address there (launch.c).
  *
  * The cache is an open-addressing hash read without locks: an inserter (under a mutex) fills
  * the entry's layout, then publishes the key with a release store; a reader that sees the key
@@ -114,6 +115,15 @@ static struct param_layout *first_sight(uintptr_t handle)
             free(viak.offset);
             free(viak.size);
         }
+    }
+
+    if (l->known && l->count > 0) {
+        uint32_t end = 0;
+        for (uint32_t i = 0; i < l->count; i++)
+            if (l->offset[i] + l->size[i] > end)
+                end = l->offset[i] + l->size[i];
+        l->slots = calloc((end + 7) / 8, 1);
+        l->n_slots = l->slots ? (end + 7) / 8 : 0;
     }
 
     const char *name = NULL;

@@ -124,6 +124,8 @@ struct param_layout {
     uint32_t count;
     uint32_t *offset;  /* count entries */
     uint32_t *size;
+    uint32_t n_slots;  /* 8-byte words of the argument buffer (known layouts) */
+    uint8_t *slots;    /* per word at offset 8*i: SLOT_* (launch.c), atomic; NULL: none */
 };
 /* Layout of a function or kernel handle; queried and cached on first sight (which also emits
  * the KERNEL_NAME records). Never NULL. */
@@ -197,8 +199,8 @@ struct touched {
     uint32_t ids[SHIM_MAX_TOUCHED];
     uint64_t starts[SHIM_MAX_TOUCHED]; /* block start addresses (for the swap executor) */
 };
-/* Look up one candidate word (caller holds the blocks read lock). */
-void touched_add(struct touched *t, uint64_t word);
+/* Look up one candidate word (caller holds the blocks read lock); returns 1 when it is in a block. */
+int touched_add(struct touched *t, uint64_t word);
 /* Scan the arguments of a launch into t; returns the number of 8-byte words scanned and ORs
  * OPAQUE/NO_LAYOUT into *flags as needed. Takes the blocks read lock. */
 uint32_t scan_launch_args(uintptr_t handle, void **kernelParams, void **extra, struct touched *t, uint16_t *flags);

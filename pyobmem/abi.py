@@ -108,6 +108,7 @@ class AllocKind(enum.IntEnum):
     ASYNC = 2
     VMM = 3
     MANAGED = 4
+    HOST = 5  # pinned or mapped host memory: never swapped, not device memory
 
 
 class LaunchFlag(enum.IntFlag):
@@ -119,6 +120,7 @@ class LaunchFlag(enum.IntFlag):
     COOPERATIVE = 1 << 3
     VIA_CUPTI = 1 << 4
     TRUNCATED = 1 << 5
+    UNKNOWN_ADDRESS = 1 << 6  # an argument word the driver knows as an address, in no recorded block
 
 
 class CopyKind(enum.IntEnum):

@@ -46,7 +46,7 @@ class Options:
     output: str | None = None
     force: bool = False
     capacity: int = DEFAULT_CAPACITY
-    cupti: bool = True
+    cupti: bool = False  # trace launches from CUPTI callbacks (--cupti); default: the shim's hooks
     presets: bool = True
     quiet: bool = False
     swap: bool = False  # swap mode: keep device memory under ``budget`` (docs/swap.md)
@@ -150,15 +150,15 @@ def child_environment(base: dict, shim: str, ring: str, cupti: bool, presets: bo
         preload = ":".join(e for e in entries if e and e != shim)
     env["LD_PRELOAD"] = f"{shim}:{preload}" if preload else shim
     env[abi.ENV_RING] = ring
-    env.pop(abi.ENV_CUPTI, None)
+    # CUPTI is opt-in: by default the shim's hooks trace launches and the process's own CUPTI
+    # users (torch.profiler, Nsight) keep their subscription. With it, the user's library wins.
+    user_cupti = base.get(abi.ENV_CUPTI, "")
     if not cupti:
         env[abi.ENV_CUPTI] = "0"
-    elif base.get(abi.ENV_CUPTI):
-        env[abi.ENV_CUPTI] = base[abi.ENV_CUPTI]  # the user's choice wins
+    elif user_cupti and user_cupti != "0":
+        env[abi.ENV_CUPTI] = user_cupti
     else:
-        found = find_cupti()
-        if found:
-            env[abi.ENV_CUPTI] = found
+        env[abi.ENV_CUPTI] = find_cupti() or "1"
     applied = {}
     if presets:
         # JAX reserves most of the card in one allocation unless told otherwise; any

@@ -259,14 +259,15 @@ def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, ba
     times = np.clip(times, 0.0, T)
     issue = np.minimum(np.clip(np.maximum.accumulate(launch_t.astype(np.float64) - t0), 0.0, T), times)
 
-    # Live bytes of the process at each position (launch times, as the allocations are seen).
+    # Live device bytes of the process at each position (launch times, as the allocations are seen).
     blocks = capture.blocks
     mine = blocks["pid"] == pid
+    on_device = mine & (blocks["kind"] != abi.AllocKind.HOST)  # pinned host memory is not device memory
     ta, tf = blocks["t_alloc"].astype(np.int64), blocks["t_free"].astype(np.int64)
     size = blocks["size"].astype(np.int64)
-    alloc_sorted = np.sort(ta[mine])
-    ca = np.concatenate(([0], np.cumsum(size[mine][np.argsort(ta[mine], kind="stable")])))
-    fr = mine & (tf >= 0)
+    alloc_sorted = np.sort(ta[on_device])
+    ca = np.concatenate(([0], np.cumsum(size[on_device][np.argsort(ta[on_device], kind="stable")])))
+    fr = on_device & (tf >= 0)
     of = np.argsort(tf[fr], kind="stable")
     cf = np.concatenate(([0], np.cumsum(size[fr][of])))
     live = ca[np.searchsorted(alloc_sorted, launch_t, side="right")] - cf[np.searchsorted(tf[fr][of], launch_t, side="right")]

@@ -2,7 +2,7 @@
 """What tracing costs: step time traced versus untraced, and the added time per kernel launch.
 
 Runs GPT-2 small and the launch-bound MLP in rounds (--repeats) of three adjacent runs: untraced,
-traced (CUPTI launch callbacks) and traced from the shim's hooks only (--no-cupti); the order flips
+traced (pyobmem-run's default: the shim's launch hooks) and traced with CUPTI launch callbacks (--cupti); the order flips
 every round and the workload is pinned to one CPU. Per run the figure is the median step time after
 the warm-up steps; the ratio is the median over rounds of traced / untraced within the round, and
 the added microseconds per launch the median of (traced - untraced step ms) * 1000 / launches per
@@ -37,9 +37,9 @@ def launches_in(capture: Path) -> tuple[int | None, str | None]:
         return None, f"reading capture: {type(e).__name__}: {e}"
 
 
-# Modes: untraced; traced with CUPTI launch callbacks (the default); traced from the shim's own
-# launch hooks only (--no-cupti), which shows what the CUPTI callback itself costs.
-MODES = {"untraced": None, "traced": (), "traced_hooks": ("--no-cupti",)}
+# Modes: untraced; traced from the shim's own launch hooks (the default); traced with CUPTI launch
+# callbacks (--cupti), which shows what the CUPTI callback itself costs.
+MODES = {"untraced": None, "traced": (), "traced_cupti": ("--cupti",)}
 
 
 def bench(name: str, script: str, args: list[str], steps: int, repeats: int, warmup: int, work: Path,
@@ -92,9 +92,9 @@ def bench(name: str, script: str, args: list[str], steps: int, repeats: int, war
             return None, None
         return statistics.median(t / u for t, u in pairs), statistics.median(t - u for t, u in pairs)
 
-    mu, mt, mh = med_of("untraced"), med_of("traced"), med_of("traced_hooks")
+    mu, mt, mh = med_of("untraced"), med_of("traced"), med_of("traced_cupti")
     lps = med_of("traced", "launches_per_step")
-    (rt, dt), (rh, dh) = paired("traced"), paired("traced_hooks")
+    (rt, dt), (rh, dh) = paired("traced"), paired("traced_cupti")
     res = {
         "steps_per_run": steps,
         "warmup_steps_skipped": warmup,
@@ -104,7 +104,7 @@ def bench(name: str, script: str, args: list[str], steps: int, repeats: int, war
         "time_ratio": rt,
         "launches_per_step": lps,
         "added_us_per_launch": (dt * 1000.0 / lps) if (dt is not None and lps) else None,
-        "hooks_only": {
+        "cupti": {
             "traced_step_ms": mh,
             "time_ratio": rh,
             "added_us_per_launch": (dh * 1000.0 / lps) if (dh is not None and lps) else None,
@@ -120,7 +120,7 @@ def bench(name: str, script: str, args: list[str], steps: int, repeats: int, war
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=5, help="untraced/traced/hooks-only rounds per workload (default 5)")
+    ap.add_argument("--repeats", type=int, default=5, help="untraced/traced/CUPTI rounds per workload (default 5)")
     ap.add_argument("--out-dir", type=Path, default=REPO / "bench" / "results")
     ap.add_argument("--only", choices=("gpt", "mlp"), action="append", help="default: both")
     ap.add_argument("--gpt-steps", type=int, default=15)

@@ -59,7 +59,7 @@ def test_help(tmp_path):
     assert top.returncode == 0 and "run" in top.stdout and "summary" in top.stdout
     run = pyobmem("run", "--help", cwd=tmp_path)
     assert run.returncode == 0
-    for flag in ("--output", "--force", "--capacity", "--no-cupti", "--no-presets", "--quiet"):
+    for flag in ("--output", "--force", "--capacity", "--cupti", "--no-cupti", "--no-presets", "--quiet"):
         assert flag in run.stdout
     short = pyobmem_run("--help", cwd=tmp_path)
     assert short.returncode == 0 and short.stdout.startswith("usage: pyobmem-run [-o FILE]")
@@ -266,13 +266,26 @@ def test_environment_of_the_child(tmp_path, shim):
     assert ring.startswith("/dev/shm/pyobmem-") and mode == "0o600"
     assert not os.path.exists(ring)  # removed after the run
     assert xla == "platform"
-    assert cupti == str(find_cupti())  # None when this machine has no libcupti
+    assert cupti == "0"  # the default: launches traced from the hooks, CUPTI left to the process
 
     proc = pyobmem("run", "-f", "-q", "--no-cupti", "--no-presets", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path, env=clean_env(shim["env"]))
     preload, _, _, xla, cupti = proc.stdout.splitlines()
-    assert preload == shim["path"] and xla == "None" and cupti == "0"
+    assert preload == shim["path"] and xla == "None" and cupti == "0"  # --no-cupti: the default said explicitly
     cap = read_capture(str(tmp_path / "c.pyobmem"))
     assert cap.meta["presets"] == {} and cap.meta["cupti"] == "0"
+
+    # --cupti: the libcupti found here ("1": let the shim search), or the user's own choice
+    proc = pyobmem("run", "-f", "-q", "--cupti", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path, env=clean_env(shim["env"]))
+    assert proc.stdout.splitlines()[4] == (find_cupti() or "1")
+    proc = pyobmem("run", "-f", "-q", "--cupti", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path,
+                   env=clean_env({**shim["env"], "PYOBMEM_CUPTI": "/opt/my/libcupti.so"}))
+    assert proc.stdout.splitlines()[4] == "/opt/my/libcupti.so"
+    proc = pyobmem("run", "-f", "-q", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path,
+                   env=clean_env({**shim["env"], "PYOBMEM_CUPTI": "/opt/my/libcupti.so"}))
+    assert proc.stdout.splitlines()[4] == "0"  # without --cupti the variable alone subscribes nothing
+    proc = pyobmem("run", "-f", "-q", "--cupti", "--no-cupti", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path,
+                   env=clean_env(shim["env"]))
+    assert proc.returncode == 2 and "not allowed with argument" in proc.stderr
 
 
 @pytest.mark.parametrize("sub, name", [("cuda_cupti", "libcupti.so.12"), ("cu13", "libcupti.so.13")])

@@ -552,7 +552,7 @@ def test_ctrl_c_reaches_the_cuda_child_once_and_the_capture_completes(bins, tmp_
     ("/nonexistent/libcupti.so", "unavailable: PYOBMEM_CUPTI library could not be loaded"),
 ])
 def test_cupti_missing_traced_from_hooks_said_once(bins, tmp_path, cupti, note):
-    proc = pyobmem("run", "-o", "c.pyobmem", bins / "faults", "child", 100, cwd=tmp_path,
+    proc = pyobmem("run", "--cupti", "-o", "c.pyobmem", bins / "faults", "child", 100, cwd=tmp_path,
                    env=cuda_env(bins, {"PYOBMEM_CUPTI": cupti}))
     assert proc.returncode == 0, proc.stderr
     cap = read_capture(str(tmp_path / "c.pyobmem"))
@@ -562,6 +562,27 @@ def test_cupti_missing_traced_from_hooks_said_once(bins, tmp_path, cupti, note):
     assert len(texts) == 1
     assert cap.processes["source"].tolist() == [abi.LaunchSource.HOOKS]
     assert cap.blocks["size"].tolist() == [100]
+
+
+@pytest.mark.parametrize("flag, note, subscribed", [
+    ([], "off (the default; --cupti subscribes)", False),
+    (["--no-cupti"], "off (the default; --cupti subscribes)", False),
+    (["--cupti"], "active: {lib} (CUPTI version 130001)", True),
+])
+def test_cupti_only_with_the_cupti_flag(bins, tmp_path, flag, note, subscribed):
+    """pyobmem-run's default traces from the hooks and leaves CUPTI to the process's own profilers,
+    even when PYOBMEM_CUPTI names a library; --cupti subscribes."""
+    lib, log = tmp_path / "libcupti.so", tmp_path / "cupti.log"
+    subprocess.run(["gcc", "-O1", "-fPIC", "-shared", "-I", str(CUDA_INCLUDE), "-o", str(lib), str(FAKE / "fake_cupti.c"),
+                    "-ldl"], check=True)
+    proc = pyobmem("run", *flag, "-o", "c.pyobmem", bins / "faults", "child", 100, cwd=tmp_path,
+                   env=cuda_env(bins, {"PYOBMEM_CUPTI": str(lib), "FAKE_CUPTI_LOG": str(log)}))
+    assert proc.returncode == 0, proc.stderr
+    cap = read_capture(str(tmp_path / "c.pyobmem"))
+    (pid,) = cap.processes["pid"].tolist()
+    assert cap.notes[pid]["cupti"] == note.format(lib=lib)
+    assert log.exists() == subscribed
+    assert cap.meta["cupti"] == (str(lib) if subscribed else "0")
 
 
 # ------------------------------------------------------------------ bad captures, usage

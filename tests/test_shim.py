@@ -96,7 +96,11 @@ def run_driver(fake, tmp_path, *args, env=None, capacity=1 << 16, ring=True, pre
         e["LD_PRELOAD"] = str(SHIM)
     if r is not None:
         e["PYOBMEM_RING"] = r.path
-    e.update(env or {})
+    for k, v in (env or {}).items():  # None: unset
+        if v is None:
+            e.pop(k, None)
+        else:
+            e[k] = v
     try:
         proc = subprocess.run([str(fake / "driver"), *map(str, args)], env=e, capture_output=True, text=True,
                               timeout=timeout)
@@ -503,7 +507,22 @@ def test_non_cuda_process_unchanged(cmd, tmp_path):
         r.close()
 
 
-# ---------------------------------------------------------------- CUPTI (C05)
+# ---------------------------------------------------------------- CUPTI (C05, C25)
+# CUPTI is opt-in (PYOBMEM_CUPTI "1" or a path; pyobmem-run --cupti): by default the hooks trace
+# every launch and libcupti is never loaded, so the process's profilers keep their subscription.
+
+
+def test_c05_cupti_off_by_default_never_subscribed(fake, tmp_path):
+    log = tmp_path / "cupti.log"
+    for value in (None, "", "0"):
+        env = {"FAKE_CUPTI_LOG": str(log), "LD_LIBRARY_PATH": str(fake)}
+        run = run_driver(fake, tmp_path, "basic", env={**env, "PYOBMEM_CUPTI": value})
+        assert [n for n in run.notes() if n.startswith("cupti=")] == ["cupti=off (the default; --cupti subscribes)"]
+        launches = run.of(Ev.LAUNCH)
+        assert launches["b"].tolist() == [FUNC_A, FUNC_A, KERN_B, FUNC_C, FUNC_A]
+        assert not any(int(f) & LaunchFlag.VIA_CUPTI for f in launches["flags"])
+        assert run.of(Ev.PROCESS)["c"].tolist() == [LaunchSource.HOOKS]
+    assert not log.exists()  # no cuptiEnableCallback: nothing subscribed
 
 
 def test_c05_missing_cupti_noted_once(fake, tmp_path):
@@ -522,7 +541,7 @@ def test_cuinit_notes(fake, tmp_path):
         "device0.name=Fake H200",
         "device0.total_bytes=150754820096",
         "device0.cc=9.0",
-        "cupti=unavailable: disabled by PYOBMEM_CUPTI=0",
+        "cupti=off (the default; --cupti subscribes)",
     ]
 
 
@@ -533,7 +552,8 @@ def test_c05_cupti_active_records_via_callback_once(fake, tmp_path):
     log = tmp_path / "cupti.log"
     run = run_driver(fake, tmp_path, "basic",
                      env={"PYOBMEM_CUPTI": str(fake / "libcupti.so"), "FAKE_CUPTI_LOG": str(log)})
-    assert [n for n in run.notes() if n.startswith("cupti=")] == ["cupti=active"]
+    assert [n for n in run.notes() if n.startswith("cupti=")] == [
+        f"cupti=active: {fake / 'libcupti.so'} (CUPTI version 130001)"]
     # exactly the launch callback ids, nothing else
     assert {tuple(map(int, l.split())) for l in log.read_text().splitlines()} == {(c, 1) for c in CUPTI_LAUNCH_CBIDS}
     launches = run.of(Ev.LAUNCH)
@@ -553,8 +573,10 @@ def test_c05_cupti_active_records_via_callback_once(fake, tmp_path):
 def test_c05_cupti_taken_falls_back_to_hooks(fake, tmp_path):
     run = run_driver(fake, tmp_path, "basic",
                      env={"PYOBMEM_CUPTI": str(fake / "libcupti.so"), "FAKE_CUPTI_BUSY": "1"})
+    # one line naming the library's path, its version and the error (C25)
     assert [n for n in run.notes() if n.startswith("cupti=")] == [
-        "cupti=unavailable: cuptiSubscribe: CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED"
+        f"cupti=unavailable: {fake / 'libcupti.so'} (CUPTI version 130001): cuptiSubscribe: "
+        "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED"
     ]
     launches = run.of(Ev.LAUNCH)
     assert launches["b"].tolist() == [FUNC_A, FUNC_A, KERN_B, FUNC_C, FUNC_A]

@@ -35,7 +35,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--capacity", type=_positive_int, default=launcher.DEFAULT_CAPACITY, metavar="N",
         help=f"event ring size in records of 64 bytes (default {launcher.DEFAULT_CAPACITY})",
     )
-    p.add_argument("--no-cupti", action="store_true", help="never use CUPTI; attribute launches from the shim's hooks")
+    cupti = p.add_mutually_exclusive_group()
+    cupti.add_argument(
+        "--cupti", action="store_true",
+        help="trace launches from CUPTI callbacks instead of the shim's hooks; takes the process's one CUPTI "
+        "subscription from profilers (torch.profiler, Nsight); PYOBMEM_CUPTI may name the libcupti",
+    )
+    cupti.add_argument("--no-cupti", action="store_true",
+                       help="the default, said explicitly: launches traced from the shim's hooks, CUPTI left alone")
     p.add_argument(
         "--no-presets", action="store_true",
         help="do not set allocator presets (XLA_PYTHON_CLIENT_ALLOCATOR=platform for JAX)",
@@ -91,7 +98,7 @@ def run(args) -> int:
         raise PyobmemError("--swap needs --budget SIZE (e.g. 16GiB, or 0.75 / 75% of the card)", 2)
     opts = launcher.Options(
         command=command, output=args.output, force=args.force, capacity=args.capacity,
-        cupti=not args.no_cupti, presets=not args.no_presets, quiet=args.quiet,
+        cupti=args.cupti, presets=not args.no_presets, quiet=args.quiet,
         swap=args.swap, budget=budget, min_swap_bytes=min_swap,
     )
     outcome = launcher.launch(opts)

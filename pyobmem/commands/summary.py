@@ -62,6 +62,7 @@ def summarize(cap: Capture) -> dict:
     copies = ops[ops["type"] == abi.Ev.MEMCPY]
     memsets = ops[ops["type"] == abi.Ev.MEMSET]
     graphs = ops[ops["type"] == abi.Ev.GRAPH_LAUNCH]
+    la = attribution(cap)
     return {
         "capture": {
             "path": cap.path,
@@ -79,10 +80,11 @@ def summarize(cap: Capture) -> dict:
         "allocations": _allocations(blocks),
         "launches": {
             "count": len(launches),
-            "attributed_pct": _pct(np.count_nonzero(launches["n_touched"] > 0), len(launches)),
+            "attributed_pct": _pct(la["attribution"]["attributed"], len(launches)),
             "opaque_pct": _pct(np.count_nonzero(launches["flags"] & abi.LaunchFlag.OPAQUE), len(launches)),
             "graph_launches": len(graphs),
             "blocks_touched": _stats(launches["n_touched"]),
+            **la,
         },
         "copies": _copies(copies),
         "memsets": {"count": len(memsets), "bytes": int(memsets["bytes"].sum())},
@@ -109,6 +111,71 @@ def summarize(cap: Capture) -> dict:
             "hostname": cap.meta.get("hostname"),
         },
     }
+
+
+UNKNOWN_NOTE = "unknown_address."
+TOP_KERNELS = 10
+
+
+def attribution(cap: Capture) -> dict:
+    """How the kernel launches of ``cap`` were attributed, and by which path (summary's
+    ``attributed_pct`` is ``attributed`` of all launches).
+
+    ``attribution``: launch counts that add up to all launches: ``attributed`` (the words it names
+    are in recorded blocks, one at least a device block), ``host_only`` (only host blocks, pinned
+    host memory), ``unattributed`` (a word the driver knows as an address is in no recorded block,
+    LaunchFlag.UNKNOWN_ADDRESS), ``no_addresses`` (no word in a block or known to the driver).
+    ``unattributed_kernels`` and ``host_only_kernels``: [{"kernel", "launches"}] by count (at most
+    10 each). ``unknown_addresses``: what the driver said of each (kernel, argument offset) whose
+    word was in no block ({"pid", "kernel", "offset", "what"}), from the shim's NOTEs.
+    ``traced_by``: launches recorded from the shim's hooks and from CUPTI callbacks (graph
+    launches are always the hooks').
+    """
+    ops = cap.ops
+    is_launch = ops["type"] == abi.Ev.LAUNCH
+    rows = np.flatnonzero(is_launch)
+    acc = cap.accesses
+    on_device = np.zeros(len(ops), bool)
+    if len(acc):
+        dev = cap.blocks["kind"][acc["block"]] != abi.AllocKind.HOST
+        on_device[acc["op"][dev]] = True
+    unknown = (ops["flags"] & abi.LaunchFlag.UNKNOWN_ADDRESS) != 0
+    touched = ops["n_touched"] > 0
+    classes = {
+        "attributed": is_launch & ~unknown & on_device,
+        "host_only": is_launch & ~unknown & touched & ~on_device,
+        "unattributed": is_launch & unknown,
+        "no_addresses": is_launch & ~unknown & ~touched,
+    }
+    via_cupti = int(np.count_nonzero(ops["flags"][rows] & abi.LaunchFlag.VIA_CUPTI))
+    unknown_addresses = []
+    for pid, notes in sorted(cap.notes.items()):
+        for key, what in sorted(notes.items()):
+            if key.startswith(UNKNOWN_NOTE):
+                handle, _, offset = key[len(UNKNOWN_NOTE):].partition("+")
+                try:
+                    name = cap.kernel_names.get((pid, int(handle, 16)), f"kernel {handle}")
+                except ValueError:
+                    continue
+                unknown_addresses.append({"pid": pid, "kernel": name, "offset": int(offset or 0), "what": what})
+    return {
+        "attribution": {k: int(np.count_nonzero(v)) for k, v in classes.items()},
+        "unattributed_kernels": _kernels(cap, np.flatnonzero(classes["unattributed"])),
+        "host_only_kernels": _kernels(cap, np.flatnonzero(classes["host_only"])),
+        "unknown_addresses": unknown_addresses,
+        "traced_by": {"hooks": len(rows) - via_cupti + int(np.count_nonzero(ops["type"] == abi.Ev.GRAPH_LAUNCH)),
+                      "cupti": via_cupti},
+    }
+
+
+def _kernels(cap: Capture, rows: np.ndarray) -> list[dict]:
+    """The kernels of op rows ``rows`` with their launch counts, most launched first."""
+    if not len(rows):
+        return []
+    keys = np.stack([cap.ops["pid"][rows].astype(np.uint64), cap.ops["handle"][rows]], axis=1)
+    uniq, first, counts = np.unique(keys, axis=0, return_index=True, return_counts=True)
+    order = np.lexsort((first, -counts))[:TOP_KERNELS]
+    return [{"kernel": cap.kernel_name(int(rows[first[i]])), "launches": int(counts[i])} for i in order]
 
 
 def summarize_many(caps: list[Capture]) -> dict:
@@ -263,6 +330,17 @@ def _status_line(s: dict) -> str:
     return state
 
 
+def _attribution_line(la: dict) -> str:
+    a = la["attribution"]
+    return (f"{_num(a['attributed'])} attributed (device blocks), {_num(a['host_only'])} host-only (pinned host "
+            f"memory), {_num(a['unattributed'])} unattributed, {_num(a['no_addresses'])} without addresses")
+
+
+def _traced_by_line(la: dict) -> str:
+    t = la["traced_by"]
+    return f"the shim's hooks {_num(t['hooks'])}, CUPTI {_num(t['cupti'])}"
+
+
 def _iteration_line(s: dict) -> str:
     it = s["iteration"]
     if it is None:
@@ -285,6 +363,8 @@ def format_short(s: dict) -> str:
             f"{_pct_text(la['opaque_pct'])} opaque); {_num(c['count'])} copies ({format_bytes(c['bytes'])})",
             f"iteration: {_iteration_line(s)}",
         ]
+        if la.get("attribution"):
+            lines.insert(1, f"launches: {_attribution_line(la)}; traced by {_traced_by_line(la)}")
         if s.get("swap"):
             lines += ["swap: " + line for line in _swap_lines(s["swap"])]
         if s.get("ranks"):
@@ -340,12 +420,22 @@ def format_summary(s: dict) -> str:
                     ["kernel launches", _num(la["count"])],
                     ["attributed", _pct_text(la["attributed_pct"])],
                     ["opaque", _pct_text(la["opaque_pct"])],
+                    ["by kind", _attribution_line(la)],
+                    ["traced by", _traced_by_line(la)],
                     ["graph launches", _num(la["graph_launches"])],
                     ["blocks touched", "-" if bt["mean"] is None else f"mean {bt['mean']:.2f}, median {bt['median']:g}, max {bt['max']}"],
                 ],
                 numeric=False,
             )
         )
+        for key, title in (("unattributed_kernels", "Unattributed launches (an address in no recorded block), by kernel"),
+                           ("host_only_kernels", "Host-only launches (pinned host memory only), by kernel")):
+            if la.get(key):
+                out += ["", title, table([[k["kernel"], _num(k["launches"])] for k in la[key]], ["kernel", "launches"])]
+        if la.get("unknown_addresses"):
+            out += ["", "Addresses in no recorded block (what the driver says, once per kernel and argument offset)",
+                    table([[f"{u['kernel']} +{u['offset']}", u["what"]] for u in la["unknown_addresses"]],
+                          ["kernel, argument offset", "memory"], numeric=False)]
         cp, ms = s["copies"], s["memsets"]
         out += ["", "Copies and sets"]
         rows = [[f"memcpy {k}", _num(v["count"]), format_bytes(v["bytes"])] for k, v in cp["by_kind"].items()]
@@ -374,7 +464,8 @@ def format_summary(s: dict) -> str:
     rows += [[k, v] for k, v in env["env"].items()]
     rows += [[k, f"{v} (preset)"] for k, v in env["presets"].items()]
     if env["cupti"]:
-        rows.append(["libcupti", "not used (--no-cupti)" if env["cupti"] == "0" else env["cupti"]])
+        rows.append(["libcupti", "not used (launches traced from the shim's hooks; --cupti to use it)"
+                     if env["cupti"] == "0" else env["cupti"]])
     if env["hostname"]:
         rows.append(["host", env["hostname"]])
     if rows:

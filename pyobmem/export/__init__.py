@@ -19,6 +19,7 @@ import os
 
 import numpy as np
 
+from .. import abi
 from ..errors import PyobmemError
 
 FORMATS = ("memory-viz", "perfetto", "csv")
@@ -119,9 +120,11 @@ def live_bytes(blocks: np.ndarray, mask: np.ndarray | None = None) -> tuple[np.n
     """Live bytes as a step function: (times, bytes after the change at each time), int64.
 
     Allocations add ``size`` at ``t_alloc``; frees subtract it at ``t_free``. Changes at one
-    instant are merged, so ``times`` is strictly increasing. ``mask`` selects blocks.
+    instant are merged, so ``times`` is strictly increasing. ``mask`` selects blocks. Host blocks
+    (pinned host memory) are not device memory and are left out.
     """
     b = blocks if mask is None else blocks[mask]
+    b = b[b["kind"] != abi.AllocKind.HOST]
     freed = b["t_free"] >= 0
     t = np.concatenate([b["t_alloc"].astype(np.int64), b["t_free"][freed].astype(np.int64)])
     d = np.concatenate([b["size"].astype(np.int64), -b["size"][freed].astype(np.int64)])

@@ -26,6 +26,7 @@ import pickle
 
 import numpy as np
 
+from .. import abi
 from . import op_names
 from .classes import block_classes
 
@@ -90,6 +91,8 @@ def snapshot(capture) -> dict:
     segments = []
     for i in range(len(blocks)):
         b = blocks[i]
+        if int(b["kind"]) == abi.AllocKind.HOST:  # pinned host memory is no device memory
+            continue
         addr, size, dev, stream = int(b["addr"]), int(b["size"]), int(b["device"]), int(b["stream"])
         t_alloc, t_free = int(b["t_alloc"]), int(b["t_free"])
         common = {"addr": addr, "size": size, "stream": stream}

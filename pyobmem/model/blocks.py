@@ -136,8 +136,10 @@ def capture_end_ns(capture) -> int:
 
 
 def live_bytes_peak(blocks: np.ndarray) -> tuple[int, int]:
-    """(peak of the sum of live block sizes in B, its time in ns; 0, -1 without blocks) over
-    ``blocks`` (rows of ``capture.blocks``); a free at time t counts before an allocation at t."""
+    """(peak of the sum of live block sizes in B, its time in ns; 0, -1 without device blocks) over
+    ``blocks`` (rows of ``capture.blocks``); a free at time t counts before an allocation at t.
+    Host blocks (pinned host memory) are not device memory and are left out."""
+    blocks = blocks[blocks["kind"] != abi.AllocKind.HOST]
     if not len(blocks):
         return 0, -1
     size = blocks["size"].astype(np.int64)

@@ -292,7 +292,7 @@ def saving_curve(
         win_row = np.concatenate((win_row[keep_b], np.flatnonzero(t_ok)))
     kind = capture.blocks["kind"][blk] if len(blk) else np.zeros(0)
     ok = (
-        (a < t1) & (b > t0) & (b > a) & ~bm.opaque[blk] & (kind != abi.AllocKind.MANAGED)
+        (a < t1) & (b > t0) & (b > a) & ~bm.opaque[blk] & (kind != abi.AllocKind.MANAGED) & (kind != abi.AllocKind.HOST)
         & (wsize >= min_bytes) & (bm.cls[blk] != NEVER)
     )
     w = np.flatnonzero(ok)

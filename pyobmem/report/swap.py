@@ -21,9 +21,12 @@ from ..export import cuda_span, step_function
 def resident_bytes(capture, pid: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Device-resident bytes as a step function (times, bytes after the change at each time),
     int64: live blocks (of ``pid``, or of every process) minus the ones swapped out. A block still
-    out at the end of the capture stays out; one freed while out stops counting at its free."""
+    out at the end of the capture stays out; one freed while out stops counting at its free. Host
+    blocks (pinned host memory) are not device memory."""
     blocks = capture.blocks
-    sel = np.ones(len(blocks), bool) if pid is None else blocks["pid"] == pid
+    sel = blocks["kind"] != abi.AllocKind.HOST
+    if pid is not None:
+        sel &= blocks["pid"] == pid
     rows = np.flatnonzero(sel)
     freed = blocks["t_free"][rows] >= 0
     t = [blocks["t_alloc"][rows].astype(np.int64), blocks["t_free"][rows][freed].astype(np.int64)]

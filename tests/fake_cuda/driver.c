@@ -419,6 +419,64 @@ static int scenario_flood(int n)
     return 0;
 }
 
+/* Pinned and registered host memory (host blocks) and launches attributed to them, to device
+ * blocks, and to an address the driver knows in no recorded block (unattributed). */
+typedef CUresult (*host_alloc_fn)(void **, size_t, unsigned int);
+typedef CUresult (*alloc_host_fn)(void **, size_t);
+typedef CUresult (*free_host_fn)(void *);
+typedef CUresult (*host_register_fn)(void *, size_t, unsigned int);
+typedef CUresult (*host_devptr_fn)(CUdeviceptr *, void *, unsigned int);
+static long long counter(const char *name)
+{
+    long long (*c)(const char *) = (long long (*)(const char *))dlsym(libcuda, "fakeCounter");
+    return c ? c(name) : -1;
+}
+static int scenario_hostmem(void)
+{
+    p_cuInit(0);
+    CUdeviceptr dev = must_alloc(4096);
+    void *pinned = NULL, *small = NULL, *reg = aligned_alloc(4096, 16384);
+    printf("host_alloc_rc=%d\n", (int)GET(host_alloc_fn, "cuMemHostAlloc")(&pinned, 8192, 0));
+    printf("alloc_host_rc=%d\n", (int)GET(alloc_host_fn, "cuMemAllocHost")(&small, 4096));
+    printf("register_rc=%d\n", (int)GET(host_register_fn, "cuMemHostRegister")(reg, 16384, 0));
+    CUdeviceptr alias = 0;
+    printf("devptr_rc=%d\n", (int)GET(host_devptr_fn, "cuMemHostGetDevicePointer")(&alias, (char *)pinned + 512, 0));
+    printf("dev=%" PRIu64 "\npinned=%" PRIu64 "\nsmall=%" PRIu64 "\nreg=%" PRIu64 "\nalias=%" PRIu64 "\n",
+           (uint64_t)dev, (uint64_t)(uintptr_t)pinned, (uint64_t)(uintptr_t)small, (uint64_t)(uintptr_t)reg,
+           (uint64_t)alias);
+    CUdeviceptr hidden = 0;
+    fakeAllocHidden(&hidden, 4096); /* device memory the shim never saw allocated */
+    printf("hidden=%" PRIu64 "\n", (uint64_t)hidden);
+
+    launch_a((CUdeviceptr)(uintptr_t)pinned + 64, 1, (CUdeviceptr)(uintptr_t)small); /* 1: host only */
+    launch_a(dev, 2, (CUdeviceptr)(uintptr_t)reg + 8);                                 /* 2: device + host */
+    launch_a(alias - 512 + 16, 3, 0);                                                  /* 3: the alias, host only */
+    printf("queries_before=%lld\n", counter("pointer_queries"));
+    for (int i = 0; i < 3; i++)
+        launch_a(hidden + (CUdeviceptr)i * 8, 4, dev); /* 4..6: unattributed; asked once */
+    printf("queries_hidden=%lld\n", counter("pointer_queries"));
+    /* 7, 8: a word the driver does not know at offset 0 of kernel_b: asked once, not an address */
+    launch_ex_fn ex = GET(launch_ex_fn, "cuLaunchKernelEx");
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = cfg.blockDimY = cfg.blockDimZ = 1;
+    for (int i = 0; i < 2; i++) {
+        struct { CUdeviceptr p, q; } pair = {0x123456789ull + (CUdeviceptr)i, dev};
+        CUdeviceptr third = 0;
+        void *args[] = {&pair, &third};
+        ex(&cfg, FAKE_KERN_B, args, NULL);
+    }
+    printf("queries_after=%lld\n", counter("pointer_queries"));
+
+    printf("free_pinned_rc=%d\n", (int)GET(free_host_fn, "cuMemFreeHost")(pinned));
+    printf("free_small_rc=%d\n", (int)GET(free_host_fn, "cuMemFreeHost")(small));
+    printf("unregister_rc=%d\n", (int)GET(free_host_fn, "cuMemHostUnregister")(reg));
+    free(reg);
+    p_free(dev);
+    return 0;
+}
+
 static CUdeviceptr g_shared;
 static int g_per_thread;
 
@@ -470,6 +528,8 @@ int main(int argc, char **argv)
         rc = scenario_fork();
     else if (!strcmp(s, "flood"))
         rc = scenario_flood(argc > 2 ? atoi(argv[2]) : 1000);
+    else if (!strcmp(s, "hostmem"))
+        rc = scenario_hostmem();
     else if (!strcmp(s, "threads"))
         rc = scenario_threads(argc > 2 ? atoi(argv[2]) : 8, argc > 3 ? atoi(argv[3]) : 10000);
     printf("done=1\n");

@@ -71,6 +71,12 @@ API CUptiResult cuptiEnableCallback(uint32_t enable, CUpti_SubscriberHandle h, C
     return CUPTI_SUCCESS;
 }
 
+API CUptiResult cuptiGetVersion(uint32_t *v)
+{
+    *v = 130001;
+    return CUPTI_SUCCESS;
+}
+
 API CUptiResult cuptiGetResultString(CUptiResult r, const char **s)
 {
     *s = r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED ? "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED"

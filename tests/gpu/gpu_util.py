@@ -73,7 +73,7 @@ class Builder:
             return [[cc, "-O2", "-std=gnu11", "-Wall", "-Wextra", inc, "-o", out, str(PROGS / f"{target}.c"), "-ldl"]]
         if target == "launch_rt_static":
             return [[self._nvcc(), "-O2", *self._gencode(), "-cudart", "static", "-o", out, str(PROGS / "launch_rt.cu")]]
-        if target in ("launch_rt", "c05_cupti_first", "c07_many_threads", "c12_untracked"):
+        if target in ("launch_rt", "c05_cupti_first", "c07_many_threads", "c12_untracked", "host_blocks"):
             return [[self._nvcc(), "-O2", "-std=c++17", *self._gencode(), inc, *shared_rt, "-o", out,
                      str(PROGS / f"{target}.cu"), "-ldl"]]
         if target == "gpu_time_swap":  # links libcuda itself: a probe of the driver, not traced
@@ -97,7 +97,7 @@ class Builder:
 
 
 ALL_TARGETS = ["kern.fatbin", "c02_getproc", "c03_launch_drv", "launch_rt", "launch_rt_static",
-               "c05_cupti_first", "c07_many_threads", "c12_untracked"]
+               "c05_cupti_first", "c07_many_threads", "c12_untracked", "host_blocks"]
 
 
 def build_shim() -> Path:
@@ -175,10 +175,11 @@ def run_plain(cmd: list, cwd: Path, env: dict | None = None, timeout: float = 60
 
 
 def run_traced(cmd: list, cwd: Path, env: dict | None = None, timeout: float = 600,
-               cap_name: str = "run.pyobmem") -> Run:
-    """Run ``cmd`` under ``python -m pyobmem run -f -o CAP -- cmd`` and read the capture."""
+               cap_name: str = "run.pyobmem", run_args: tuple = ()) -> Run:
+    """Run ``cmd`` under ``python -m pyobmem run [run_args] -f -o CAP -- cmd`` and read the capture."""
     cap_path = Path(cwd) / cap_name
-    full = [sys.executable, "-m", "pyobmem", "run", "-f", "-o", str(cap_path), "--", *[str(c) for c in cmd]]
+    full = [sys.executable, "-m", "pyobmem", "run", *run_args, "-f", "-o", str(cap_path), "--",
+            *[str(c) for c in cmd]]
     proc = subprocess.run(full, cwd=cwd, env=child_env(env), capture_output=True, text=True, timeout=timeout)
     run = Run(proc, parse_kv(proc.stdout))
     assert cap_path.exists(), f"no capture written by {' '.join(full)}\n{run.why()}"

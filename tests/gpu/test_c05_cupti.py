@@ -1,5 +1,7 @@
-"""C05: CUPTI allows one subscriber per process. When the application (or Nsight, a profiler)
-holds it, the shim traces from its own hooks and says so once; when it is free, the shim uses it."""
+"""C05: CUPTI allows one subscriber per process. pyobmem-run's default traces launches from the
+shim's hooks and never subscribes, so the application (or Nsight, torch.profiler) keeps CUPTI.
+With --cupti the shim subscribes when CUPTI is free; when the application holds it, the shim traces
+from its hooks and says so once, naming the library, its version and the error (C25)."""
 
 import pytest
 
@@ -11,13 +13,14 @@ VIA_CUPTI = int(abi.LaunchFlag.VIA_CUPTI)
 
 
 @pytest.mark.gpu
-def test_c05_cupti_taken(shim, progs, cupti_path, tmp_path):
+@pytest.mark.parametrize("run_args, said", [((), "off"), (("--cupti",), "unavailable")], ids=["default", "cupti"])
+def test_c05_cupti_taken(shim, progs, cupti_path, tmp_path, run_args, said):
     exe = progs.build("c05_cupti_first")
     plain = run_plain([exe, cupti_path], tmp_path)
     assert plain.rc == 0 and plain.kv["subscribe_rc"] == "0", plain.why()
     callbacks = int(plain.kv["runtime_callbacks"])
     assert callbacks > 0
-    run = run_traced([exe, cupti_path], tmp_path, env={"PYOBMEM_CUPTI": cupti_path})
+    run = run_traced([exe, cupti_path], tmp_path, env={"PYOBMEM_CUPTI": cupti_path}, run_args=run_args)
     assert run.rc == 0, run.why()  # 3 would mean the application lost its own subscription
     kv, cap, pid = run.kv, run.cap, run.pid
     assert kv["subscribe_rc"] == "0" and kv["enable_rc"] == "0" and kv["done"] == "1"
@@ -26,7 +29,9 @@ def test_c05_cupti_taken(shim, progs, cupti_path, tmp_path):
     assert int(kv["runtime_callbacks"]) == callbacks
     assert kv["unsubscribe_rc"] == plain.kv["unsubscribe_rc"]
     value = note(cap, pid, "cupti")
-    assert value is not None and value.startswith("unavailable"), f"notes: {cap.notes}"
+    assert value is not None and value.startswith(said), f"notes: {cap.notes}"
+    if said == "unavailable":  # one line: the library's path, its version, the error
+        assert "libcupti" in value and "CUPTI version" in value and "CUPTI_ERROR" in value, value
     assert int(cap.processes["source"][process_row(cap, pid)]) == abi.LaunchSource.HOOKS
     a, b = ival(kv["a"]), ival(kv["b"])
     one_block(cap, pid, a, int(kv["size_a"]))
@@ -40,7 +45,7 @@ def test_c05_cupti_taken(shim, progs, cupti_path, tmp_path):
 
 @pytest.mark.gpu
 def test_c05_cupti_active(shim, progs, cupti_path, tmp_path):
-    run = run_traced([progs.build("launch_rt")], tmp_path, env={"PYOBMEM_CUPTI": cupti_path})
+    run = run_traced([progs.build("launch_rt")], tmp_path, env={"PYOBMEM_CUPTI": cupti_path}, run_args=("--cupti",))
     assert run.rc == 0 and run.kv.get("done") == "1", run.why()
     cap, pid = run.cap, run.pid
     value = note(cap, pid, "cupti")
@@ -53,9 +58,21 @@ def test_c05_cupti_active(shim, progs, cupti_path, tmp_path):
 def test_c05_process_source_says_cupti(shim, progs, cupti_path, tmp_path):
     """The PROCESS record's launch source (abi.h: "launch source of this process") says CUPTI
     when the launches of that process came through CUPTI."""
-    run = run_traced([progs.build("launch_rt")], tmp_path, env={"PYOBMEM_CUPTI": cupti_path})
+    run = run_traced([progs.build("launch_rt")], tmp_path, env={"PYOBMEM_CUPTI": cupti_path}, run_args=("--cupti",))
     assert run.rc == 0, run.why()
     cap, pid = run.cap, run.pid
     assert note(cap, pid, "cupti").startswith("active"), cap.notes
     assert all(int(cap.ops["flags"][r]) & VIA_CUPTI for r in op_rows(cap, pid)), describe_ops(cap, pid)
     assert int(cap.processes["source"][process_row(cap, pid)]) == abi.LaunchSource.CUPTI, cap.processes
+
+
+@pytest.mark.gpu
+def test_c05_default_traces_from_hooks(shim, progs, tmp_path):
+    """pyobmem-run's default: every launch variant attributed from the hooks, CUPTI never subscribed."""
+    run = run_traced([progs.build("launch_rt")], tmp_path)
+    assert run.rc == 0 and run.kv.get("done") == "1", run.why()
+    cap, pid = run.cap, run.pid
+    assert note(cap, pid, "cupti").startswith("off"), cap.notes
+    check_variants(run, RT_NAMES, RT_FLAGS, stream=ival(run.kv["stream"]))
+    assert not any(int(cap.ops["flags"][r]) & VIA_CUPTI for r in op_rows(cap, pid)), describe_ops(cap, pid)
+    assert int(cap.processes["source"][process_row(cap, pid)]) == abi.LaunchSource.HOOKS

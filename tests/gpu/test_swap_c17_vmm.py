@@ -70,9 +70,11 @@ def test_c17_app_vmm_and_host_memory_never_swapped(c17):
             assert int(cap.blocks["t_free"][r]) != -1, f"the app's mapping was unmapped but its block never ended: {cap.blocks[r]}"
     swapped = {int(b) for b in cap.swaps["block"][swap_rows(cap, pid)]}
     assert not swapped & {r1, r2}, f"the app's VMM mappings were swapped\n{describe_swaps(cap, pid)}"
-    # Host-mapped pinned memory is no device block; nothing at its address moves.
+    # Host-mapped pinned memory is a host block (not device memory, never VMM-backed); it never moves.
     hm = ival(kv["host_mapped"])
-    assert containing_block(cap, pid, hm) is None, cap.blocks[containing_block(cap, pid, hm)]
+    hr = containing_block(cap, pid, hm)
+    assert hr is not None and int(cap.blocks["kind"][hr]) == abi.AllocKind.HOST, cap.blocks[cap.blocks["pid"] == pid]
+    assert hr not in swapped, f"the pinned host memory was swapped\n{describe_swaps(cap, pid)}"
     if kv.get("host_vmm_used") == "1":
         hv = ival(kv["host_vmm"])
         rows = [int(r) for r in block_rows(cap, pid, hv)]

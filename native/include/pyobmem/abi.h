@@ -27,7 +27,8 @@
 /* Environment variables read by the shim. */
 #define PYOBMEM_ENV_RING "PYOBMEM_RING"       /* path of the ring file (under /dev/shm) */
 #define PYOBMEM_ENV_DISABLE "PYOBMEM_DISABLE" /* "1": pure pass-through */
-#define PYOBMEM_ENV_CUPTI "PYOBMEM_CUPTI"     /* path of libcupti to try first; "0": never */
+#define PYOBMEM_ENV_CUPTI "PYOBMEM_CUPTI"     /* unset, "" or "0": no CUPTI (the default); "1": find
+                                               * libcupti; a path: that library (pyobmem-run --cupti) */
 #define PYOBMEM_ENV_CONTROL "PYOBMEM_CONTROL" /* swap mode: path of the control file (below) */
 #define PYOBMEM_ENV_RELEASER "PYOBMEM_RELEASER" /* swap mode: "0": no release thread (releases at ops only) */
 
@@ -139,6 +140,9 @@ enum pyobmem_alloc_kind {
     PYOBMEM_ALLOC_ASYNC = 2,   /* cuMemAllocAsync / cuMemAllocFromPoolAsync */
     PYOBMEM_ALLOC_VMM = 3,     /* one cuMemMap of a physical allocation into a reserved range */
     PYOBMEM_ALLOC_MANAGED = 4, /* cuMemAllocManaged: recorded only, never swapped */
+    PYOBMEM_ALLOC_HOST = 5,    /* pinned or mapped host memory (cuMemHostAlloc, cuMemAllocHost(_v2),
+                                * cuMemHostRegister(_v2); also the device pointer cuMemHostGetDevicePointer
+                                * gives when it differs): never swapped, not device memory */
 };
 
 enum pyobmem_launch_flags {
@@ -148,6 +152,9 @@ enum pyobmem_launch_flags {
     PYOBMEM_LAUNCH_COOPERATIVE = 1u << 3, /* cuLaunchCooperativeKernel */
     PYOBMEM_LAUNCH_VIA_CUPTI = 1u << 4,   /* seen by the CUPTI callback, else by the shim hook */
     PYOBMEM_LAUNCH_TRUNCATED = 1u << 5,   /* more blocks than recorded in ACCESS records */
+    PYOBMEM_LAUNCH_UNKNOWN_ADDRESS = 1u << 6, /* an argument word is an address the driver knows
+                                               * (cuPointerGetAttribute, asked once per kernel and
+                                               * argument offset) that is in no recorded block */
 };
 
 enum pyobmem_copy_kind {
