@@ -170,6 +170,7 @@ void launch_swap_end(struct launch_swap *ls, uintptr_t handle, uint64_t stream, 
             return f_;                                                                                 \
         CUresult r_ = CALL;                                                                            \
         launch_swap_end(&ls_, (uintptr_t)(F), (uint64_t)(uintptr_t)(S), (G), r_);                     \
+        GPUCLOCK(NAME, S, r_);                                                                         \
         return r_;                                                                                     \
     }
 
@@ -201,6 +202,7 @@ static inline int hooks_record_launches(void)
         CUresult r = REAL(NAME, (f, gx, gy, gz, bx, by, bz, shmem, s, kernelParams, extra));                    \
         if (rec && r == CUDA_SUCCESS)                                                                            \
             record_launch((uintptr_t)f, (uint64_t)(uintptr_t)s, GRID(gx, gy, gz), kernelParams, extra, 0);       \
+        GPUCLOCK(NAME, s, r);                                                                                    \
         return r;                                                                                                \
     }
 DEF_LAUNCH(cuLaunchKernel)
@@ -218,6 +220,8 @@ DEF_LAUNCH(cuLaunchKernel_ptsz)
             record_launch((uintptr_t)f, (uint64_t)(uintptr_t)config->hStream,                               \
                           GRID(config->gridDimX, config->gridDimY, config->gridDimZ), kernelParams, extra, \
                           launch_config_flags(config));                                                     \
+        if (config)                                                                                         \
+            GPUCLOCK(NAME, config->hStream, r);                                                             \
         return r;                                                                                           \
     }
 DEF_LAUNCH_EX(cuLaunchKernelEx)
@@ -234,6 +238,7 @@ DEF_LAUNCH_EX(cuLaunchKernelEx_ptsz)
         if (rec && r == CUDA_SUCCESS)                                                                            \
             record_launch((uintptr_t)f, (uint64_t)(uintptr_t)s, GRID(gx, gy, gz), kernelParams, NULL,            \
                           PYOBMEM_LAUNCH_COOPERATIVE);                                                           \
+        GPUCLOCK(NAME, s, r);                                                                                    \
         return r;                                                                                                \
     }
 DEF_LAUNCH_COOP(cuLaunchCooperativeKernel)

@@ -332,12 +332,14 @@ static void emit_set(int async, uint64_t dst, uint64_t value, uint64_t bytes, CU
             if (rec_ && r == CUDA_SUCCESS)                   \
                 emit_copy(KIND, 0, DARG, SARG, n, 0);        \
             SWAP_END(r)                                      \
+            GPUCLOCK(NAME, 0, r);  \
             return r;                                        \
         }                                                    \
         int rec = shim_begin();                              \
         CUresult r = REAL(NAME, (dst, src, n));              \
         if (rec && r == CUDA_SUCCESS)                        \
             emit_copy(KIND, 0, DARG, SARG, n, 0);            \
+        GPUCLOCK(NAME, 0, r);  \
         return r;                                            \
     }
 #define DEF_COPY_ASYNC(NAME, KIND, DT, ST, DARG, SARG)                \
@@ -353,12 +355,14 @@ static void emit_set(int async, uint64_t dst, uint64_t value, uint64_t bytes, CU
             if (rec_ && r == CUDA_SUCCESS)                            \
                 emit_copy(KIND, 1, DARG, SARG, n, s);                 \
             SWAP_END(r)                                               \
+            GPUCLOCK(NAME, s, r);  \
             return r;                                                 \
         }                                                             \
         int rec = shim_begin();                                       \
         CUresult r = REAL(NAME, (dst, src, n, s));                    \
         if (rec && r == CUDA_SUCCESS)                                 \
             emit_copy(KIND, 1, DARG, SARG, n, s);                     \
+        GPUCLOCK(NAME, s, r);  \
         return r;                                                     \
     }
 #define DPTR(x) ((uint64_t)(x))
@@ -391,12 +395,14 @@ DEF_COPY_ASYNC(cuMemcpyDtoDAsync_v2_ptsz, PYOBMEM_COPY_DTOD, CUdeviceptr, CUdevi
             if (rec_ && r == CUDA_SUCCESS)                                                               \
                 emit_copy(PYOBMEM_COPY_OTHER, 0, dst, src, n, 0);                                        \
             SWAP_END(r)                                                                                  \
+            GPUCLOCK(NAME, 0, r);  \
             return r;                                                                                    \
         }                                                                                                \
         int rec = shim_begin();                                                                          \
         CUresult r = REAL(NAME, (dst, dctx, src, sctx, n));                                              \
         if (rec && r == CUDA_SUCCESS)                                                                    \
             emit_copy(PYOBMEM_COPY_OTHER, 0, dst, src, n, 0);                                            \
+        GPUCLOCK(NAME, 0, r);  \
         return r;                                                                                        \
     }
 #define DEF_PEER_ASYNC(NAME)                                                                                         \
@@ -410,12 +416,14 @@ DEF_COPY_ASYNC(cuMemcpyDtoDAsync_v2_ptsz, PYOBMEM_COPY_DTOD, CUdeviceptr, CUdevi
             if (rec_ && r == CUDA_SUCCESS)                                                                           \
                 emit_copy(PYOBMEM_COPY_OTHER, 1, dst, src, n, s);                                                    \
             SWAP_END(r)                                                                                              \
+            GPUCLOCK(NAME, s, r);  \
             return r;                                                                                                \
         }                                                                                                            \
         int rec = shim_begin();                                                                                      \
         CUresult r = REAL(NAME, (dst, dctx, src, sctx, n, s));                                                       \
         if (rec && r == CUDA_SUCCESS)                                                                                \
             emit_copy(PYOBMEM_COPY_OTHER, 1, dst, src, n, s);                                                        \
+        GPUCLOCK(NAME, s, r);  \
         return r;                                                                                                    \
     }
 DEF_PEER(cuMemcpyPeer)
@@ -515,12 +523,14 @@ static uint64_t nd_words3d(const CUDA_MEMCPY3D *p, uint64_t w[4])
             if (rec_ && r == CUDA_SUCCESS)                   \
                 EMIT(p, 0, 0);                               \
             SWAP_END(r)                                      \
+            GPUCLOCK(NAME, 0, r);  \
             return r;                                        \
         }                                                    \
         int rec = shim_begin();                              \
         CUresult r = REAL(NAME, (p));                        \
         if (rec && r == CUDA_SUCCESS)                        \
             EMIT(p, 0, 0);                                   \
+        GPUCLOCK(NAME, 0, r);  \
         return r;                                            \
     }
 #define DEF_COPY_ND_ASYNC(NAME, T, EMIT)                     \
@@ -534,12 +544,14 @@ static uint64_t nd_words3d(const CUDA_MEMCPY3D *p, uint64_t w[4])
             if (rec_ && r == CUDA_SUCCESS)                   \
                 EMIT(p, 1, s);                               \
             SWAP_END(r)                                      \
+            GPUCLOCK(NAME, s, r);  \
             return r;                                        \
         }                                                    \
         int rec = shim_begin();                              \
         CUresult r = REAL(NAME, (p, s));                     \
         if (rec && r == CUDA_SUCCESS)                        \
             EMIT(p, 1, s);                                   \
+        GPUCLOCK(NAME, s, r);  \
         return r;                                            \
     }
 DEF_COPY_ND(cuMemcpy2D_v2, CUDA_MEMCPY2D, emit_copy2d)
@@ -741,6 +753,7 @@ static void emit_batch_3d(const CUDA_MEMCPY3D_BATCH_OP *ops, size_t n, CUstream 
             EMIT;                                                                                         \
         if (sw)                                                                                           \
             swap_op_end(&op, r);                                                                          \
+        GPUCLOCK(NAME, hStream, r);  \
         return r;                                                                                         \
     }
 #define BATCH_1D_PARAMS CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, CUmemcpyAttributes *attrs, \
@@ -788,6 +801,7 @@ static void set_words(uint64_t w[4], uint64_t dst, uint64_t extent)
         if (rec_ && r == CUDA_SUCCESS)                       \
             EMIT;                                            \
         SWAP_END(r)                                          \
+        GPUCLOCK(NAME, S, r);  \
         return r;                                            \
     }
 #define DEF_SET(NAME, VT, ESZ)                               \
@@ -798,6 +812,7 @@ static void set_words(uint64_t w[4], uint64_t dst, uint64_t extent)
         CUresult r = REAL(NAME, (dst, v, n));                \
         if (rec && r == CUDA_SUCCESS)                        \
             emit_set(0, dst, v, (uint64_t)n * ESZ, 0);       \
+        GPUCLOCK(NAME, 0, r);  \
         return r;                                            \
     }
 #define DEF_SET_ASYNC(NAME, VT, ESZ)                                     \
@@ -808,6 +823,7 @@ static void set_words(uint64_t w[4], uint64_t dst, uint64_t extent)
         CUresult r = REAL(NAME, (dst, v, n, s));                         \
         if (rec && r == CUDA_SUCCESS)                                    \
             emit_set(1, dst, v, (uint64_t)n * ESZ, s);                   \
+        GPUCLOCK(NAME, s, r);  \
         return r;                                                        \
     }
 #define SET2D_EXTENT(pitch, w, h, ESZ) ((h) ? ((uint64_t)(h) - 1) * (pitch) + (uint64_t)(w) * (ESZ) : 0)
@@ -820,6 +836,7 @@ static void set_words(uint64_t w[4], uint64_t dst, uint64_t extent)
         CUresult r = REAL(NAME, (dst, pitch, v, w, h));                                   \
         if (rec && r == CUDA_SUCCESS)                                                     \
             emit_set(0, dst, v, (uint64_t)w * h * ESZ, 0);                                \
+        GPUCLOCK(NAME, 0, r);  \
         return r;                                                                         \
     }
 #define DEF_SET2D_ASYNC(NAME, VT, ESZ)                                                              \
@@ -831,6 +848,7 @@ static void set_words(uint64_t w[4], uint64_t dst, uint64_t extent)
         CUresult r = REAL(NAME, (dst, pitch, v, w, h, s));                                          \
         if (rec && r == CUDA_SUCCESS)                                                               \
             emit_set(1, dst, v, (uint64_t)w * h * ESZ, s);                                          \
+        GPUCLOCK(NAME, s, r);  \
         return r;                                                                                   \
     }
 DEF_SET(cuMemsetD8_v2, unsigned char, 1)
