@@ -88,7 +88,7 @@ static uint64_t env_u64(const char *name, uint64_t dflt, uint64_t max)
 static int have_driver(void)
 {
     return real_cuEventCreate && real_cuEventRecord && real_cuEventQuery && real_cuEventElapsedTime &&
-           real_cuEventSynchronize && real_cuStreamCreate && real_cuStreamGetCtx && real_cuStreamIsCapturing &&
+           real_cuStreamSynchronize && real_cuStreamCreate && real_cuStreamGetCtx && real_cuStreamIsCapturing &&
            real_cuCtxGetCurrent && real_cuCtxPushCurrent_v2 && real_cuCtxPopCurrent_v2 &&
            real_cuThreadExchangeStreamCaptureMode;
 }
@@ -109,7 +109,7 @@ void gpuclock_init(void)
 static int ref_record(struct gc_ctx *c, uint32_t i)
 {
     uint64_t t0 = shim_now_ns();
-    if (real_cuEventRecord(c->ref_ev[i], c->own) != CUDA_SUCCESS || real_cuEventSynchronize(c->ref_ev[i]) != CUDA_SUCCESS)
+    if (real_cuEventRecord(c->ref_ev[i], c->own) != CUDA_SUCCESS || real_cuStreamSynchronize(c->own) != CUDA_SUCCESS)
         return 0;
     uint64_t t1 = shim_now_ns();
     /* The shim's stream is idle: the event ran between the two host times. */

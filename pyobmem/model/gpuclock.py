@@ -1,0 +1,98 @@
+"""The GPU clock: when each op ran on the GPU, from the shim's GPU_TIME samples (native/gpuclock.c).
+
+A sample says that op ``seq`` of a process had run, with everything before it on its stream, at
+GPU time t (CLOCK_MONOTONIC ns, the capture's time base). Between samples the GPU time of an op is
+interpolated linearly in op order (per process, by op seq) between the samples around it. Before
+the first sample and after the last one, ops keep the lag of the nearest sample behind their
+launch. Each time is then bounded below by the op's launch time (an op never runs before it is
+issued) and by the time of the previous op on its stream (a stream runs in order). docs/model.md,
+"GPU clock".
+
+Captures without samples (older shims, ``PYOBMEM_GPU_CLOCK_EVERY=0``, a process whose ops were
+all captured into graphs) have no GPU clock; the model then uses its queue estimate
+(``pyobmem.model.saving.execution_clock``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MIN_SAMPLES = 2  # a process needs this many samples on its ops to have a GPU clock
+
+
+def has_gpu_clock(capture, pid: int | None = None) -> bool:
+    """Whether the capture (or process ``pid`` in it) has at least MIN_SAMPLES samples naming ops."""
+    g = capture.gpu_times
+    g = g[g["op"] >= 0]
+    if pid is not None:
+        g = g[g["pid"] == pid]
+    return len(g) >= MIN_SAMPLES
+
+
+def gpu_op_times(capture) -> np.ndarray | None:
+    """GPU time of every op row (int64 ns, shape (len(capture.ops),)), or None when no process has
+    a GPU clock. Ops of processes without one keep their launch time. Computed once per capture.
+
+    Method: the module docstring. Raises nothing; samples naming unknown ops are ignored.
+    """
+    cached = getattr(capture, "_gpu_op_times", False)
+    if cached is not False:
+        return cached
+    ops = capture.ops
+    g = capture.gpu_times
+    g = g[g["op"] >= 0]
+    out = None
+    if len(g) >= MIN_SAMPLES:
+        out = ops["ts_ns"].astype(np.int64).copy()
+        any_clock = False
+        for pid in np.unique(g["pid"]):
+            mine = g[g["pid"] == pid]
+            if len(mine) < MIN_SAMPLES:
+                continue
+            any_clock = True
+            rows = np.flatnonzero(ops["pid"] == pid)
+            rows = rows[np.argsort(ops["seq"][rows], kind="stable")]
+            out[rows] = _interpolate(ops[rows], mine, rows)
+        out = out if any_clock else None
+    try:
+        object.__setattr__(capture, "_gpu_op_times", out)
+    except AttributeError:  # a Capture without a __dict__: recompute next time
+        pass
+    return out
+
+
+def _interpolate(ops: np.ndarray, samples: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """GPU times of one process's ops (``ops`` in seq order, their capture rows ``rows``)."""
+    launch = ops["ts_ns"].astype(np.int64)
+    pos_of_row = {int(r): i for i, r in enumerate(rows)}
+    pos = np.array([pos_of_row[int(r)] for r in samples["op"]], np.int64)
+    order = np.argsort(pos, kind="stable")
+    pos, t = pos[order], samples["t_gpu"][order].astype(np.int64)
+    k = np.arange(len(ops), dtype=np.int64)
+    inner = np.interp(k, pos, t.astype(np.float64))
+    lag_first = t[0] - launch[pos[0]]
+    lag_last = t[-1] - launch[pos[-1]]
+    est = np.where(k < pos[0], launch + lag_first, np.where(k > pos[-1], launch + lag_last, np.round(inner)))
+    est = np.maximum(est.astype(np.int64), launch)
+    est[pos] = np.maximum(t, launch[pos])  # a sample is exact
+    # Stream order: an op finishes no earlier than the op before it on its stream.
+    streams = ops["stream"]
+    for s in np.unique(streams):
+        m = np.flatnonzero(streams == s)
+        est[m] = np.maximum.accumulate(est[m])
+    return est
+
+
+def iteration_ns_gpu(capture, it) -> float | None:
+    """Median GPU-clock length (ns) of the main regime's iterations of ``it`` (an IterationModel):
+    the GPU time of each iteration's first op to that of the next one's (the iteration's end op);
+    None without a GPU clock for the iteration's process or without iterations."""
+    times = gpu_op_times(capture)
+    main = it.main_rows()
+    if times is None or not len(main) or not has_gpu_clock(capture, int(it.pid)):
+        return None
+    start, end = it.start_op[main], it.end_op[main]
+    ok = end < len(times)
+    if not np.any(ok):
+        return None
+    return float(np.median(times[end[ok]] - times[start[ok]]))
