@@ -87,3 +87,34 @@ def test_iteration_time_on_both_clocks(tmp_path):
     assert clock.t1 - clock.t0 == 9_000
     launch = cap.ops["ts_ns"][it.start_op[row] : it.start_op[row] + 3]
     assert (clock(launch) - clock.t0).tolist() == [0, 3_000, 6_000]
+
+
+def _iteration_capture(tmp_path):
+    tr = Trace()
+    blk = tr.alloc(1 << 20)
+    for _ in range(8):
+        for h in (0x1000, 0x2000, 0x3000):
+            tr.launch(h, [blk])
+    for i in range(8):
+        tr.gpu_time(3 * i + 1, 1_000_000 + 9_000 * i)
+    tr.gpu_time(24, 1_000_000 + 9_000 * 7 + 6_000)
+    tr.write(tmp_path / "c.pyobmem")
+    return str(tmp_path / "c.pyobmem")
+
+
+def test_summary_and_stats_show_both_clocks(tmp_path):
+    from pyobmem.commands.summary import format_summary, summarize
+    from pyobmem.commands.stats import format_stats, stats_dict
+    from pyobmem.model import analyse
+
+    cap = read_capture(_iteration_capture(tmp_path))
+    s = summarize(cap)
+    assert s["iteration"]["period_ns"] == 6_000 and s["iteration"]["period_gpu_ns"] == 9_000
+    assert s["gpu_clock"]["samples"] == 9
+    assert s["gpu_clock"]["lag_max_ns"] == 1_000_000 + 9_000 * 7 + 6_000 - int(cap.ops["ts_ns"][23])
+    text = format_summary(s)
+    assert "6.0 µs each (GPU clock: 9.0 µs)" in text
+    assert "GPU clock: 9 samples" in text
+    d = stats_dict(analyse(cap, progress=False))
+    assert d["gpu_clock"]["iteration_ns_host"] == 6_000 and d["gpu_clock"]["iteration_ns_gpu"] == 9_000
+    assert "6.0 µs host, 9.0 µs GPU clock" in format_stats(d)

@@ -96,3 +96,33 @@ def iteration_ns_gpu(capture, it) -> float | None:
     if not np.any(ok):
         return None
     return float(np.median(times[end[ok]] - times[start[ok]]))
+
+
+def clock_facts(capture, it=None) -> dict | None:
+    """What the reports say about the GPU clock; None when the capture has none.
+
+    ``samples`` (GPU_TIME records naming ops), ``every`` / ``skipped`` (from the shim's NOTE
+    ``gpu_clock=...``, None if absent), ``lag_max_ns`` / ``lag_median_ns`` (how long after the host
+    issued a sampled op the GPU had run it), and with an IterationModel ``it``:
+    ``iteration_ns_host`` and ``iteration_ns_gpu`` (medians of the main regime, ns).
+    """
+    g = capture.gpu_times
+    g = g[g["op"] >= 0]
+    if len(g) < MIN_SAMPLES:
+        return None
+    lag = g["t_gpu"].astype(np.int64) - capture.ops["ts_ns"][g["op"]].astype(np.int64)
+    every = skipped = None
+    for notes in capture.notes.values():
+        text = notes.get("gpu_clock")
+        if text:
+            kv = dict(p.split("=", 1) for p in text.split() if "=" in p)
+            every = int(kv["every"]) if kv.get("every", "").isdigit() else every
+            skipped = (skipped or 0) + int(kv["skipped"]) if kv.get("skipped", "").isdigit() else skipped
+    out = {"samples": int(len(g)), "every": every, "skipped": skipped, "lag_max_ns": int(lag.max()),
+           "lag_median_ns": int(np.median(lag))}
+    if it is not None:
+        host = it.iteration_ns
+        gpu = iteration_ns_gpu(capture, it)
+        out["iteration_ns_host"] = None if host is None else int(round(host))
+        out["iteration_ns_gpu"] = None if gpu is None else int(round(gpu))
+    return out

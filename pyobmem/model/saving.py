@@ -80,6 +80,7 @@ class SavingCurve:
     step_peak: np.ndarray = field(repr=False)
     step_sub: np.ndarray = field(default=None, repr=False)
     step_size: np.ndarray = field(default=None, repr=False)
+    clock: str = "queue"
 
     def saved_at(self, ratio: float) -> int:
         """Bytes saved at a slowdown ``ratio`` (>= 1; ratios above the curve's last are capped
@@ -350,5 +351,5 @@ def saving_curve(
         step_block=blk[steps].astype(np.int64), step_window=win_row[steps].astype(np.int64),
         step_sub=wsub[steps].astype(np.int64), step_size=wsize[steps].astype(np.int64),
         step_out=np.round(r["out"]).astype(np.int64), step_stall_ns=r["stall"], step_copy_ns=r["copy"],
-        step_peak=r["peaks"],
+        step_peak=r["peaks"], clock=clock.source,
     )
