@@ -23,9 +23,8 @@ import pytest
 from pyobmem import __version__
 from pyobmem.capture import read_capture
 from pyobmem.launcher import find_cupti
+from helpers import PY, ROOT, clean_env, one_error_line, pyobmem, pyobmem_run
 
-ROOT = Path(__file__).resolve().parents[1]
-PY = sys.executable
 
 
 def _build_stub(directory: Path, name: str) -> str:
@@ -50,34 +49,6 @@ def shim(tmp_path_factory) -> dict:
         pytest.skip("the shim cannot be built (make native failed) and there is no gcc for a stand-in")
     stub = _build_stub(tmp_path_factory.mktemp("stub"), "stub-shim")
     return {"path": stub, "env": {"PYOBMEM_SHIM": stub}}
-
-
-def _env(extra: dict | None = None, drop=()) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYOBMEM_", "XLA_", "PYTORCH_", "CUPY_"))}
-    env.pop("LD_PRELOAD", None)
-    env["PYTHONPATH"] = str(ROOT)
-    for k in drop:
-        env.pop(k, None)
-    env.update(extra or {})
-    return env
-
-
-def pyobmem(*args, cwd, env=None, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [PY, "-m", "pyobmem", *args], cwd=cwd, env=env or _env(), capture_output=True, text=True, timeout=120, **kw
-    )
-
-
-def pyobmem_run(*args, cwd, env=None) -> subprocess.CompletedProcess:
-    """The `pyobmem-run` entry point (the package is not installed: call run_main)."""
-    code = "import sys; from pyobmem.cli import run_main; sys.exit(run_main())"
-    return subprocess.run(
-        [PY, "-c", code, *args], cwd=cwd, env=env or _env(), capture_output=True, text=True, timeout=120
-    )
-
-
-def _one_error_line(proc, text: str) -> None:
-    assert proc.stderr.splitlines() == [f"pyobmem: error: {text}"], proc.stderr
 
 
 # --- help and usage ------------------------------------------------------------------------------
@@ -114,7 +85,7 @@ def test_usage_errors_exit_2(tmp_path, args):
 def test_unknown_command_exits_127(tmp_path):
     proc = pyobmem_run("no-such-command-pyobmem", "x", cwd=tmp_path)
     assert proc.returncode == 127
-    _one_error_line(proc, "no-such-command-pyobmem: command not found")
+    one_error_line(proc.stderr, "no-such-command-pyobmem: command not found")
     assert list(tmp_path.iterdir()) == []  # no capture, nothing run
 
 
@@ -123,10 +94,10 @@ def test_not_executable_exits_126(tmp_path):
     script.write_text("#!/bin/sh\necho hi\n")
     proc = pyobmem("run", "./script.sh", cwd=tmp_path)
     assert proc.returncode == 126
-    _one_error_line(proc, "./script.sh: Permission denied")
+    one_error_line(proc.stderr, "./script.sh: Permission denied")
     proc = pyobmem("run", "./missing.sh", cwd=tmp_path)
     assert proc.returncode == 127
-    _one_error_line(proc, "./missing.sh: No such file or directory")
+    one_error_line(proc.stderr, "./missing.sh: No such file or directory")
 
 
 def test_existing_output_refused_before_running(tmp_path):
@@ -134,15 +105,15 @@ def test_existing_output_refused_before_running(tmp_path):
     out.write_bytes(b"keep me")
     proc = pyobmem("run", "-o", "out.pyobmem", PY, "-c", "open('ran', 'w')", cwd=tmp_path)
     assert proc.returncode == 1
-    _one_error_line(proc, "out.pyobmem exists; use -f/--force to overwrite it")
+    one_error_line(proc.stderr, "out.pyobmem exists; use -f/--force to overwrite it")
     assert not (tmp_path / "ran").exists()
     assert out.read_bytes() == b"keep me"
 
 
 def test_missing_shim_says_to_run_make(tmp_path):
-    proc = pyobmem("run", "true", cwd=tmp_path, env=_env({"PYOBMEM_SHIM": str(tmp_path / "nope.so")}))
+    proc = pyobmem("run", "true", cwd=tmp_path, env=clean_env({"PYOBMEM_SHIM": str(tmp_path / "nope.so")}))
     assert proc.returncode == 1
-    _one_error_line(proc, f"the shim {tmp_path / 'nope.so'} is not built; run `make` in the pyobmem source tree")
+    one_error_line(proc.stderr, f"the shim {tmp_path / 'nope.so'} is not built; run `make` in the pyobmem source tree")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -154,20 +125,20 @@ def test_bad_capture_one_line_exit_2(tmp_path, content, message):
     (tmp_path / "bad.pyobmem").write_bytes(content)
     proc = pyobmem("summary", "bad.pyobmem", cwd=tmp_path)
     assert proc.returncode == 2
-    _one_error_line(proc, f"bad.pyobmem: {message}")
+    one_error_line(proc.stderr, f"bad.pyobmem: {message}")
 
 
 def test_missing_capture_exit_2(tmp_path):
     proc = pyobmem("summary", "nope.pyobmem", cwd=tmp_path)
     assert proc.returncode == 2
-    _one_error_line(proc, "nope.pyobmem: cannot read capture: No such file or directory")
+    one_error_line(proc.stderr, "nope.pyobmem: cannot read capture: No such file or directory")
 
 
 # --- runs ----------------------------------------------------------------------------------------
 
 
 def test_print_1_on_a_machine_without_gpu(tmp_path, shim):
-    proc = pyobmem_run(PY, "-c", "print(1)", cwd=tmp_path, env=_env(shim["env"]))
+    proc = pyobmem_run(PY, "-c", "print(1)", cwd=tmp_path, env=clean_env(shim["env"]))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "1\n"  # the child's output, untouched; ours goes to stderr
     captures = glob.glob(str(tmp_path / "pyobmem-*.pyobmem"))
@@ -185,7 +156,7 @@ def test_print_1_on_a_machine_without_gpu(tmp_path, shim):
 
 
 def test_exit_code_preserved(tmp_path, shim):
-    proc = pyobmem("run", "-q", "-o", "c.pyobmem", PY, "-c", "import sys; sys.exit(3)", cwd=tmp_path, env=_env(shim["env"]))
+    proc = pyobmem("run", "-q", "-o", "c.pyobmem", PY, "-c", "import sys; sys.exit(3)", cwd=tmp_path, env=clean_env(shim["env"]))
     assert proc.returncode == 3 and proc.stderr == ""
     cap = read_capture(str(tmp_path / "c.pyobmem"))
     assert cap.complete and cap.exit_status == 3
@@ -194,7 +165,7 @@ def test_exit_code_preserved(tmp_path, shim):
 def test_force_overwrites(tmp_path, shim):
     out = tmp_path / "c.pyobmem"
     out.write_bytes(b"old")
-    proc = pyobmem("run", "-f", "-q", "-o", str(out), "--", PY, "-c", "pass", cwd=tmp_path, env=_env(shim["env"]))
+    proc = pyobmem("run", "-f", "-q", "-o", str(out), "--", PY, "-c", "pass", cwd=tmp_path, env=clean_env(shim["env"]))
     assert proc.returncode == 0, proc.stderr
     assert read_capture(str(out)).complete
 
@@ -202,7 +173,7 @@ def test_force_overwrites(tmp_path, shim):
 def test_killed_by_signal_dies_by_the_same_signal(tmp_path, shim):
     """The launcher's parent sees the death it would see without pyobmem (not 128 + N)."""
     code = "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"
-    proc = pyobmem("run", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path, env=_env(shim["env"]))
+    proc = pyobmem("run", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path, env=clean_env(shim["env"]))
     assert proc.returncode == -signal.SIGTERM
     cap = read_capture(str(tmp_path / "c.pyobmem"))
     assert cap.complete and cap.exit_status == -15
@@ -212,11 +183,20 @@ def test_killed_by_signal_dies_by_the_same_signal(tmp_path, shim):
 SLEEPER = "import sys, time; print('ready', flush=True); time.sleep(60)"
 
 
+def _default_signals() -> None:
+    """In the launcher's process before exec: SIGINT, SIGTERM and SIGHUP at their defaults. A test
+    run started in the background by a non-interactive shell inherits SIGINT ignored, and an ignored
+    signal stays ignored across exec: the launcher would never see the one the test sends."""
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_signals_to_the_launcher_reach_the_child(tmp_path, shim, sig):
     launcher = subprocess.Popen(
         [PY, "-m", "pyobmem", "run", "-q", "-o", "c.pyobmem", PY, "-c", SLEEPER],
-        cwd=tmp_path, env=_env(shim["env"]), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=tmp_path, env=clean_env(shim["env"]), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=_default_signals,
     )
     assert launcher.stdout.readline() == b"ready\n"
     t0 = time.monotonic()
@@ -241,10 +221,11 @@ def test_ctrl_c_at_the_terminal_reaches_the_child_once(tmp_path, shim):
         "print('sigints', len(got), [(i.si_code, i.si_pid) for i in got], flush=True)\n"
     )
     argv = [PY, "-m", "pyobmem", "run", "-q", "-o", str(tmp_path / "c.pyobmem"), PY, "-c", child]
-    env = _env(shim["env"])
+    env = clean_env(shim["env"])
     pid, fd = pty.fork()
     if pid == 0:  # pragma: no cover (the child execs)
         os.chdir(tmp_path)
+        _default_signals()
         os.execve(PY, argv, env)
     out = b""
     deadline = time.monotonic() + 60
@@ -278,7 +259,7 @@ def test_environment_of_the_child(tmp_path, shim):
         "print(os.environ.get('XLA_PYTHON_CLIENT_ALLOCATOR'))\n"
         "print(os.environ.get('PYOBMEM_CUPTI'))\n"
     )
-    proc = pyobmem("run", "-q", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path, env=_env({**shim["env"], "LD_PRELOAD": other}))
+    proc = pyobmem("run", "-q", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path, env=clean_env({**shim["env"], "LD_PRELOAD": other}))
     assert proc.returncode == 0, proc.stderr
     preload, ring, mode, xla, cupti = proc.stdout.splitlines()
     assert preload == f"{shim['path']}:{other}"  # prepended, never replaced
@@ -287,7 +268,7 @@ def test_environment_of_the_child(tmp_path, shim):
     assert xla == "platform"
     assert cupti == str(find_cupti())  # None when this machine has no libcupti
 
-    proc = pyobmem("run", "-f", "-q", "--no-cupti", "--no-presets", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path, env=_env(shim["env"]))
+    proc = pyobmem("run", "-f", "-q", "--no-cupti", "--no-presets", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path, env=clean_env(shim["env"]))
     preload, _, _, xla, cupti = proc.stdout.splitlines()
     assert preload == shim["path"] and xla == "None" and cupti == "0"
     cap = read_capture(str(tmp_path / "c.pyobmem"))
@@ -303,7 +284,7 @@ def test_metadata_records_the_run(tmp_path, shim):
     }
     before = time.monotonic_ns()
     t0 = time.time()
-    proc = pyobmem("run", "-q", "-o", "c.pyobmem", PY, "-c", "pass", cwd=tmp_path, env=_env({**shim["env"], **user_env}))
+    proc = pyobmem("run", "-q", "-o", "c.pyobmem", PY, "-c", "pass", cwd=tmp_path, env=clean_env({**shim["env"], **user_env}))
     assert proc.returncode == 0, proc.stderr
     meta = read_capture(str(tmp_path / "c.pyobmem")).meta
     assert meta["argv"] == [PY, "-c", "pass"]
@@ -317,7 +298,7 @@ def test_metadata_records_the_run(tmp_path, shim):
     assert meta["shim"] == shim["path"]
 
     # The user's own JAX setting wins over the preset, and is recorded.
-    env = _env({**shim["env"], "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+    env = clean_env({**shim["env"], "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
     code = "import os; print(os.environ.get('XLA_PYTHON_CLIENT_ALLOCATOR'))"
     proc = pyobmem("run", "-f", "-q", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path, env=env)
     assert proc.stdout == "None\n"
@@ -344,7 +325,7 @@ def test_daemon_death_is_reported_and_exit_code_kept(tmp_path, shim):
         "print('still running', flush=True)\n"
         "sys.exit(5)\n"
     )
-    proc = pyobmem("run", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path, env=_env(shim["env"]))
+    proc = pyobmem("run", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path, env=clean_env(shim["env"]))
     assert proc.returncode == 5 and proc.stdout == "still running\n"
     lines = proc.stderr.splitlines()
     assert lines[0] == "pyobmem: the capture daemon stopped during the run (status -9); the capture ends there"
@@ -360,20 +341,20 @@ def test_descendants_get_the_same_ring(tmp_path, shim):
         "sys.stdout.flush()\n"
         "subprocess.run(['sh', '-c', 'echo $PYOBMEM_RING; echo $LD_PRELOAD'])\n"
     )
-    proc = pyobmem("run", "-q", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path, env=_env(shim["env"]))
+    proc = pyobmem("run", "-q", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path, env=clean_env(shim["env"]))
     mine, child, preload = proc.stdout.splitlines()
     assert mine == child and preload == shim["path"]
 
 
 def test_user_xla_setting_of_any_kind_skips_the_jax_preset(tmp_path, shim):
-    env = _env({**shim["env"], "XLA_PYTHON_CLIENT_MEM_FRACTION": ".5"})
+    env = clean_env({**shim["env"], "XLA_PYTHON_CLIENT_MEM_FRACTION": ".5"})
     assert pyobmem("run", "-q", "-o", "c.pyobmem", PY, "-c", "0", cwd=tmp_path, env=env).returncode == 0
     assert read_capture(str(tmp_path / "c.pyobmem")).meta["presets"] == {}
 
 
 def test_default_output_named_after_the_script(tmp_path, shim):
     (tmp_path / "train.py").write_text("print('ok')\n")
-    proc = pyobmem("run", PY, "train.py", cwd=tmp_path, env=_env(shim["env"]))
+    proc = pyobmem("run", PY, "train.py", cwd=tmp_path, env=clean_env(shim["env"]))
     assert proc.returncode == 0 and proc.stdout == "ok\n"
     assert [p.name.split("-")[1] for p in tmp_path.glob("pyobmem-*.pyobmem")] == ["train"]
 
@@ -381,7 +362,7 @@ def test_default_output_named_after_the_script(tmp_path, shim):
 def test_output_named_by_the_command_is_refused_even_with_force(tmp_path, shim):
     script = tmp_path / "train.py"
     script.write_text("print('ok')\n")
-    proc = pyobmem("run", "-f", "-o", "train.py", PY, "train.py", cwd=tmp_path, env=_env(shim["env"]))
+    proc = pyobmem("run", "-f", "-o", "train.py", PY, "train.py", cwd=tmp_path, env=clean_env(shim["env"]))
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr == "pyobmem: error: train.py is named by the command (train.py); choose another output file\n"
     assert script.read_text() == "print('ok')\n"
@@ -390,7 +371,7 @@ def test_output_named_by_the_command_is_refused_even_with_force(tmp_path, shim):
 def test_output_directory_and_empty_name_refused(tmp_path, shim):
     (tmp_path / "d").mkdir()
     for out, message in (("d", "d is a directory"), ("", "the output file name is empty")):
-        proc = pyobmem("run", "-o", out, PY, "-c", "print(1)", cwd=tmp_path, env=_env(shim["env"]))
+        proc = pyobmem("run", "-o", out, PY, "-c", "print(1)", cwd=tmp_path, env=clean_env(shim["env"]))
         assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", f"pyobmem: error: {message}\n")
 
 
@@ -398,6 +379,6 @@ def test_script_without_shebang_runs_with_sh(tmp_path, shim):
     script = tmp_path / "job"
     script.write_text("echo from-sh \"$1\"\nexit 4\n")
     script.chmod(0o755)
-    proc = pyobmem("run", "-q", "-o", "c.pyobmem", "./job", "arg", cwd=tmp_path, env=_env(shim["env"]))
+    proc = pyobmem("run", "-q", "-o", "c.pyobmem", "./job", "arg", cwd=tmp_path, env=clean_env(shim["env"]))
     assert (proc.returncode, proc.stdout) == (4, "from-sh arg\n")
     assert read_capture(str(tmp_path / "c.pyobmem")).exit_status == 4

@@ -31,13 +31,12 @@ from pyobmem import abi
 from pyobmem.abi import Ev
 from pyobmem.capture import read_capture
 from pyobmem.ring import Ring
+from helpers import PY, ROOT, clean_env, one_error_line, pyobmem
 
-ROOT = Path(__file__).resolve().parent.parent
 PROGS = ROOT / "tests" / "fault_progs"
 FAKE = ROOT / "tests" / "fake_cuda"
 SHIM = ROOT / "pyobmem" / "libpyobmem.so"
 CUDA_INCLUDE = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
-PY = sys.executable
 NOTE_RECORDS = 7  # the cuInit notes of the fake driver with PYOBMEM_CUPTI=0 (see test_shim.py)
 
 pytestmark = pytest.mark.skipif(
@@ -70,25 +69,11 @@ def bins(tmp_path_factory) -> Path:
 
 
 def _env(extra: dict | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYOBMEM_", "XLA_", "PYTORCH_", "CUPY_"))}
-    env.pop("LD_PRELOAD", None)
-    env["PYTHONPATH"] = str(ROOT)
-    env["PYOBMEM_CUPTI"] = "0"
-    env.update(extra or {})
-    return env
+    return clean_env({"PYOBMEM_CUPTI": "0", **(extra or {})})
 
 
 def cuda_env(bins: Path, extra: dict | None = None) -> dict:
     return _env({"LD_LIBRARY_PATH": str(bins), **(extra or {})})
-
-
-def pyobmem(*args, cwd, env, timeout=120, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-m", "pyobmem", *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout, **kw)
-
-
-def one_error_line(proc, text: str) -> None:
-    assert proc.stderr.splitlines() == [f"pyobmem: error: {text}"], proc.stderr
 
 
 def kv(text: str) -> dict:
@@ -373,7 +358,7 @@ def test_producer_killed_holding_a_slot_daemon_does_not_stall(bins, tmp_path):
     cap = read_capture(str(out))
     launches = of(cap, Ev.LAUNCH)
     assert cap.complete and len(launches) + cap.dropped == 200 + 1
-    assert ring.header is None or True
+    assert set(launches["a"].tolist()) <= set(range(1, 21))  # the writers' records only, none from the dead slot
     assert cap.dropped >= 1  # the killed producer's slot
 
 
@@ -391,7 +376,7 @@ def test_dev_shm_full_refuses_clearly(bins, tmp_path):
         proc = pyobmem("run", "-o", "c.pyobmem", PY, "-c", "open('ran', 'w')", cwd=tmp_path,
                        env=_env({"PYOBMEM_RING_DIR": str(small)}))
         assert proc.returncode == 1
-        one_error_line(proc, f"cannot create the event ring in {small}: No space left on device "
+        one_error_line(proc.stderr, f"cannot create the event ring in {small}: No space left on device "
                              "(the ring needs 65 MiB: free space there, or use a smaller --capacity)")
         assert os.listdir(small) == []
         assert not (tmp_path / "ran").exists() and not (tmp_path / "c.pyobmem").exists()
@@ -407,7 +392,7 @@ def test_ring_directory_unusable_refuses_clearly(tmp_path):
     proc = pyobmem("run", "-o", "c.pyobmem", PY, "-c", "open('ran', 'w')", cwd=tmp_path,
                    env=_env({"PYOBMEM_RING_DIR": str(tmp_path / "missing")}))
     assert proc.returncode == 1
-    one_error_line(proc, f"cannot create the event ring in {tmp_path / 'missing'}: No such file or directory")
+    one_error_line(proc.stderr, f"cannot create the event ring in {tmp_path / 'missing'}: No such file or directory")
     assert not (tmp_path / "ran").exists()
 
 
@@ -600,7 +585,7 @@ def test_bad_capture_one_line_exit_2(tmp_path, content, message):
     (tmp_path / "bad.pyobmem").write_bytes(content)
     proc = pyobmem("summary", "bad.pyobmem", cwd=tmp_path, env=_env())
     assert proc.returncode == 2
-    one_error_line(proc, f"bad.pyobmem: {message}")
+    one_error_line(proc.stderr, f"bad.pyobmem: {message}")
 
 
 def test_capture_cut_mid_record_reads_to_the_last_whole_one(tmp_path):
@@ -616,9 +601,9 @@ def test_capture_cut_mid_record_reads_to_the_last_whole_one(tmp_path):
 def test_unknown_command_127_and_existing_output_refused(tmp_path):
     proc = pyobmem("run", "no-such-command-pyobmem-x", cwd=tmp_path, env=_env())
     assert proc.returncode == 127
-    one_error_line(proc, "no-such-command-pyobmem-x: command not found")
+    one_error_line(proc.stderr, "no-such-command-pyobmem-x: command not found")
     (tmp_path / "c.pyobmem").write_bytes(b"keep")
     proc = pyobmem("run", "-o", "c.pyobmem", PY, "-c", "open('ran', 'w')", cwd=tmp_path, env=_env())
     assert proc.returncode == 1
-    one_error_line(proc, "c.pyobmem exists; use -f/--force to overwrite it")
+    one_error_line(proc.stderr, "c.pyobmem exists; use -f/--force to overwrite it")
     assert (tmp_path / "c.pyobmem").read_bytes() == b"keep" and not (tmp_path / "ran").exists()

@@ -24,6 +24,7 @@ from pyobmem.abi import Ev, NcclCall, RankSource
 from pyobmem.capture import read_capture, read_records
 from pyobmem.commands import summary
 from pyobmem.errors import PyobmemError
+from helpers import pyobmem
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
@@ -202,14 +203,6 @@ def test_split_without_ranks(tmp_path):
 
 
 # ---------------------------------------------------------------- summary and report
-
-
-def pyobmem(*args, cwd, env=None):
-    e = dict(os.environ)
-    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
-    e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "pyobmem", *map(str, args)], cwd=cwd, env=e, capture_output=True,
-                          text=True, timeout=120)
 
 
 def test_summary_rank_table(tmp_path):
