@@ -85,9 +85,13 @@ static uint64_t env_u64(const char *name, uint64_t dflt, uint64_t max)
     return v > max ? max : v;
 }
 
+/* CUDA 12.8 added cuEventElapsedTime_v2 (same arguments); the first one is kept for older drivers. */
+static pfn_cuEventElapsedTime g_elapsed;
+
 static int have_driver(void)
 {
-    return real_cuEventCreate && real_cuEventRecord && real_cuEventQuery && real_cuEventElapsedTime &&
+    g_elapsed = real_cuEventElapsedTime_v2 ? real_cuEventElapsedTime_v2 : real_cuEventElapsedTime;
+    return real_cuEventCreate && real_cuEventRecord && real_cuEventQuery && g_elapsed &&
            real_cuStreamSynchronize && real_cuStreamCreate && real_cuStreamGetCtx && real_cuStreamIsCapturing &&
            real_cuCtxGetCurrent && real_cuCtxPushCurrent_v2 && real_cuCtxPopCurrent_v2 &&
            real_cuThreadExchangeStreamCaptureMode;
@@ -142,7 +146,7 @@ static int ctx_setup(struct gc_ctx *c)
 static void emit_sample(struct gc_ctx *c, struct gc_slot *s)
 {
     float ms = 0;
-    if (real_cuEventElapsedTime(&ms, c->ref_ev[s->ref], s->ev) != CUDA_SUCCESS || !(ms > -1e9f && ms < 1e9f))
+    if (g_elapsed(&ms, c->ref_ev[s->ref], s->ev) != CUDA_SUCCESS || !(ms > -1e9f && ms < 1e9f))
         return;
     double ns = (double)ms * 1e6; /* rounded to the nearest ns without libm (the shim links none) */
     int64_t t = (int64_t)c->ref_host[s->ref] + (int64_t)(ns >= 0 ? ns + 0.5 : ns - 0.5);
