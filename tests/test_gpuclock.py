@@ -53,3 +53,14 @@ def test_gpuclock_full_pool_skips_never_waits(fake, tmp_path):
     assert (t - t[0]).tolist() == [4000 * i for i in range(8)]
     assert run.out["events_live"] == 8 + 4  # the pool and the reference events, no more
     assert _note(run, "gpu_clock") == {"every": "4", "pool": "8", "samples": "8", "skipped": "17"}
+
+
+def test_gpuclock_fork_child_starts_its_own(fake, tmp_path):
+    # parent: op 1, fork, op 2; child: its own op 1 (its own pool, thread and op seqs)
+    run = run_driver(fake, tmp_path, "fork", env={"PYOBMEM_GPU_CLOCK_EVERY": "1"})
+    parent, child = run.out["parent_pid"], run.out["child_pid"]
+    g = run.of(Ev.GPU_TIME)
+    assert [int(s) for s in g[g["pid"] == parent]["a"]] == [1, 2]
+    # the child leaves with _exit: its sample is written only if its thread read it back in time
+    assert [int(s) for s in g[g["pid"] == child]["a"]] in ([], [1])
+    assert set(g["pid"].tolist()) <= {parent, child}
