@@ -52,22 +52,20 @@ def gpu_op_times(capture) -> np.ndarray | None:
             any_clock = True
             rows = np.flatnonzero(ops["pid"] == pid)
             rows = rows[np.argsort(ops["seq"][rows], kind="stable")]
-            out[rows] = _interpolate(ops[rows], mine, rows)
+            pos_of_row = np.full(len(ops), -1, np.int64)
+            pos_of_row[rows] = np.arange(len(rows))
+            out[rows] = _interpolate(ops[rows], pos_of_row[mine["op"]], mine["t_gpu"])
         out = out if any_clock else None
-    try:
-        object.__setattr__(capture, "_gpu_op_times", out)
-    except AttributeError:  # a Capture without a __dict__: recompute next time
-        pass
+    capture._gpu_op_times = out
     return out
 
 
-def _interpolate(ops: np.ndarray, samples: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """GPU times of one process's ops (``ops`` in seq order, their capture rows ``rows``)."""
+def _interpolate(ops: np.ndarray, pos: np.ndarray, t_gpu: np.ndarray) -> np.ndarray:
+    """GPU times of one process's ops (``ops`` in seq order) from samples at positions ``pos``
+    (indices into ``ops``) with GPU times ``t_gpu`` (ns)."""
     launch = ops["ts_ns"].astype(np.int64)
-    pos_of_row = {int(r): i for i, r in enumerate(rows)}
-    pos = np.array([pos_of_row[int(r)] for r in samples["op"]], np.int64)
     order = np.argsort(pos, kind="stable")
-    pos, t = pos[order], samples["t_gpu"][order].astype(np.int64)
+    pos, t = pos[order], t_gpu[order].astype(np.int64)
     k = np.arange(len(ops), dtype=np.int64)
     inner = np.interp(k, pos, t.astype(np.float64))
     lag_first = t[0] - launch[pos[0]]
