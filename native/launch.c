@@ -161,8 +161,11 @@ void launch_swap_end(struct launch_swap *ls, uintptr_t handle, uint64_t stream, 
 /* The hooks' swap-mode launch: scan, bring blocks back, launch, record. */
 #define SWAP_LAUNCH(NAME, F, S, G, KP, EXTRA, FLAGS, CALL)                                             \
     if (SHIM_UNLIKELY(g_shim.swap)) {                                                                  \
-        if (!hooks_record_launches()) /* CUPTI does it, or not recording */                            \
-            return CALL;                                                                               \
+        if (!hooks_record_launches()) { /* CUPTI does it, or not recording */                          \
+            CUresult r0_ = CALL;                                                                       \
+            GPUCLOCK(NAME, S, r0_);                                                                    \
+            return r0_;                                                                                \
+        }                                                                                              \
         struct launch_swap ls_;                                                                        \
         CUresult f_ = launch_swap_begin(&ls_, (uintptr_t)(F), swap_norm_stream((S), per_thread_name(#NAME)), KP, \
                                         EXTRA, (FLAGS));                                              \
