@@ -296,8 +296,9 @@ void gpuclock_sample(uint64_t seq, CUstream s)
     CUcontext ctx = NULL;
     CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
     struct gc_ctx *c = NULL;
-    if (real_cuStreamGetCtx(s, &ctx) == CUDA_SUCCESS && ctx && real_cuStreamIsCapturing(s, &cs) == CUDA_SUCCESS &&
-        cs == CU_STREAM_CAPTURE_STATUS_NONE)
+    /* The capture query first: it is the one call made for a stream that may be capturing. */
+    if (real_cuStreamIsCapturing(s, &cs) == CUDA_SUCCESS && cs == CU_STREAM_CAPTURE_STATUS_NONE &&
+        real_cuStreamGetCtx(s, &ctx) == CUDA_SUCCESS && ctx)
         c = ctx_of(ctx);
     struct gc_slot *slot = NULL;
     if (c) {
