@@ -63,9 +63,11 @@ def test_gpu_clock_samples_follow_the_ops(progs, tmp_path):
     # an op runs after it was issued (the reference event's host time is within a few µs)
     assert lag.min() > -20_000, lag.min()
     assert np.all(g["ts_ns"] >= g["t_gpu"] - 20_000)  # read back after it ran
-    for s in np.unique(g["stream"]):  # a stream runs in order
+    # A stream runs in order; two samples measured against different reference events (a new one
+    # every second) may differ by the references' host-time error (half a stream sync, µs).
+    for s in np.unique(g["stream"]):
         m = g[g["stream"] == s]
-        assert np.all(np.diff(m["t_gpu"][np.argsort(m["seq"])]) >= -2_000), s
+        assert np.all(np.diff(m["t_gpu"][np.argsort(m["seq"])]) >= -20_000), s
     record_figure("gpu_clock_lag", {"samples": int(len(g)), "lag_median_ns": int(np.median(lag)),
                                     "lag_max_ns": int(lag.max())})
 
