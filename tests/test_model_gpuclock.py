@@ -118,3 +118,11 @@ def test_summary_and_stats_show_both_clocks(tmp_path):
     d = stats_dict(analyse(cap, progress=False))
     assert d["gpu_clock"]["iteration_ns_host"] == 6_000 and d["gpu_clock"]["iteration_ns_gpu"] == 9_000
     assert "6.0 µs host, 9.0 µs GPU clock" in format_stats(d)
+
+
+def test_report_shows_both_clocks(tmp_path):
+    from pyobmem.report import render
+
+    html = render(read_capture(_iteration_capture(tmp_path)), generated="test")
+    assert "6 µs host, 9 µs GPU clock" in html
+    assert "on the GPU clock (the shim's GPU time samples)" in html
