@@ -7,7 +7,8 @@ VENV ?= .venv
 ifeq ($(origin CC),default)
 CC := gcc
 endif
-CFLAGS ?= -O2 -g -Wall -Wextra -Werror -fvisibility=hidden
+WERROR ?= -Werror
+CFLAGS ?= -O2 -g -Wall -Wextra $(WERROR) -fvisibility=hidden
 SHIM := pyobmem/libpyobmem.so
 SHIM_SRC := $(wildcard native/*.c)
 SHIM_HDR := $(wildcard native/*.h native/*.def native/include/pyobmem/*.h)
@@ -39,4 +40,4 @@ demo: venv native
 	PATH=$(abspath $(VENV))/bin:$$PATH sh scripts/demo.sh
 
 clean:
-	rm -rf $(SHIM) $(VENV) build *.egg-info
+	rm -rf $(SHIM) $(VENV) build dist *.egg-info

@@ -188,6 +188,11 @@ class Capture:
             return f"graph {int(op['handle']):#x}"
         return self.kernel_names.get((int(op["pid"]), int(op["handle"])), f"kernel {int(op['handle']):#x}")
 
+    def block_label(self, row: int) -> str:
+        """The id of ``blocks[row]`` that every verb shows: ``"<pid>:<block id>"`` (``"2160:12"``;
+        the shim numbers blocks per process, so the pid makes it unique in the capture)."""
+        return f"{int(self.blocks['pid'][row])}:{int(self.blocks['block_id'][row])}"
+
 
 def read_header(path: str) -> tuple[dict, int]:
     """Read and check the header; returns (metadata dict, offset of the first record).

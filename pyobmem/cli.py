@@ -34,7 +34,7 @@ def build_run_parser() -> argparse.ArgumentParser:
         prog="pyobmem-run",
         usage="pyobmem-run [-o FILE] [-f] [--capacity N] [--no-cupti] [--no-presets] [-q] [--swap --budget SIZE [--min-swap-bytes N]] [--] cmd ...",
         description=run_command.DESCRIPTION,
-        epilog=run_command.EPILOG + "   (then: pyobmem summary FILE)",
+        epilog=run_command.epilog("pyobmem-run"),
     )
     parser.add_argument("--version", action="version", version=f"pyobmem {__version__}")
     run_command.add_arguments(parser)

@@ -84,7 +84,8 @@ def find_shim() -> str:
 def find_cupti() -> str | None:
     """Path of a libcupti for the shim to try first, or None.
 
-    Looks for the pip wheel (nvidia/cuda_cupti/lib) in this Python's site-packages, then
+    Looks for the pip wheel (nvidia/cuda_cupti/lib for CUDA 12, nvidia/cu13/lib for CUDA 13, which
+    pip-installed PyTorch brings) in this Python's site-packages, then
     $CUDA_HOME/lib64, /usr/local/cuda/lib64 and /usr/local/cuda/extras/CUPTI/lib64.
     """
     sites = list(site.getsitepackages()) if hasattr(site, "getsitepackages") else []
@@ -93,7 +94,7 @@ def find_cupti() -> str | None:
     except AttributeError:
         pass
     sites += [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
-    dirs = [os.path.join(s, "nvidia", "cuda_cupti", "lib") for s in dict.fromkeys(sites)]
+    dirs = [os.path.join(s, "nvidia", sub, "lib") for s in dict.fromkeys(sites) for sub in ("cuda_cupti", "cu13")]
     if os.environ.get("CUDA_HOME"):
         dirs.append(os.path.join(os.environ["CUDA_HOME"], "lib64"))
     dirs += ["/usr/local/cuda/lib64", "/usr/local/cuda/extras/CUPTI/lib64"]

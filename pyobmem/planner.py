@@ -59,6 +59,8 @@ MIN_CONFIDENCE = 0.9  # model confidence (mean template match) of the main regim
 MAX_RATIO = 2.0  # the planner never predicts a slower iteration than this
 GREEDY_MAX_RATIO = 1e6  # the greedy runs without a stall limit; the budget stops the planner
 
+BARE_NUMBER = ("a number without a unit is a fraction of the card when at most 1 (0.75; 1 is the whole card), "
+               "else whole bytes; give other sizes with a unit (1.5GiB) or as a percentage of the card (75%)")
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z%]*)\s*$")
 _UNITS = {
     "": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20,
@@ -88,22 +90,25 @@ class Budget:
 
 
 def parse_budget(text: str) -> Budget:
-    """``16GiB``, ``16G`` (binary), ``16GB`` (decimal), ``500MiB``, ``123456`` (bytes), ``0.75`` or
-    ``75%`` (of the card). Raises PyobmemError (exit 2) with one line."""
+    """``16GiB``, ``16G`` (binary), ``16GB`` (decimal), ``500MiB``, ``75%`` (of the card's memory,
+    the only size known at launch, not of the job's peak) or a number without a unit: a fraction
+    of the card when at most 1 (``0.75``; ``1``: the whole card), else whole bytes (``123456``).
+    Raises PyobmemError (exit 2) with one line."""
     m = _SIZE.match(str(text))
     if not m:
-        raise PyobmemError(f"bad budget {text!r}: use a size (16GiB, 500MiB, bytes) or a fraction of the card (0.75, 75%)", 2)
+        raise PyobmemError(f"bad budget {text!r}: use a size (16GiB, 500MiB, bytes) or a share of the card (75%, 0.75)", 2)
     value, unit = float(m.group(1)), m.group(2).lower()
     if unit == "%":
         if not 0 < value <= 100:
             raise PyobmemError(f"bad budget {text!r}: a percentage of the card must be in (0, 100]", 2)
         return Budget(text=text, fraction=value / 100)
-    if unit == "" and "." in m.group(1):
-        if value > 1:
-            raise PyobmemError(f"bad budget {text!r}: a fraction of the card must be in (0, 1]; give sizes in whole bytes or with a unit", 2)
+    if unit == "":
         if value <= 0:
             raise PyobmemError(f"bad budget {text!r}: must be positive", 2)
-        return Budget(text=text, fraction=value)
+        if value <= 1:
+            return Budget(text=text, fraction=value)
+        if value != int(value) or "." in m.group(1):
+            raise PyobmemError(f"bad budget {text!r}: {BARE_NUMBER}", 2)
     if unit not in _UNITS:
         raise PyobmemError(f"bad budget {text!r}: unknown unit {m.group(2)!r} (B, KiB, MiB, GiB, TiB, K, M, G, T, KB, MB, GB, TB, %)", 2)
     n = int(value * _UNITS[unit])
@@ -142,8 +147,11 @@ class LearnedIteration:
     of the main regime whose keys equal the template / all of them); ``confidence`` (the model's
     mean template match); ``bandwidth`` (B/s); ``min_swap_bytes``.
     Candidates, one row each: ``cand_block`` (capture block row), ``cand_addr``, ``cand_size``,
-    ``cand_pos`` (list of int arrays: access positions in the iteration, sorted). ``excluded``:
-    reason -> (count, bytes) for the process's blocks that are no candidates.
+    ``cand_pos`` (list of int arrays: access positions in the iteration, sorted), ``cand_site``
+    (int64 (C, 2): allocation site of a tensor of the iteration, see ``_sites``; (-1, -1) for a
+    block live over the whole iteration, named by its address). ``excluded``:
+    reason -> (count, bytes) for the process's blocks that are no candidates; ``reason_of``: block row
+    -> that reason, for each of them.
     Windows (cyclic idle gaps of candidates), one row each: ``win_cand`` (candidate row), ``win_s``
     (last access position), ``win_n`` (next access position, + P when it wraps).
     ``iteration_row``: the row of the IterationModel; ``it``/``bm`` kept for the bound.
@@ -165,6 +173,7 @@ class LearnedIteration:
     cand_addr: np.ndarray = field(repr=False)
     cand_size: np.ndarray = field(repr=False)
     cand_pos: list = field(repr=False)
+    cand_site: np.ndarray = field(repr=False)
     excluded: dict = field(repr=False)
     win_cand: np.ndarray = field(repr=False)
     win_s: np.ndarray = field(repr=False)
@@ -174,6 +183,7 @@ class LearnedIteration:
     capture: object = field(default=None, repr=False)
     it: object = field(default=None, repr=False)
     bm: object = field(default=None, repr=False)
+    reason_of: dict = field(default_factory=dict, repr=False)
 
     @property
     def period(self) -> int:
@@ -192,8 +202,13 @@ def op_keys(ops: np.ndarray) -> np.ndarray:
 
 
 def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, bandwidth: float | None = None,
-                    it: IterationModel | None = None, bm=None) -> LearnedIteration | NoPlan:
-    """Learn the iteration of ``capture``'s main process (see LearnedIteration), or say why not."""
+                    it: IterationModel | None = None, bm=None, by_site: bool = False) -> LearnedIteration | NoPlan:
+    """Learn the iteration of ``capture``'s main process (see LearnedIteration), or say why not.
+
+    ``by_site``: stream-ordered blocks allocated inside the iteration (the tensors a per-tensor
+    allocator preset gives, ``backend:cudaMallocAsync``) are candidates too, each identified by
+    its allocation site (``cand_site``), with the idle windows between its accesses in its
+    lifetime; otherwise only blocks live over the whole iteration are."""
     it = detect_iterations(capture) if it is None else it
     main = it.main_rows()
     if it.main < 0 and it.partial is not None:
@@ -266,30 +281,43 @@ def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, ba
     acc_pos = pos_of_row[acc["op"]] if len(acc) else np.zeros(0, np.int64)
     accessed = np.zeros(len(blocks), bool)
     accessed[acc["block"]] = True
+    t_next = int(ops["ts_ns"][pid_rows[b]]) if b < len(pid_rows) else np.iinfo(np.int64).max
+    whole = (ta <= it_t0) & ((tf < 0) | (tf > it_t1))
+    stream_ordered = blocks["kind"] == abi.AllocKind.ASYNC
+    # A tensor of this iteration: allocated after its first op, before the next iteration's.
+    in_iteration = stream_ordered & (ta >= it_t0) & (ta < t_next) if by_site else np.zeros(len(blocks), bool)
+    backable = (blocks["kind"] == abi.AllocKind.DRIVER) | stream_ordered
     reasons = [
-        ("not VMM-backable (not cuMemAlloc)", blocks["kind"] != abi.AllocKind.DRIVER),
+        ("not VMM-backable (not cuMemAlloc or stream-ordered)" if by_site else "not VMM-backable (not cuMemAlloc)",
+         ~backable if by_site else blocks["kind"] != abi.AllocKind.DRIVER),
         (f"under {format_bytes(min_swap_bytes, digits=2)}", size < min_swap_bytes),
         ("touched by an opaque launch", bm.opaque),
         ("named by an NCCL call (pinned)", _nccl_named(capture)),
         ("arena", bm.cls == ARENA),
         ("never accessed", bm.cls == NEVER),
-        ("not live over the whole iteration", (ta > it_t0) | ((tf >= 0) & (tf <= it_t1))),
+        ("not live over the whole iteration" + (" nor allocated in it" if by_site else ""), ~whole & ~in_iteration),
         ("not accessed in the iteration", ~accessed),
     ]
-    excluded, taken = {}, ~mine
+    excluded, reason_of, taken = {}, {}, ~mine
     for why, mask in reasons:
         m = mask & ~taken
         if np.any(m):
             excluded[why] = (int(np.count_nonzero(m)), int(size[m].sum()))
+            reason_of.update(dict.fromkeys(np.flatnonzero(m).tolist(), why))
         taken |= m
     cand = np.flatnonzero(~taken)
+    site = _sites(launch_t, ta, mine & in_iteration & (size >= min_swap_bytes), cand)
     order = np.lexsort((acc_pos, acc["block"]))
     ab, ap = acc["block"][order], acc_pos[order]
     cand_pos, wc, ws, wn = [], [], [], []
     for ci, blk in enumerate(cand):
         p = np.unique(ap[np.searchsorted(ab, blk, "left") : np.searchsorted(ab, blk, "right")])
         cand_pos.append(p)
-        nxt = np.append(p[1:], p[0] + P)
+        # A block live over the iteration is idle from its last access to its first in the next
+        # iteration; a tensor of the iteration only between two of its accesses (it holds nothing
+        # before the first, and is freed after the last).
+        nxt = np.append(p[1:], p[0] + P) if site[ci, 0] < 0 else p[1:]
+        p = p if site[ci, 0] < 0 else p[:-1]
         ok = nxt - p >= 2  # at least one position in between
         wc.append(np.full(np.count_nonzero(ok), ci))
         ws.append(p[ok])
@@ -300,10 +328,32 @@ def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, ba
         matching=matching, iterations=len(main), confidence=float(regime.confidence),
         bandwidth=bandwidth_of(capture, bandwidth), min_swap_bytes=int(min_swap_bytes),
         cand_block=cand.astype(np.int64), cand_addr=blocks["addr"][cand].astype(np.uint64),
-        cand_size=size[cand], cand_pos=cand_pos, excluded=excluded,
+        cand_size=size[cand], cand_pos=cand_pos, cand_site=site, excluded=excluded,
         win_cand=cat(wc), win_s=cat(ws), win_n=cat(wn), iteration_row=row, iteration_index=i,
-        capture=capture, it=it, bm=bm,
+        capture=capture, it=it, bm=bm, reason_of=reason_of,
     )
+
+
+def _sites(launch_t: np.ndarray, t_alloc: np.ndarray, counted: np.ndarray, cand: np.ndarray) -> np.ndarray:
+    """int64 (len(cand), 2): the allocation site of each candidate block (rows of the capture's
+    blocks) that is one of ``counted`` (bool per block: the allocations the shim counts, the
+    process's stream-ordered ones of at least min_swap_bytes made in the iteration): (position of
+    the last op issued before its allocation, its ordinal among the counted allocations since that
+    op); (-1, -1) for the others. With its size the site names one tensor of every iteration."""
+    site = np.full((len(cand), 2), -1, np.int64)
+    rows = np.flatnonzero(counted)
+    if not len(rows):
+        return site
+    rows = rows[np.argsort(t_alloc[rows], kind="stable")]
+    pos = np.searchsorted(launch_t, t_alloc[rows].astype(np.int64), side="right") - 1
+    start = np.r_[0, np.flatnonzero(np.diff(pos)) + 1]  # runs of one position (pos is sorted)
+    ordinal = np.arange(len(pos)) - np.repeat(start, np.diff(np.r_[start, len(pos)]))
+    of = np.full(len(t_alloc), -1, np.int64)
+    of[rows] = np.arange(len(rows))
+    k = of[cand]
+    hit = k >= 0
+    site[hit, 0], site[hit, 1] = pos[k[hit]], ordinal[k[hit]]
+    return site
 
 
 def _nccl_named(capture) -> np.ndarray:
@@ -345,8 +395,14 @@ class Plan:
     ``time_ratio`` (predicted iteration time over the unswapped one), ``stall_ns`` (per iteration);
     ``feasible`` (the predicted peak fits the budget); ``needed_bytes`` (the least any plan could
     reach on this iteration: at some position the blocks that cannot be out together) and
-    ``needed_at`` (that position); ``bound_bytes`` (the model's saving bound at ``time_ratio``,
-    None when not computed); ``iteration_ns``, ``bandwidth``, ``min_swap_bytes``.
+    ``needed_at`` (that position); ``reach_bytes`` / ``reach_at``: the least peak any plan can
+    reach under the cost model (each window out as long as it can be alone, engines idle: a lower
+    bound >= ``needed_bytes``; 0 when not computed: a plan that fits, made without ``bound``) and its
+    position; ``bound_bytes`` (the model's saving bound at
+    ``time_ratio``, None when not computed); ``iteration_ns``, ``bandwidth``, ``min_swap_bytes``;
+    ``iteration_index`` (the planned iteration among the main regime's, from 0, as the model's
+    saving curve counts it); ``candidates`` (count, bytes) and ``excluded`` (reason -> (count,
+    bytes)) of the process's blocks, as ``LearnedIteration``.
     """
 
     pid: int
@@ -370,6 +426,12 @@ class Plan:
     period: int = 0
     matching: int = 0
     iterations: int = 0
+    iteration_index: int = -1
+    reach_bytes: int = 0
+    reach_at: int = 0
+    reach_op_row: int = -1  # the capture op row at ``reach_at``
+    candidates: tuple = (0, 0)
+    excluded: dict = field(default_factory=dict, repr=False)
 
     @property
     def saved_bytes(self) -> int:
@@ -406,9 +468,12 @@ class Plan:
             "saved_bytes": self.saved_bytes, "bound_bytes": self.bound_bytes,
             "time_ratio": round(self.time_ratio, 6), "stall_ns": round(self.stall_ns),
             "needed_bytes": self.needed_bytes, "needed_at": self.needed_at,
+            "reach_bytes": self.reach_bytes, "reach_at": self.reach_at, "iteration": self.iteration_index,
+            "candidates": {"blocks": self.candidates[0], "bytes": self.candidates[1]},
+            "excluded": {why: {"blocks": n, "bytes": b} for why, (n, b) in self.excluded.items()},
             "swapped_blocks": len({s.block for s in self.swaps}), "swapped_bytes": self.swapped_bytes,
             "swaps": [
-                {"block": s.block, "addr": hex(s.addr), "size": s.size, "out_after": s.out_at,
+                {"row": s.block, "addr": hex(s.addr), "size": s.size, "out_after": s.out_at,
                  "prefetch_before": s.prefetch_at, "mark_after": s.mark_at, "next_access": s.next_at, "absent_ops": s.absent,
                  "stall_ns": round(s.stall_ns)}
                 for s in self.swaps
@@ -437,6 +502,7 @@ class _Sim:
     absent: np.ndarray  # positions out per window
     ratio: float
     resident: np.ndarray
+    wait_ns: float = 0.0  # per iteration: the GPU held at the budget for swap-outs to end
 
 
 def _clocks(L: LearnedIteration, iterations: int) -> tuple[np.ndarray, np.ndarray]:
@@ -457,12 +523,16 @@ def _released(ext: np.ndarray, hx: np.ndarray, s: np.ndarray, out_done: np.ndarr
     return h, p_out
 
 
-def _simulate(L: LearnedIteration, w: np.ndarray) -> _Sim:
+def _simulate(L: LearnedIteration, w: np.ndarray, budget_bytes: int | None = None) -> _Sim:
     """The cost model on windows ``w`` (rows of L's windows), three iterations unrolled; figures
     of the middle one (the steady state). Two clocks: the shim acts when the host issues an op
     (``L.issue``), copies run and memory is used when the GPU executes it (``L.times``); the
     host runs ahead, so a prefetch issued at position q maps its memory while the GPU is still
-    at an earlier position. Resident bytes are counted at the GPU's positions."""
+    at an earlier position. Resident bytes are counted at the GPU's positions.
+
+    With ``budget_bytes``, where the resident bytes would exceed the budget while swap-outs are
+    still copying, the shim holds the op until enough of them end (``_hold``): the block is out
+    from there, and the wait adds to the iteration's time (``wait_ns``)."""
     P, T = L.period, L.iteration_ns
     ext, hx = _clocks(L, 4)  # positions 0 .. 4P-1
     size = L.cand_size[L.win_cand[w]].astype(np.float64)
@@ -499,8 +569,11 @@ def _simulate(L: LearnedIteration, w: np.ndarray) -> _Sim:
     stall = np.maximum(done - deadline, 0.0) + starve
     useless = (back <= p_out) | (h >= n)  # the block would never be out
     # Resident bytes over the middle iteration [P, 2P).
-    diff = np.zeros(4 * P + 1)
     okw = ~useless
+    wait = 0.0
+    if budget_bytes is not None and len(s):
+        p_out, wait = _hold(L, ext, s, p_out, back, out_done, sz, okw, budget_bytes)
+    diff = np.zeros(4 * P + 1)
     np.add.at(diff, p_out[okw], -sz[okw])
     np.add.at(diff, back[okw], sz[okw])
     out = np.cumsum(diff)[P : 2 * P]
@@ -509,12 +582,49 @@ def _simulate(L: LearnedIteration, w: np.ndarray) -> _Sim:
     m = len(w)
     mid = slice(m, 2 * m)  # the windows of iteration 1: actions are taken from them
     in_iter = (n >= P) & (n < 2 * P)
-    stalls = float(stall[in_iter].sum())
+    stalls = float(stall[in_iter].sum()) + wait
     copy = float(d.sum() + r.sum()) if m else 0.0
     ratio = max(1.0 + stalls / T, float(d.sum()) / T, copy / T) if m else 1.0
     useless_w = useless[mid] | useless[: m] | useless[2 * m :]
     return _Sim(peak=int(resident[k]) if P else 0, peak_at=k, stall=stall[mid], useless=useless_w, q=q[mid],
-                mark=mark[mid], absent=np.maximum(back[mid] - p_out[mid], 0), ratio=ratio, resident=resident)
+                mark=mark[mid], absent=np.maximum(back[mid] - p_out[mid], 0), ratio=ratio, resident=resident,
+                wait_ns=wait)
+
+
+def _hold(L: LearnedIteration, ext: np.ndarray, s: np.ndarray, p_out: np.ndarray, back: np.ndarray,
+          out_done: np.ndarray, sz: np.ndarray, ok: np.ndarray, budget_bytes: int) -> tuple[np.ndarray, float]:
+    """The shim's budget hold on the middle iteration: at each GPU position p (in order) whose
+    resident bytes exceed the budget, the op waits for the swap-outs already issued there (last
+    access before p) and still copying, earliest copy end first, until enough have ended; those
+    blocks are out from p. Returns (p_out with the held blocks out from their position, the
+    waiting in ns). Later positions run later by the waits so far (the copies do not: the
+    engine keeps going while the GPU waits). A position where every issued swap-out is not
+    enough waits for them all (the plan then does not fit there)."""
+    P = L.period
+    p_out = p_out.copy()
+    delay = 0.0
+    for _ in range(P):
+        diff = np.zeros(4 * P + 1)
+        np.add.at(diff, p_out[ok], -sz[ok])
+        np.add.at(diff, back[ok], sz[ok])
+        resident = L.live + np.cumsum(diff)[P : 2 * P].astype(np.int64)
+        over = np.flatnonzero(resident > budget_bytes)
+        p = -1
+        for j in over:  # the first position over the budget that pending swap-outs can help
+            pp = P + int(j)
+            if np.any(ok & (s < pp) & (p_out > pp) & (back > pp)):
+                p = pp
+                break
+        if p < 0:
+            break
+        pend = np.flatnonzero(ok & (s < p) & (p_out > p) & (back > p))
+        pend = pend[np.argsort(out_done[pend], kind="stable")]
+        need = int(resident[p - P]) - budget_bytes
+        k = min(int(np.searchsorted(np.cumsum(sz[pend]), need, side="left")), len(pend) - 1)
+        take = pend[: k + 1]
+        delay += max(0.0, float(out_done[take].max()) - (float(ext[p]) + delay))
+        p_out[take] = p
+    return p_out, delay
 
 
 def _marks(ext: np.ndarray, hx: np.ndarray, s: np.ndarray, q: np.ndarray, latest: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -550,11 +660,12 @@ def _needed(L: LearnedIteration) -> tuple[int, int]:
     return int(need[j]), j
 
 
-def _nominal_absence(L: LearnedIteration) -> np.ndarray:
+def _nominal_absence(L: LearnedIteration, held: bool = False) -> np.ndarray:
     """bool (windows, P): the GPU positions (mod P) at which each window alone keeps its block
     out under the cost model with idle copy engines (``_simulate``'s clocks and release rule):
     from its release after the copy out to the remap of the latest prefetch the host can issue
-    with the remap and copy done before the next access."""
+    with the remap and copy done before the next access. ``held``: from the position after its
+    last access, where the budget hold (``_hold``) can keep the GPU until the copy ends."""
     P = L.period
     W = len(L.win_s)
     cov = np.zeros((W, P), bool)
@@ -568,6 +679,8 @@ def _nominal_absence(L: LearnedIteration) -> np.ndarray:
     h, p_out = _released(ext, hx, s, ext[s] + d)
     q = np.minimum(np.searchsorted(hx, ext[n] - d - r, side="right") - 1, n)
     back = np.searchsorted(ext, _marks(ext, hx, s, q, ext[n] - d - r)[1], side="left")
+    if held:
+        p_out = s + 1
     length = np.clip(back - p_out, 0, P)
     length[q <= h] = 0
     for w in np.flatnonzero(length > 0):
@@ -584,9 +697,12 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
     peak_at = int(np.argmax(L.live)) if P else 0
     peak = int(L.live[peak_at]) if P else 0
     chosen: list[int] = []
-    sim = _simulate(L, np.zeros(0, np.int64))
-    if sim.peak > budget_bytes:
-        chosen, sim = _cover(L, budget_bytes, max_ratio, sim)
+    sim = _simulate(L, np.zeros(0, np.int64), budget_bytes)
+    over = sim.peak > budget_bytes
+    cov = _nominal_absence(L) if over or bound else None  # W x P: the daemon skips it for a plan that fits
+    if over:
+        chosen, sim = _cover(L, budget_bytes, max_ratio, sim, cov)
+    reach_at, reach = _reach(L, cov) if cov is not None else (0, 0)
     w = np.array(chosen, np.int64)
     swaps, act = [], []
     for j, k in enumerate(w):
@@ -630,24 +746,41 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
         feasible=sim.peak <= budget_bytes and len(actions) <= abi.PLAN_MAX_ACTIONS, needed_bytes=needed,
         needed_at=needed_at, needed_op_row=int(L.op_rows[needed_at]) if P else -1, bound_bytes=bound_bytes, iteration_ns=L.iteration_ns, bandwidth=L.bandwidth,
         min_swap_bytes=L.min_swap_bytes, period=P, matching=L.matching, iterations=L.iterations,
+        iteration_index=L.iteration_index, reach_bytes=reach, reach_at=reach_at,
+        reach_op_row=int(L.op_rows[reach_at]) if P else -1,
+        candidates=(len(L.cand_block), int(L.cand_size.sum())), excluded=dict(L.excluded),
     )
 
 
-def _cover(L: LearnedIteration, budget_bytes: int, max_ratio: float, sim: _Sim) -> tuple[list, _Sim]:
+def _reach(L: LearnedIteration, cov: np.ndarray) -> tuple[int, int]:
+    """(position, bytes): the highest resident bytes with every window out as long as it can be
+    alone (``_nominal_absence``): no plan's peak is lower under the cost model."""
+    if not L.period:
+        return 0, 0
+    size = L.cand_size[L.win_cand].astype(np.int64)
+    res = L.live - (cov * size[:, None]).sum(axis=0).astype(np.int64) if len(size) else L.live
+    k = int(np.argmax(res))
+    return k, int(res[k])
+
+
+def _cover(L: LearnedIteration, budget_bytes: int, max_ratio: float, sim: _Sim, cov: np.ndarray) -> tuple[list, _Sim]:
     """Choose windows until the simulated peak fits ``budget_bytes`` (or none helps): at each
     step, among the unused windows whose block is out at the peak position (nominally), the one
     covering the most excess (resident bytes over the budget, capped at its size, summed over
     the positions it is out, per byte it moves: every byte costs the same copy time), kept only
     when the simulation (engine queues included) confirms it lowers the resident bytes at that
     position within ``max_ratio``. Returns (chosen windows, their simulation); when the budget
-    cannot be met, the lowest peak reached."""
-    cov = _nominal_absence(L)
+    cannot be met, the lowest peak reached. ``cov``: ``_nominal_absence(L)``."""
+    nominal, held = cov, _nominal_absence(L, held=True)
     size = L.cand_size[L.win_cand].astype(np.float64)
-    free = cov.any(axis=1)
+    free = held.any(axis=1)
     chosen: list[int] = []
     best = (sim.peak, [], sim)
     while sim.peak > budget_bytes:
         p = sim.peak_at
+        # Windows out at p with the engines idle first; then those the budget hold keeps out
+        # there, at the cost of waiting for their copies.
+        cov = nominal if np.any(free & nominal[:, p]) else held
         cand = np.flatnonzero(free & cov[:, p])
         if not len(cand):
             break
@@ -657,7 +790,7 @@ def _cover(L: LearnedIteration, budget_bytes: int, max_ratio: float, sim: _Sim) 
         for k in cand[np.lexsort((size[cand], -gain))]:
             free[k] = False
             trial = chosen + [int(k)]
-            t = _simulate(L, np.array(trial, np.int64))
+            t = _simulate(L, np.array(trial, np.int64), budget_bytes)
             if t.useless[-1] or t.resident[p] >= sim.resident[p] or t.ratio > max_ratio:
                 continue
             chosen, sim, taken = trial, t, True

@@ -56,3 +56,9 @@ def format_duration(ns: int | float | None, digits: int = 1, *, significant: int
     if significant is not None:
         return f"{ns / unit:.{significant}g} {name}"
     return f"{ns / unit:.{min(digits, _MAX_DECIMALS[name])}f} {name}"
+
+
+def format_iteration(index: int, count: int) -> str:
+    """``iteration 4 of 0..8``: an iteration of the main regime as every verb numbers it (from 0,
+    as ``IterationModel.main_rows()`` and the saving curve count them); ``count`` in the regime."""
+    return f"iteration {index} of 0..{count - 1}" if count > 0 and index >= 0 else "iteration ?"

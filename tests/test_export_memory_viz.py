@@ -60,7 +60,7 @@ def test_schema_and_totals(exported):
         assert (b["address"], b["size"], b["requested_size"], b["state"]) == (s["address"], s["total_size"],
                                                                                s["total_size"], "active_allocated")
     assert segs[3]["frames"][0]["filename"] == "never accessed"
-    assert segs[0]["frames"][-1]["name"].startswith("persistent block")
+    assert segs[0]["frames"][-1]["name"] == "block 100:1: persistent, 9 accesses"
     assert [f["name"] for f in segs[0]["frames"][:2]] == ["adam_step", "fwd_gemm_1"]  # last, first access
     # device trace: 2 events per block, 3 more per freed block, in time order
     (trace,) = snap["device_traces"]

@@ -69,11 +69,11 @@ def test_kernel_slices_and_block_tracks(tmp_path):
     assert len(ops) == len(cap.ops) == 35
     assert [e["name"] for e in ops[:7]] == ["memcpy HTOD", "fwd_gemm_1", "fwd_gemm_2", "loss_kernel", "bwd_gemm_2",
                                               "bwd_gemm_1", "adam_step"]
-    assert ops[1]["args"]["blocks"] == [ids["W1"], 5, 6]
+    assert ops[1]["args"]["blocks"] == [f"100:{ids['W1']}", "100:5", "100:6"]  # pid:block id, as every verb
     assert ops[1]["dur"] == 50.0  # next op on the stream is 1.5 ms later: capped at 50 µs
     blocks = [e for e in ev if e["ph"] == "X" and e["cat"] == "block"]
     assert [b["args"]["size"] for b in blocks] == [64 * MiB, 64 * MiB, 32 * MiB]
-    assert [b["args"]["block_id"] for b in blocks] == [ids["W1"], ids["O"], ids["W2"]]
+    assert [b["args"]["block"] for b in blocks] == [f"100:{ids[k]}" for k in ("W1", "O", "W2")]
     idle = [e for e in ev if e["ph"] == "X" and e["cat"] == "idle"]
     # W1: 3 accesses per iteration (fwd1, bwd1, adam) -> 14 gaps; O: 5 accesses -> 4; W2: 15 -> 14
     per_tid = {}
@@ -83,5 +83,5 @@ def test_kernel_slices_and_block_tracks(tmp_path):
     for e in idle:  # nested inside the block's lifetime slice
         life = next(b for b in blocks if b["tid"] == e["tid"])
         assert life["ts"] <= e["ts"] and e["ts"] + e["dur"] <= life["ts"] + life["dur"] + 1e-6
-    o_idle = [e for e in idle if e["tid"] == next(b["tid"] for b in blocks if b["args"]["block_id"] == ids["O"])]
+    o_idle = [e for e in idle if e["tid"] == next(b["tid"] for b in blocks if b["args"]["block"] == f"100:{ids['O']}")]
     assert {e["args"]["idle_ns"] for e in o_idle} == {LOADER_NS + 21 * 500_000}  # one iteration

@@ -40,7 +40,7 @@ def test_stats_text(tmp_path, capsys):
     assert main(["stats", _write(tmp_path, tr)]) == 0
     out = capsys.readouterr().out
     assert "iterations: 6 (main: 6 ops per iteration, 100.0 µs, pid 100)" in out
-    assert "iteration-scoped      6  24.00 MiB" in out
+    assert "iteration-scoped      6    24.00 MiB" in out
     assert "properties, tensor level" in out and "properties, block level" in out
 
 

@@ -175,14 +175,14 @@ def test_min_swap_bytes_excludes(tmp_path):
 @pytest.mark.parametrize("text,expect", [
     ("16GiB", (16 << 30, None)), ("16G", (16 << 30, None)), ("16GB", (16 * 10**9, None)), ("500MiB", (500 << 20, None)),
     ("500m", (500 << 20, None)), ("123456", (123456, None)), ("1.5GiB", (3 << 29, None)), ("0.75", (None, 0.75)),
-    ("75%", (None, 0.75)), ("100%", (None, 1.0)), ("1", (1, None)),
+    ("75%", (None, 0.75)), ("100%", (None, 1.0)), ("1", (None, 1.0)), ("1.0", (None, 1.0)), ("1e3", (1000, None)),
 ])
 def test_parse_budget(text, expect):
     b = planner.parse_budget(text)
     assert (b.bytes, b.fraction) == expect
 
 
-@pytest.mark.parametrize("text", ["", "abc", "-1G", "0", "0.0", "12XB", "150%", "0%", "1.5"])
+@pytest.mark.parametrize("text", ["", "abc", "-1G", "0", "0.0", "12XB", "150%", "0%", "1.5", "2.0"])
 def test_parse_budget_errors(text):
     with pytest.raises(PyobmemError) as e:
         planner.parse_budget(text)

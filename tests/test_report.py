@@ -112,7 +112,7 @@ def test_report_sections_and_classes(training_capture):
     assert not re.search(r"(https?:)?//[a-z]", html.replace("file://", ""))  # nothing fetched
     assert "<script" not in html and "<link" not in html and "<img" not in html
     assert "No iteration was found" not in html
-    assert html.count("<svg") == 4  # memory, access map, histogram, saving curve
+    assert html.count("<svg") == 5  # memory (the run, one iteration), access map, histogram, saving curve
 
 
 def test_saving_curve_exact(training_capture):

@@ -48,7 +48,7 @@ def test_plan_on_committed_captures(capfd):
     # gpt_tiny: 952 MiB live all along; no plan reaches half of it (at least 708 MiB at op 62).
     assert main(["plan", str(DATA / "gpt_tiny.pyobmem"), "--budget", "0.5GiB"]) == 1
     out, err = capfd.readouterr()
-    assert "iteration   160 ops" in out and "peak        952.0 MiB without swapping" in out
+    assert "planned     iteration 4 of 0..8: 160 ops" in out and "peak        952.0 MiB without swapping" in out
     assert err.strip().startswith("pyobmem: error: the budget 512.0 MiB is below what the job needs at one instant: 708.0 MiB")
     # A budget above the peak: nothing to swap.
     assert main(["plan", str(DATA / "gpt_tiny.pyobmem"), "--budget", "1GiB", "--json"]) == 0
@@ -77,6 +77,7 @@ def test_plan_synthetic_json(tmp_path, capfd):
     j = json.loads(capfd.readouterr().out)
     assert j["feasible"] and j["predicted_peak_bytes"] == 145 * MiB and j["saved_bytes"] == 64 * MiB
     assert [(s["out_after"], s["prefetch_before"], s["next_access"]) for s in j["swaps"]] == [(0, 87, 0)]
+    assert [(s["block"], s["row"]) for s in j["swaps"]] == [("100:1", 0)]  # pid:id, as every verb names it
 
 
 def _start_daemon(ring_path, out, control_path, budget):

@@ -188,17 +188,17 @@ def test_patterns_on_pytorch_are_not_noise(capsys):
     d = patterns_dict(a)
     kinds = {}
     for f in d["findings"]:
-        kinds.setdefault(f["block"], set()).add(f["kind"])
+        kinds.setdefault(f["row"], set()).add(f["kind"])
     # never-accessed and leaked are never both given for a block
     assert not any({"never-accessed", "leaked"} <= k for k in kinds.values())
     # a segment still used in the last iterations is not leaked
     cut = leak_cutoff(a.iterations, a.blocks)
     for f in d["findings"]:
         if f["kind"] == "leaked":
-            assert a.blocks.last_t[f["block"]] < cut
+            assert a.blocks.last_t[f["row"]] < cut
     last = a.iterations.main_rows()[-1]
     used_at_end = np.flatnonzero((a.blocks.t_free < 0) & (a.blocks.last_t >= a.iterations.t_start[last]))
-    assert len(used_at_end) and not any(f["kind"] == "leaked" and f["block"] in used_at_end for f in d["findings"])
+    assert len(used_at_end) and not any(f["kind"] == "leaked" and f["row"] in used_at_end for f in d["findings"])
     text = format_patterns(d, limit=0, width=120)
     assert max(len(x) for x in text.splitlines()) <= 130  # kernel names cut to the width
     shares = [float(m) for m in re.findall(r"\((\d+)% it\)", text)]

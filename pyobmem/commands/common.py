@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -69,6 +70,25 @@ def warn(message: str) -> None:
     print(f"pyobmem: warning: {message}", file=sys.stderr, flush=True)
 
 
+def distinct(paths: list[str]) -> list[str]:
+    """``paths`` without repeats of one file (the same path, or another name of it), in order,
+    with a warning for each file given more than once: a capture counted twice would double its
+    rank in a table."""
+    seen: dict = {}
+    for p in paths:
+        try:
+            st = os.stat(p)
+            key = (st.st_dev, st.st_ino)
+        except OSError:
+            key = os.path.abspath(p)  # missing: reading it says so
+        seen.setdefault(key, []).append(p)
+    for names in seen.values():
+        if len(names) > 1:
+            also = "" if len(set(names)) == 1 else f" (as {', '.join(names[1:])})"
+            warn(f"{names[0]} is given {len(names)} times{also}; it is read once")
+    return [names[0] for names in seen.values()]
+
+
 def load(path: str, *, say_incomplete: bool = False):
     """Read a capture, leave out its corrupt records (saying so once on stderr) and, when
     ``say_incomplete`` (verbs whose output has no place for it), say it is incomplete."""
@@ -124,18 +144,39 @@ def _itanium_nested(name: str) -> str:
     return "::".join(parts) if parts else name
 
 
+_OPEN, _CLOSE = "<([{", ">)]}"
+
+
+def function_name(demangled: str) -> str:
+    """The qualified name of a demangled function, its template arguments kept, without its return
+    type and parameter list: ``std::enable_if<!(false), void>::type ns::kernel<int>(int*) const`` ->
+    ``ns::kernel<int>``. Brackets are matched, so a ``(`` or a space inside template arguments
+    (``{lambda()#1}``, ``(bool)1``) is neither; ``operator()`` keeps its brackets."""
+    depth, start = 0, 0
+    i = 0
+    while i < len(demangled):
+        ch = demangled[i]
+        if ch == "(" and depth == 0:
+            if demangled.endswith("operator", 0, i) and demangled.startswith("()", i):
+                i += 2
+                continue
+            return demangled[start:i] if i > start else demangled
+        if ch in _OPEN:
+            depth += 1
+        elif ch in _CLOSE:
+            depth = max(depth - 1, 0)
+        elif ch == " " and depth == 0 and not demangled.endswith("operator", 0, i):
+            start = i + 1
+        i += 1
+    return demangled[start:] or demangled
+
+
 def short_name(name: str, width: int, demangled: dict | None = None) -> str:
     """A kernel name that fits ``width`` characters: demangled when possible, the return type and
     the parameter list left out, then cut with an ellipsis."""
     n = (demangled or {}).get(name)
-    if n is None:
-        n = _itanium_nested(name)
-    n = n.replace("(anonymous namespace)", "{anon}")
-    if n.startswith("void "):
-        n = n[5:]
-    paren = n.find("(")
-    if paren > 0:
-        n = n[:paren]
+    # A demangled signature loses its return type and parameters; other names stay as they are.
+    n = _itanium_nested(name) if n is None else function_name(n.replace("(anonymous namespace)", "{anon}"))
     if len(n) <= width:
         return n
     base = n.split("<", 1)[0]

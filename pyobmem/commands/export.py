@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 
 from ..export import check_output, FORMATS, default_output, export
 from ..export.perfetto import OP_SLICE_CAP_US
 from .common import load
 
-VIEWERS = {"memory-viz": "open it at pytorch.org/memory_viz, or: python -m torch.cuda._memory_viz stats",
+VIEWERS = {"memory-viz": "open it at pytorch.org/memory_viz, or run: python -m torch.cuda._memory_viz stats {q}",
            "perfetto": "open it at ui.perfetto.dev", "csv": "one row per event"}
 
 
@@ -34,5 +35,5 @@ def run(args) -> int:
     check_output(output, args.force, source=args.file)
     capture = load(args.file, say_incomplete=True)
     export(capture, args.format, output, force=args.force)
-    print(f"wrote {output} ({VIEWERS[args.format]})", file=sys.stderr)
+    print(f"wrote {output} ({VIEWERS[args.format].format(q=shlex.quote(output))})", file=sys.stderr)
     return 0

@@ -56,7 +56,8 @@ def run(args) -> int:
 
 
 def patterns_dict(a, slack_pct: float = SLACK_PCT, idle_pct: float = IDLE_PCT, kinds=None) -> dict:
-    """Findings as JSON values: sizes B, times ns, positions % of the iteration."""
+    """Findings as JSON values: sizes B, times ns, positions % of the iteration; ``block``: the
+    block as every verb names it (``pid:id``, the first instance), ``row``: its capture row."""
     cap = a.capture
     found = a.findings(slack_pct=slack_pct, idle_pct=idle_pct)
     if kinds:
@@ -64,6 +65,8 @@ def patterns_dict(a, slack_pct: float = SLACK_PCT, idle_pct: float = IDLE_PCT, k
     rows = []
     for f in found:
         d = f.as_dict()
+        d["row"] = d.pop("block")  # the capture's block row; "block" is the id every verb shows
+        d["block"] = cap.block_label(f.block)
         d["block_id"] = int(cap.blocks["block_id"][f.block])
         d["pid"] = int(cap.blocks["pid"][f.block])
         d["kernel_before"] = cap.kernel_name(f.kernel_before) if f.kernel_before >= 0 else None
@@ -109,7 +112,7 @@ def format_patterns(d: dict, limit: int = 50, width: int | None = None) -> str:
         out.append(f"iteration {format_duration(d['iteration_ns'], digits=3)}; positions are % of the iteration")
     if d["drops"]["dropped"]:
         out.append(f"warning: {d['drops']['dropped']} events were dropped; findings may be wrong near "
-                   f"ops {d['drops'].get('first_op', '?')}..{d['drops'].get('last_op', '?')}")
+                   f"ops {d['drops'].get('first_op', '?')}..{d['drops'].get('last_op', '?')} ({d['drops']['hint']})")
     if not d["complete"]:
         out.append("note: the capture was cut short, so 'leaked' means 'unused and not freed before the cut'")
     f = d["findings"]
@@ -118,8 +121,9 @@ def format_patterns(d: dict, limit: int = 50, width: int | None = None) -> str:
         return "\n".join(out)
     shown = f if limit <= 0 else f[:limit]
     width = terminal_width() if width is None else width
-    head = ["kind", "bytes", "blocks", "class", "for", "where"]
-    cells = [[x["kind"], format_bytes(x["bytes"], digits=2), x["instances"], x["cls"], _for(x), _where(x)] for x in shown]
+    head = ["kind", "block", "bytes", "instances", "class", "for", "where"]
+    cells = [[x["kind"], x["block"], format_bytes(x["bytes"], digits=2), x["instances"], x["cls"], _for(x), _where(x)]
+             for x in shown]
     used = sum(max(len(str(h)), *(len(str(r[i])) for r in cells)) + 2 for i, h in enumerate(head)) + 2
     room = max(width - used, 24)
     names = [n for x in shown for n in (x["kernel_before"], x["kernel_after"]) if n]
@@ -135,5 +139,6 @@ def format_patterns(d: dict, limit: int = 50, width: int | None = None) -> str:
     out.append(table(head + ["after / before kernel"], cells))
     if len(f) > len(shown):
         out.append(f"  ... {len(f) - len(shown)} more (--limit, --json)")
-    out += [""] + textwrap.wrap("kinds: " + "; ".join(f"{k}: {v}" for k, v in EXPLAIN.items()), width)
+    out += [""] + textwrap.wrap("block: pid:block id, as in every verb (the first instance when there are several); "
+                                "kinds: " + "; ".join(f"{k}: {v}" for k, v in EXPLAIN.items()), width)
     return "\n".join(out)

@@ -12,7 +12,7 @@ import math
 
 from ..errors import PyobmemError
 from .. import planner
-from ..units import format_bytes, format_duration
+from ..units import format_bytes, format_duration, format_iteration
 from .common import _demangle_all, budget_arg, load, short_name
 from .summary import table
 
@@ -28,7 +28,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("capture", metavar="FILE", help="a .pyobmem capture")
     p.add_argument("--budget", required=True, metavar="SIZE",
-                   help="device-memory budget: 16GiB, 500MiB, bytes, or a fraction of the card (0.75, 75%%)")
+                   help="device-memory budget: 16GiB, 500MiB, bytes, or a share of the card's memory, not of the "
+                   "job's peak: 75%%, or a number up to 1 (0.75; 1: the whole card)")
     p.add_argument("--bandwidth", type=float, metavar="B/s", help="host<->device copy bandwidth, bytes/s each way (default: the capture's, else 55e9)")
     p.add_argument("--min-swap-bytes", metavar="N", help="blocks smaller than this are never swapped (default 4MiB)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -45,13 +46,33 @@ def run(args) -> int:
     plan = planner.plan_capture(cap, budget, bandwidth=args.bandwidth, min_swap_bytes=min_swap, bound=True)
     if isinstance(plan, planner.NoPlan):
         raise PyobmemError(f"{args.capture}: no plan: {plan.reason}", 1)
+    shown = useful(plan)
     if args.json:
-        print(json.dumps(plan.to_json(), indent=2, sort_keys=True))
+        print(json.dumps(plan_json(shown, cap, plan), indent=2, sort_keys=True))
     else:
-        print(format_plan(plan, cap, args.capture, budget))
+        print(format_plan(shown, cap, args.capture, budget, best=plan))
     if not plan.feasible:
         raise PyobmemError(infeasible_message(plan, cap), 1)
     return 0
+
+
+def useful(plan):
+    """The plan to show: a plan whose swaps save nothing is worse than none (slower, no lower
+    peak): its IDLE hints alone, as the daemon writes it (``Plan.hints_only``)."""
+    return plan.hints_only() if plan.swaps and plan.saved_bytes <= 0 else plan
+
+
+def plan_json(plan, cap, best=None) -> dict:
+    """``Plan.to_json`` with each swap's block as every verb names it (``"block": "pid:id"``, beside
+    ``"row"``, the capture's block row) and, when the best plan found saved nothing, what it was
+    (``"rejected"``: its blocks, saving and time ratio)."""
+    d = plan.to_json()
+    for s in d["swaps"]:
+        s["block"] = cap.block_label(s["row"])
+    if best is not None and best is not plan:
+        d["rejected"] = {"blocks": _swapped(best, cap), "saved_bytes": best.saved_bytes,
+                         "time_ratio": round(best.time_ratio, 6), "why": "saves nothing: worse than no plan"}
+    return d
 
 
 def infeasible_message(plan, cap) -> str:
@@ -59,50 +80,115 @@ def infeasible_message(plan, cap) -> str:
     if plan.needed_bytes > plan.budget_bytes:
         return (f"the budget {format_bytes(plan.budget_bytes)} is below what the job needs at one instant: "
                 f"{format_bytes(plan.needed_bytes)} must be resident together at op "
-                f"{plan.needed_at} of the iteration ({_op_name(cap, plan)})")
+                f"{plan.needed_at} of the iteration ({_op_name(cap, plan.needed_op_row)})")
+    if plan.reach_bytes > plan.budget_bytes:
+        return (f"no plan fits the budget {format_bytes(plan.budget_bytes)}: {_reach_text(plan, cap)}")
     # The job could fit (no op needs more than the budget); the planner found no plan that does.
     return (f"no plan fits the budget {format_bytes(plan.budget_bytes)}: the best plan found reaches "
             f"{format_bytes(plan.predicted_peak)} at {plan.time_ratio:.3f}x the iteration time, with copies at "
-            f"{plan.bandwidth / 1e9:.1f} GB/s; no op needs more than {format_bytes(plan.needed_bytes)} resident, "
+            f"{plan.bandwidth / 1e9:.1f} GB/s; its cost model allows {format_bytes(plan.reach_bytes)}, "
             f"so the limit is the planner's (docs/swap.md, \"Known limits\")")
 
 
-def _op_name(cap, plan) -> str:
-    if plan.needed_op_row < 0:
+def _reach_text(plan, cap) -> str:
+    """Why no plan gets under ``reach_bytes``: what stays resident at ``reach_at``."""
+    at = f"op {plan.reach_at} ({_op_name(cap, plan.reach_op_row)})"
+    if plan.reach_bytes >= plan.peak_bytes:
+        return (f"no plan lowers the peak of {format_bytes(plan.peak_bytes)}: at {at} no candidate block can be "
+                f"off the device (each is in use there, or idle for less than its copy out and back in at "
+                f"{plan.bandwidth / 1e9:.1f} GB/s)")
+    return (f"no plan gets under {format_bytes(plan.reach_bytes)}: at {at} the other blocks cannot be off the "
+            f"device (in use, or idle for less than a copy out and back in at {plan.bandwidth / 1e9:.1f} GB/s)")
+
+
+def _op_name(cap, row: int) -> str:
+    if row < 0 or row >= len(cap.ops):
         return "-"
-    name = cap.kernel_name(plan.needed_op_row)
+    name = cap.kernel_name(row)
     return short_name(name, 60, _demangle_all([name]))
 
 
 def _budget_text(plan, budget) -> str:
-    """The budget in bytes and, for a fraction of the card, of what."""
+    """The budget in bytes and, for a fraction of the card, of what (the card, never the peak)."""
     text = format_bytes(plan.budget_bytes)
     if budget is not None and budget.fraction is not None:
         text += f" ({100 * budget.fraction:g}% of the card"
         if budget.fraction:
             text += f"'s {format_bytes(plan.budget_bytes / budget.fraction)}"
-        text += ")"
+        text += ", not of the peak)"
     return text
 
 
-def format_plan(plan, cap, path: str, budget=None) -> str:
+def _predicted(plan, best, cap) -> list[str]:
+    """The predicted lines: already fits, no plan helps (and why), or the plan's peak and saving."""
+    peak = format_bytes(plan.peak_bytes)
+    if not best.swaps and plan.peak_bytes <= plan.budget_bytes:
+        lines = [f"already fits (peak {peak}): nothing to swap"]
+        if plan.reach_bytes < plan.peak_bytes:
+            lines.append(f"a budget under {peak} makes it swap, e.g. --budget {_mib(0.9 * plan.peak_bytes)} "
+                         f"(90% of the peak); no plan gets under {format_bytes(plan.reach_bytes)}")
+        else:
+            lines.append(f"a budget under {peak} makes it swap, but {_reach_text(plan, cap)}")
+        return lines
+    if not plan.swaps:
+        if plan.needed_bytes > plan.budget_bytes:
+            why = f"the budget is below the {format_bytes(plan.needed_bytes)} the job needs at op {plan.needed_at}"
+        elif plan.reach_bytes > plan.budget_bytes:
+            why = _reach_text(plan, cap)
+        else:
+            why = f"the planner found none that lowers the peak (its cost model allows {format_bytes(plan.reach_bytes)})"
+        lines = [f"none: {why}"]
+        if best is not plan:
+            blocks = _swapped(best, cap)
+            lines.append(f"the best one found swaps {len(blocks)} blocks ({', '.join(blocks)}) and saves 0 B at "
+                         f"{best.time_ratio:.3f}x: worse than none, so none is shown")
+        return lines
+    return [f"{format_bytes(plan.predicted_peak)} peak ({'fits' if plan.feasible else 'does not fit'}), "
+            f"saving {format_bytes(plan.saved_bytes)} (model bound at this slowdown: {format_bytes(plan.bound_bytes)})"]
+
+
+def _swapped(plan, cap) -> list[str]:
+    """The blocks a plan swaps, as every verb names them, in the plan's order."""
+    return list(dict.fromkeys(cap.block_label(s.block) for s in plan.swaps))
+
+
+def _blocks(n: int) -> str:
+    return f"{n:,} block{'' if n == 1 else 's'}"
+
+
+def _mib(n: float) -> str:
+    return f"{int(n) >> 20}MiB"
+
+
+def format_plan(plan, cap, path: str, budget=None, best=None) -> str:
+    """The plan as text; ``best``: the plan the planner found when ``plan`` is what is shown
+    instead (``useful``)."""
+    best = plan if best is None else best
+    pred = _predicted(plan, best, cap)
+    excluded = [f"{_blocks(n)}: {why} ({format_bytes(b)})" for why, (n, b) in plan.excluded.items()] or ["none"]
+    n_it = plan.iterations
     out = [
         f"Swap plan for {path} (pid {plan.pid})",
-        f"  iteration   {plan.period:,} ops (launches, copies and sets), {format_duration(int(plan.iteration_ns))} "
-        f"({plan.matching} of {plan.iterations} iterations issue exactly these ops)",
+        f"  planned     {format_iteration(plan.iteration_index, n_it)}: {plan.period:,} ops (launches, copies and "
+        f"sets), {format_duration(int(plan.iteration_ns))} ({plan.matching} of {n_it} iterations issue exactly these ops)",
         f"  budget      {_budget_text(plan, budget)}; copies at {plan.bandwidth / 1e9:.1f} GB/s each way; "
         f"blocks under {format_bytes(plan.min_swap_bytes)} stay",
         f"  peak        {format_bytes(plan.peak_bytes)} without swapping, at op {plan.peak_at}",
-        f"  predicted   {format_bytes(plan.predicted_peak)} peak ({'fits' if plan.feasible else 'does not fit'}), "
-        f"saving {format_bytes(plan.saved_bytes)} (model bound at this slowdown: "
-        f"{format_bytes(plan.bound_bytes)})",
+        f"  candidates  {_blocks(plan.candidates[0])}, {format_bytes(plan.candidates[1])}",
+        f"  excluded    {excluded[0]}",
+        *[f"              {e}" for e in excluded[1:]],
+        f"  needs       at least {format_bytes(plan.needed_bytes)} resident at op {plan.needed_at}, whatever the plan "
+        f"(every idle window out, copies free)",
+        f"  reachable   at best {format_bytes(plan.reach_bytes)} at op {plan.reach_at} (each idle window out as long "
+        f"as its copies allow)",
+        f"  predicted   {pred[0]}",
+        *[f"              {p}" for p in pred[1:]],
         f"  time        {plan.time_ratio:.3f}x the iteration (stalls {format_duration(int(plan.stall_ns))} per iteration)",
-        f"  needs       at least {format_bytes(plan.needed_bytes)} resident at op {plan.needed_at}, whatever the plan",
         f"  swapped     {len({s.block for s in plan.swaps})} blocks, {format_bytes(plan.swapped_bytes)}; "
         f"{plan.n_actions:,} actions per iteration, {plan.n_hints:,} idle hints for eviction",
     ]
     if plan.swaps:
-        rows = [[s.block, hex(s.addr), format_bytes(s.size), s.out_at, s.prefetch_at, s.next_at, s.absent,
-                 format_duration(int(s.stall_ns))] for s in plan.swaps]
+        rows = [[cap.block_label(s.block), hex(s.addr), format_bytes(s.size), s.out_at, s.prefetch_at, s.next_at,
+                 s.absent, format_duration(int(s.stall_ns))] for s in plan.swaps]
         out += ["", table(rows, ["block", "address", "size", "out after op", "prefetch before op", "next use", "ops out", "stall"])]
     return "\n".join(out)

@@ -10,7 +10,7 @@ from ..export import check_output, open_output
 from ..ranks import pick, rank_views
 from ..report import write
 from ..report.ranks import section
-from .common import load
+from .common import distinct, load
 
 
 def add_parser(subparsers):
@@ -34,7 +34,7 @@ def run(args) -> int:
     output = args.output or (first[: -len(".pyobmem")] if first.endswith(".pyobmem") else first) + ".html"
     for source in args.file:
         check_output(output, args.force, source=source)
-    captures = [load(path, say_incomplete=True) for path in args.file]
+    captures = [load(path, say_incomplete=True) for path in distinct(args.file)]
     detail, rank = pick(captures, args.rank)
     ranks_html, subject = None, None
     if rank is not None or len(captures) > 1:

@@ -20,7 +20,11 @@ DESCRIPTION = (
     "launches and copies into a capture file. Processes the command starts are traced too. "
     "The command's exit code is kept."
 )
-EPILOG = "example: pyobmem-run -o train.pyobmem python train.py --epochs 1"
+
+
+def epilog(prog: str) -> str:
+    """The help's example, in the program's own name (``pyobmem run`` or ``pyobmem-run``)."""
+    return f"example: {prog} -o train.pyobmem python train.py --epochs 1   (then: pyobmem summary train.pyobmem)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--budget", metavar="SIZE",
-        help="swap mode's device-memory budget: 16GiB, 16G, 500MiB, bytes, or a fraction of the card (0.75 or 75%%)",
+        help="swap mode's device-memory budget: 16GiB, 16G, 500MiB, bytes, or a share of the card's memory, not "
+        "of the job's peak: 75%%, or a number up to 1 (0.75; 1: the whole card)",
     )
     p.add_argument(
         "--min-swap-bytes", metavar="N",
@@ -54,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        NAME, help="trace a command into a capture file", description=DESCRIPTION, epilog=EPILOG
+        NAME, help="trace a command into a capture file", description=DESCRIPTION, epilog=epilog("pyobmem run")
     )
     add_arguments(p)
     return p
@@ -137,14 +142,19 @@ def _silence(stream) -> None:
 
 
 def _report(path: str, rank_paths: list[str] = ()) -> None:
-    """The short summary, the capture path(s) and what to run next (stderr: stdout is the command's)."""
+    """The short summary, the capture path(s) and what to run next, unless there is nothing to look
+    at (no CUDA activity) (stderr: stdout is the command's)."""
+    active = False
     try:
-        text = summary.format_short(summary.summarize(read_capture(path)))
+        s = summary.summarize(read_capture(path))
+        text, active = summary.format_short(s), s["cuda_activity"]
     except PyobmemError as e:
         text = f"error: {e}"
     for line in text.splitlines():
         _say(line)
     _say(f"capture written to {path}")
+    if not active:
+        return
     q = shlex.quote(path)
     if rank_paths:
         _say(f"per-rank captures: {' '.join(rank_paths)}")

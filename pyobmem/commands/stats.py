@@ -13,11 +13,11 @@ import json
 
 import numpy as np
 
-from ..export import cuda_span
+from ..export import cuda_span, drops_hint
 from ..model import CLASSES, analyse, blocks_by_class
 from ..model.gpuclock import clock_facts
 from ..model.properties import in_iteration_intervals
-from ..units import format_bytes, format_duration
+from ..units import format_bytes, format_duration, format_iteration
 from .common import TIME_ORIGIN, count, load, positive_float
 
 NAME = "stats"
@@ -61,7 +61,8 @@ def origin_ns(cap) -> int:
 def drops_dict(cap) -> dict:
     """How many events were lost, and where: time range (ns from the origin) and op indices."""
     t0 = origin_ns(cap)
-    out = {"dropped": int(cap.dropped), "records": int(len(cap.drops))}
+    out = {"dropped": int(cap.dropped), "records": int(len(cap.drops)),
+           "hint": drops_hint(cap.meta) if cap.dropped else None}
     if len(cap.drops):
         ts = cap.drops["ts_ns"].astype(np.int64)
         ops_at = np.searchsorted(cap.ops["ts_ns"], ts) if len(cap.ops) else np.zeros(len(ts), np.int64)
@@ -90,7 +91,9 @@ def _props(pr) -> dict:
 
 
 def stats_dict(a, top: int = 10) -> dict:
-    """Everything ``stats`` shows, as JSON values (sizes B, times ns from the capture's origin)."""
+    """Everything ``stats`` shows, as JSON values (sizes B, times ns from the capture's origin;
+    blocks named ``pid:id`` as in every verb, ``row``: the capture row; ``blocks_by_class``: whole
+    allocations, ``sub_blocks_by_class``: tensors, byte totals summed over the run)."""
     cap, it, bm, pr = a.capture, a.iterations, a.blocks, a.properties
     t0 = origin_ns(cap)
     main = it.main_regime
@@ -119,7 +122,8 @@ def stats_dict(a, top: int = 10) -> dict:
     ref = it.iteration_ns
     order = np.lexsort((np.arange(len(bm)), -bm.size))[:top]
     top_blocks = [{
-        "block": int(r), "block_id": int(cap.blocks["block_id"][r]), "pid": int(cap.blocks["pid"][r]),
+        "block": cap.block_label(r), "row": int(r), "block_id": int(cap.blocks["block_id"][r]),
+        "pid": int(cap.blocks["pid"][r]),
         "size": int(bm.size[r]), "class": CLASSES[int(bm.cls[r])],
         "lifetime_iterations": None if np.isnan(bm.lifetime_iters[r]) else _round(bm.lifetime_iters[r], 2),
         "accesses": int(bm.n_accesses[r]),
@@ -142,13 +146,14 @@ def stats_dict(a, top: int = 10) -> dict:
         "iterations": iterations,
         "properties": _props(pr),
         "segment_properties": _props(pr.segment) if pr.segment is not None else None,
-        "blocks_by_class": blocks_by_class(a.tensors if a.tensors is not None else bm),
-        "segments_by_class": blocks_by_class(bm),
+        "sub_blocks_by_class": blocks_by_class(a.tensors if a.tensors is not None else bm),
+        "blocks_by_class": blocks_by_class(bm),
         "sub_blocks": int(len(a.tensors)) if a.tensors is not None else None,
         "peak_live_bytes": int(bm.peak_live_bytes),
         "top_blocks": top_blocks,
         "saving": None if a.saving is None else {
             "bandwidth": a.saving.bandwidth, "iteration": a.saving.iteration, "peak_bytes": a.saving.peak_bytes,
+            "main_iterations": int(main.count),
             "curve": [[r, b] for r, b in a.saving.points],
         },
     }
@@ -179,7 +184,8 @@ def format_stats(d: dict) -> str:
         if dr["records"]:
             where = (f" between {format_duration(dr['first_ns'], digits=3)} and {format_duration(dr['last_ns'], digits=3)}"
                      f" (around ops {dr['first_op']}..{dr['last_op']})")
-        out.append(f"warning: {dr['dropped']} events were dropped{where}; the model may miss accesses there")
+        out.append(f"warning: {dr['dropped']} events were dropped{where}; the model may miss accesses there "
+                   f"({dr['hint']})")
     out.append("")
     if d["message"]:
         out.append(f"iterations: {d['message']} in the launch stream"
@@ -214,15 +220,16 @@ def format_stats(d: dict) -> str:
              else f"{_pct(p['extremal_top10_share'])} in top 10%, Gini {p['extremal_gini']:.3f}",
              "idle time in the longest intervals"],
         ]))
-    for key, title in (("blocks_by_class", f"sub-blocks by class ({d.get('sub_blocks')} sub-blocks"),
-                       ("segments_by_class", "blocks by class (whole allocations")):
-        out += ["", f"{title}; peak live {format_bytes(d['peak_live_bytes'], digits=2)}):"]
-        out.append(table(["class", "count", "bytes"], [[c, v["count"], format_bytes(v["bytes"], digits=2)]
+    for key, title in (("sub_blocks_by_class", f"sub-blocks by class ({d.get('sub_blocks')} sub-blocks"),
+                       ("blocks_by_class", "blocks by class (whole allocations")):
+        out += ["", f"{title}; bytes summed over the run, not live at once: peak live "
+                f"{format_bytes(d['peak_live_bytes'], digits=2)}):"]
+        out.append(table(["class", "count", "bytes (sum)"], [[c, v["count"], format_bytes(v["bytes"], digits=2)]
                                                         for c, v in d[key].items() if v["count"]]))
     if d["top_blocks"]:
         out += ["", f"largest {len(d['top_blocks'])} blocks:"]
         out.append(table(["block", "size", "class", "lifetime", "accesses", "longest idle"], [
-            [f"{b['pid']}:{b['block_id']}", format_bytes(b["size"], digits=2), b["class"],
+            [b["block"], format_bytes(b["size"], digits=2), b["class"],
              "n/a" if b["lifetime_iterations"] is None else f"{b['lifetime_iterations']} it", b["accesses"],
              _pct(b["longest_idle_share"]) + (" of it" if b["longest_idle_share"] is not None else "")]
             for b in d["top_blocks"]]))
@@ -231,7 +238,7 @@ def format_stats(d: dict) -> str:
     if s is None:
         out.append("swap saving bound: n/a (no iteration)")
     else:
-        out.append(f"swap saving bound (iteration {s['iteration']}, peak {format_bytes(s['peak_bytes'], digits=2)}, "
+        out.append(f"swap saving bound ({format_iteration(s['iteration'], s['main_iterations'])}, peak {format_bytes(s['peak_bytes'], digits=2)}, "
                    f"{s['bandwidth'] / 1e9:.1f} GB/s each way):")
         out.append(table(["slowdown", "saved", "of peak"], [
             [f"{r:.2f}x", format_bytes(b, digits=2), _pct(b / s["peak_bytes"] if s["peak_bytes"] else 0)] for r, b in s["curve"]]))

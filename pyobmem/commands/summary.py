@@ -14,12 +14,12 @@ import numpy as np
 
 from .. import abi, ranks
 from ..capture import Capture
-from ..export import cuda_span
+from ..export import cuda_span, drops_hint
 from ..model.blocks import live_bytes_peak
 from ..ranks import rank_rows
 from ..report.swap import swap_facts
 from ..units import format_bytes, format_duration
-from .common import load
+from .common import distinct, load
 
 NAME = "summary"
 NO_ACTIVITY = "no CUDA activity was seen"
@@ -39,11 +39,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    if len(args.capture) > 1:
-        summary = summarize_many([load(path) for path in args.capture])
+    paths = distinct(args.capture)
+    if len(paths) > 1:
+        summary = summarize_many([load(path) for path in paths])
         text = format_many
     else:
-        summary, text = summarize(load(args.capture[0])), format_summary
+        summary, text = summarize(load(paths[0])), format_summary
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
     else:
@@ -69,6 +70,7 @@ def summarize(cap: Capture) -> dict:
             "complete": cap.complete,
             "exit_status": cap.exit_status,
             "dropped": cap.dropped,
+            "drops_hint": drops_hint(cap.meta) if cap.dropped else None,
             "untracked_frees": int(np.count_nonzero(cap.untracked["kind"] == abi.UntrackedKind.FREE)),
             "untracked_unmaps": int(np.count_nonzero(cap.untracked["kind"] == abi.UntrackedKind.UNMAP)),
             "duration_ns": _duration(cap),
@@ -314,7 +316,7 @@ def format_short(s: dict) -> str:
             lines += [f"{len(s['ranks'])} ranks (the figures above are of all processes together):",
                       rank_table(s["ranks"])]
     cap = s["capture"]
-    drops = f"{_num(cap['dropped'])} events dropped" if cap["dropped"] else "no events dropped"
+    drops = f"{_num(cap['dropped'])} events dropped ({cap['drops_hint']})" if cap["dropped"] else "no events dropped"
     lines.append(f"{drops}; capture {_status_line(s)}")
     return "\n".join(lines)
 
@@ -331,6 +333,8 @@ def format_summary(s: dict) -> str:
         f"  dropped   {_num(c['dropped'])} events; untracked frees {_num(c['untracked_frees'])}, "
         f"unmaps {_num(c['untracked_unmaps'])}"
     )
+    if c.get("drops_hint"):
+        out.append(f"            {c['drops_hint']}")
     if not s["cuda_activity"]:
         out += ["", NO_ACTIVITY]
     else:

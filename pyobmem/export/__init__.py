@@ -152,3 +152,12 @@ def op_names(capture) -> list[str]:
     _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
     names = [capture.kernel_name(int(i)) for i in first]
     return [names[i] for i in inverse.reshape(-1)]
+
+
+def drops_hint(meta: dict) -> str:
+    """How to avoid dropped events next time, for the line that counts them: the ring was full (the
+    daemon drains it more slowly than the job writes), so give the launcher a larger ring."""
+    size = meta.get("ring_capacity") if isinstance(meta, dict) else None
+    now = f" than its {size:,} records" if isinstance(size, int) and size > 0 else ""
+    bigger = f" (e.g. --capacity {2 * size})" if now else ""
+    return f"the event ring was full: run pyobmem-run again with a --capacity larger{now}{bigger}"

@@ -68,7 +68,7 @@ def block_frames(capture, classes: list[str]) -> list[list[dict]]:
     out = []
     for i in range(n):
         root = _frame(f"pyobmem/{classes[i]}", int(capture.blocks["block_id"][i]),
-                      f"{classes[i]} block, {int(n_acc[i])} accesses")
+                      f"block {capture.block_label(i)}: {classes[i]}, {int(n_acc[i])} accesses")
         if first_op[i] < 0:
             out.append([_frame("never accessed", 0, "(no kernel touched this block)"), root])
             continue

@@ -77,10 +77,11 @@ def op_events(capture, t0: int) -> tuple[list[dict], dict]:
     touched: dict[int, list[int]] = {}
     acc = capture.accesses
     if len(acc):
-        ids = capture.blocks["block_id"][acc["block"]]
+        labels = [capture.block_label(r) for r in range(len(capture.blocks))]
+        blk = acc["block"].tolist()
         bounds = np.flatnonzero(np.diff(acc["op"])) + 1
         for rows in np.split(np.arange(len(acc)), bounds):
-            touched[int(acc["op"][rows[0]])] = ids[rows].tolist()
+            touched[int(acc["op"][rows[0]])] = [labels[blk[k]] for k in rows.tolist()]
     keys = list(zip(ops["pid"].tolist(), ops["stream"].tolist()))
     for k in keys:
         tids.setdefault(k, len(tids) + 1)
@@ -132,13 +133,13 @@ def block_events(capture, t0: int, top: int) -> list[dict]:
     for rank, r in enumerate(order.tolist()):
         b = blocks[r]
         pid, tid = int(b["pid"]), BLOCK_TID_BASE + rank
-        label = f"block {int(b['block_id'])} {format_bytes(int(b['size']))} {classes[r]}"
+        label = f"block {capture.block_label(r)} {format_bytes(int(b['size']))} {classes[r]}"
         events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": label}})
         events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
                        "args": {"sort_index": BLOCK_TID_BASE + rank}})
         events.append({"ph": "X", "name": label, "cat": "block", "pid": pid, "tid": tid,
                        "ts": _us(int(b["t_alloc"]) - t0), "dur": _us(int(end[r]) - int(b["t_alloc"])),
-                       "args": {"block_id": int(b["block_id"]), "addr": hex(int(b["addr"])), "size": int(b["size"]),
+                       "args": {"block": capture.block_label(r), "addr": hex(int(b["addr"])), "size": int(b["size"]),
                                 "class": classes[r], "accesses": int(n_acc[r]), "freed": bool(b["t_free"] >= 0)}})
         for s, e in idle[r]:
             if e - s >= MIN_IDLE_NS:

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import model
+from .. import model, planner
+from ..units import format_bytes
 
 CLASSES = model.CLASSES
 COPY_BANDWIDTH = model.DEFAULT_BANDWIDTH
@@ -128,15 +129,21 @@ def _f(v) -> str:
 def candidates(capture, a: Analysis, sav, top: int = 15) -> list[dict]:
     """The blocks the saving bound swaps, in the order its greedy takes them (the first ones give
     the most peak per stall): size, class, accesses in the iteration, longest idle interval there,
-    copy time out + in, total stall."""
+    ``windows`` (greedy steps that took it: a window across the iteration's end is taken on each
+    side), ``sub`` (a sub-block, at ``offset``, not the whole block), ``plan`` (what ``pyobmem plan`` may
+    do with the block), ``out_ns`` (time out within the analysed iteration), copy time out + in, total stall,
+    ``from_ratio`` (the slowdown from which the bound takes it: 1 + stalls so far / T, or the copy
+    time so far / T)."""
     blocks = capture.blocks
     w0, w1 = a.window
     out: dict[int, dict] = {}
     subs = sav.step_sub.tolist() if sav.step_sub is not None else [-1] * len(sav.step_block)
     sizes = sav.step_size.tolist() if sav.step_size is not None else [None] * len(sav.step_block)
+    T = max(float(sav.iteration_ns), 1.0)
+    ratio = np.maximum(1 + np.cumsum(sav.step_stall_ns) / T, np.cumsum(sav.step_copy_ns) / T).tolist()
     tm = a.model.tensors
-    for b, sub, size, copy, stall, (s, e) in zip(sav.step_block.tolist(), subs, sizes, sav.step_copy_ns.tolist(),
-                                                 sav.step_stall_ns.tolist(), sav.step_out.tolist()):
+    for b, sub, size, copy, stall, (s, e), r in zip(sav.step_block.tolist(), subs, sizes, sav.step_copy_ns.tolist(),
+                                                    sav.step_stall_ns.tolist(), sav.step_out.tolist(), ratio):
         c = out.get((b, sub))
         if c is None:
             if len(out) >= top:
@@ -145,15 +152,35 @@ def candidates(capture, a: Analysis, sav, top: int = 15) -> list[dict]:
             inside = t[(t >= w0) & (t < w1)]
             gaps = np.diff(np.r_[t[(t < w0)][-1:], inside, t[t >= w1][:1]])
             cls = str(a.block_class[b]) if sub < 0 or tm is None else model.CLASSES[int(tm.cls[sub])]
-            c = out[(b, sub)] = {"row": b, "block_id": int(blocks["block_id"][b]),
-                          "size": int(blocks["size"][b]) if size is None else int(size),
-                          "offset": 0 if sub < 0 or tm is None else int(tm.start[sub]),
-                          "class": cls, "accesses": int(len(inside)),
-                          "longest_idle_ns": int(gaps.max()) if len(gaps) else 0, "copy_ns": 0, "stall_ns": 0,
-                          "out_ns": 0}
+            c = out[(b, sub)] = {"row": b, "block": capture.block_label(b), "block_id": int(blocks["block_id"][b]),
+                                 "size": int(blocks["size"][b]) if size is None else int(size),
+                                 "offset": 0 if sub < 0 or tm is None else int(tm.start[sub]),
+                                 "class": cls, "accesses": int(len(inside)),
+                                 "longest_idle_ns": int(gaps.max()) if len(gaps) else 0, "copy_ns": 0, "stall_ns": 0,
+                                 "out_ns": 0, "windows": 0, "from_ratio": round(max(r, 1.0), 3)}
         c["copy_ns"] += int(2 * copy)
         c["stall_ns"] += int(stall)
-        c["out_ns"] += int(e - s)
+        c["out_ns"] += max(int(min(e, w1) - max(s, w0)), 0)
+        c["windows"] += 1
+    in_plan = _plan_view(capture, a)
     for c in out.values():
         c["fits"] = c["stall_ns"] == 0
+        c["sub"] = c["offset"] > 0 or c["size"] < int(blocks["size"][c["row"]])
+        c["plan"] = in_plan(c["row"], c["sub"])
     return list(out.values())
+
+
+def _plan_view(capture, a: Analysis):
+    """A function (block row, is a sub-block) -> what ``pyobmem plan`` may do with that block:
+    the planner's candidates and, for the others, its reason (``LearnedIteration.reason_of``)."""
+    L = planner.learn_iteration(capture, it=a.model.iterations, bm=a.model.blocks)
+    if isinstance(L, planner.NoPlan):
+        return lambda row, sub: f"no plan: {L.reason}"
+    cands = set(L.cand_block.tolist())
+
+    def view(row: int, sub: bool) -> str:
+        if row in cands:
+            return f"may swap the whole {format_bytes(int(capture.blocks['size'][row]))} block" if sub else "may swap it"
+        return f"no: {L.reason_of.get(row, 'not of the planned process')}"
+
+    return view

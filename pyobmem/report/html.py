@@ -15,9 +15,9 @@ from html import escape
 import numpy as np
 
 from .. import abi
-from ..export import block_end_times, cuda_span, live_bytes
+from ..export import block_end_times, cuda_span, drops_hint, live_bytes
 from ..model.gpuclock import iteration_ns_gpu
-from ..units import format_bytes, format_duration
+from ..units import format_bytes, format_duration, format_iteration
 from . import svg
 from .analysis import CLASSES, Analysis, analyse
 from .swap import resident_bytes, swap_facts
@@ -26,6 +26,16 @@ CLASS_COLOURS = {"persistent": "#4e79a7", "iteration-scoped": "#f28e2c", "transi
                  "arena": "#af7aa1", "never-accessed": "#bab0ab", "other": "#edc949"}
 RESIDENT, BUDGET, BUDGET_EACH = "on the device (swap mode)", "budget", "budget (of each process)"
 LINE_COLOURS = {RESIDENT: "#222222", BUDGET: "#e15759", BUDGET_EACH: "#e15759"}
+CANDIDATES_NOTE = (
+    "<p class=muted>The blocks the saving bound swaps, in the order it takes them (most peak saved per stall "
+    "first); block+offset: a sub-block (tensor) inside a segment; from slowdown: the time ratio from which the "
+    "bound takes it (the saving curve above); pyobmem plan: whether swap mode's planner may swap the block (whole) "
+    "or why not. The bound is the model's ceiling, not a plan: it takes one "
+    "iteration on its own, so a window across the iteration's end is taken on both sides (windows 2, each "
+    "with its copies), it moves sub-blocks, and it buys peak with stalls. <code>pyobmem plan FILE --budget "
+    "SIZE</code> is what swap mode would do: whole cuMemAlloc blocks of 4 MiB and more, the iteration taken "
+    "as a cycle, the shim's copy queues and the host running ahead, windows kept only when they lower the "
+    "peak; so for the same block it can show another window, another time out and no stall.</p>")
 MAX_POINTS = 1200  # memory series samples
 MAX_ROWS = 160  # access map rows
 MAP_WIDTH = 1100
@@ -88,13 +98,19 @@ def _swap_section(sw: dict) -> str:
     return _table(["", ""], rows) + note
 
 
-def memory_series(capture, a: Analysis, max_points: int = MAX_POINTS):
-    """(times, [(class, values)]) of live bytes per class, downsampled to at most ``max_points``
-    samples: in each time bin, the instant of the highest total is kept, so peaks survive."""
+def memory_series(capture, a: Analysis, max_points: int = MAX_POINTS, span: tuple[int, int] | None = None):
+    """(times, [(class, values)]) of live bytes per class over ``span`` ([start, end] ns; default
+    the capture's CUDA span, from the first CUDA event), downsampled to at most ``max_points``
+    samples: in each time bin, the instant of the highest total is kept, so peaks survive. The
+    series starts at ``span``'s start (zero there for the whole capture) and holds its last value
+    to the end."""
     blocks = capture.blocks
     times, total = live_bytes(blocks)
     if not len(times):
         return times, []
+    s0, s1 = cuda_span(capture) if span is None else (int(span[0]), int(span[1]))
+    inside = (times >= s0) & (times <= s1)
+    times, total = times[inside], total[inside]
     if len(times) > max_points:
         edges = np.linspace(times[0], times[-1], max_points + 1)
         bin_of = np.clip(np.searchsorted(edges, times, side="right") - 1, 0, max_points - 1)
@@ -103,6 +119,10 @@ def memory_series(capture, a: Analysis, max_points: int = MAX_POINTS):
             idx = np.flatnonzero(bin_of == b)
             pick.append(idx[np.argmax(total[idx])])
         times = times[np.array(pick)]
+    # Span the whole of ``span`` (a caching allocator allocates early and never frees, so the
+    # last allocation can come long before the iterations): the value at its start (zero at the
+    # first CUDA event, t = 0), the last value held to its end.
+    times = np.unique(np.r_[s0, times, s1]).astype(np.int64)
     layers = []
     for cls in CLASSES:
         mask = a.block_class == cls
@@ -111,16 +131,6 @@ def memory_series(capture, a: Analysis, max_points: int = MAX_POINTS):
         t, v = live_bytes(blocks, mask)
         pos = np.searchsorted(t, times, side="right") - 1
         layers.append((cls, np.where(pos >= 0, v[np.maximum(pos, 0)], 0)))
-    # Span the whole capture (a caching allocator allocates early and never frees, so the last
-    # allocation can come long before the iterations): zero at the start (the first CUDA event,
-    # t = 0), the last value held to the end.
-    s0, s1 = cuda_span(capture)
-    if s0 < times[0]:
-        times = np.r_[s0, times]
-        layers = [(c, np.r_[0, v]) for c, v in layers]
-    if s1 > times[-1]:
-        times = np.r_[times, s1]
-        layers = [(c, np.r_[v, v[-1]]) for c, v in layers]
     return times, layers
 
 
@@ -142,6 +152,31 @@ def downsample_minmax(times: np.ndarray, values: np.ndarray, max_points: int = M
     pick.add(len(times) - 1)
     idx = np.array(sorted(pick))
     return times[idx], values[idx]
+
+
+def _iteration_chart(capture, a: Analysis, sw: dict | None) -> str:
+    """The memory chart zoomed to the analysed iteration (the one of the access map, the saving
+    curve and ``pyobmem stats``), with the resident bytes in swap mode."""
+    w0, w1 = a.window
+    t_s, layers = memory_series(capture, a, span=(w0, w1))
+    lines = []
+    if sw is not None:
+        rt, rv = resident_bytes(capture)
+        if len(rt):
+            k = np.searchsorted(rt, w0, side="right") - 1
+            keep = (rt > w0) & (rt <= w1)
+            rt, rv = np.r_[w0, rt[keep]], np.r_[rv[max(k, 0)] if k >= 0 else 0, rv[keep]]
+            lines.append((RESIDENT, LINE_COLOURS[RESIDENT], rt, rv, False))
+        if sw["budget_bytes"]:
+            lines.append((BUDGET, LINE_COLOURS[BUDGET], np.array([w0, w1]), np.array([sw["budget_bytes"]] * 2), True))
+    which = format_iteration(a.model.saving.iteration, len(a.iterations))
+    plot = svg.stacked_area(t_s, [(c, CLASS_COLOURS[c], v) for c, v in layers], lines=lines,
+                            xtitle=f"time from the start of {which}")
+    t0 = cuda_span(capture)[0]
+    return (f"<h3>One iteration: {escape(which)}</h3><p class=muted>The same, zoomed to the analysed iteration "
+            f"(t = {escape(format_duration(w0 - t0, significant=4))} to {escape(format_duration(w1 - t0, significant=4))} "
+            f"from the first CUDA event; the one of the access map, the saving curve and <code>pyobmem stats</code>).</p>"
+            + plot)
 
 
 def access_map(capture, a: Analysis, width: int = MAP_WIDTH) -> str:
@@ -172,7 +207,7 @@ def access_map(capture, a: Analysis, width: int = MAP_WIDTH) -> str:
         colour = CLASS_COLOURS.get(a.block_class[r], "#999")
         la, le = max(int(blocks["t_alloc"][r]), w0) - w0, min(int(end[r]), w1) - w0
         x0, x1 = float(f.px(la)), float(f.px(le))
-        label = f"block {int(blocks['block_id'][r])} {format_bytes(int(blocks['size'][r]))} {a.block_class[r]}"
+        label = f"block {capture.block_label(r)} {format_bytes(int(blocks['size'][r]))} {a.block_class[r]}"
         f.add(f'<rect x="{x0:.1f}" y="{y}" width="{max(x1 - x0, 0.5):.1f}" height="{rh - 1}" fill="#f0f0f0">'
               f'<title>{escape(label)}</title></rect>')
         full = a.accesses_of(r)
@@ -272,8 +307,8 @@ def render(capture, generated: str | None = None, ranks: str | None = None, subj
 
     warnings = []
     if capture.dropped:
-        warnings.append(f"{capture.dropped} events were dropped (the ring was full): allocations, frees or "
-                        f"accesses are missing, and what follows undercounts them.")
+        warnings.append(f"{capture.dropped} events were dropped: allocations, frees or accesses are missing, "
+                        f"and what follows undercounts them. To avoid it, {drops_hint(capture.meta)}.")
     n_corrupt = int(getattr(capture, "corrupt_records", 0))
     if n_corrupt:
         warnings.append(f"The capture has {n_corrupt} corrupt records (impossible times or sizes); they were "
@@ -302,14 +337,14 @@ def render(capture, generated: str | None = None, ranks: str | None = None, subj
     for cls in CLASSES:
         m = a.block_class == cls
         if m.any():
-            stats.append([f"{cls} blocks", f"{int(m.sum())} ({format_bytes(int(blocks['size'][m].sum()))})"])
+            stats.append([f"{cls} blocks (bytes summed over the run)", f"{int(m.sum())} ({format_bytes(int(blocks['size'][m].sum()))})"])
     tm = a.model.tensors
     if tm is not None and np.any(tm.refined):
         stats.append(["sub-blocks (tensors in segments)", f"{len(tm)} in {len(np.unique(tm.block))} blocks"])
         for i, cls in enumerate(CLASSES):
             m = tm.cls == i
             if m.any():
-                stats.append([f"{cls} sub-blocks", f"{int(m.sum())} ({format_bytes(int(tm.size[m].sum()))})"])
+                stats.append([f"{cls} sub-blocks (bytes summed over the run)", f"{int(m.sum())} ({format_bytes(int(tm.size[m].sum()))})"])
     sw = swap_facts(capture)
     if sw is not None and sw["peak_resident_bytes"] is not None:
         stats.insert(6, ["peak resident bytes (swap mode: live minus swapped out)", format_bytes(sw["peak_resident_bytes"])])
@@ -342,6 +377,8 @@ def render(capture, generated: str | None = None, ranks: str | None = None, subj
                      "out), which swap mode keeps under the budget (dashed).</p>")
     else:
         body = "<p>No allocation was recorded.</p>"
+    if a.window is not None and len(t_s):
+        body += _iteration_chart(capture, a, sw)
     parts.append(_section("Memory over time, by block class", body, "memory"))
 
     if n_iter:
@@ -354,7 +391,7 @@ def render(capture, generated: str | None = None, ranks: str | None = None, subj
             ["iteration time (min / max)",
              f"{format_duration(float(lens.min()), significant=3)} / {format_duration(float(lens.max()), significant=3)}"],
             ["first iteration starts", f"t = {format_duration(int(a.iterations[0, 0]) - t0, significant=3)} (t = 0 at the first CUDA event)"],
-            ["analysed iteration", "-" if a.window is None else f"number {int(np.searchsorted(a.iterations[:, 0], a.window[0])) + 1}, "
+            ["analysed iteration", "-" if a.window is None else f"{format_iteration(a.model.saving.iteration, n_iter)}, "
                                    f"{format_duration(a.window[1] - a.window[0], significant=3)}, peak {format_bytes(a.peak_bytes)} live"],
         ], {1})
     else:
@@ -392,17 +429,17 @@ def render(capture, generated: str | None = None, ranks: str | None = None, subj
                 + ("on the GPU clock (the shim's GPU time samples)." if a.model.saving.clock == "gpu" else
                    "on an estimated GPU clock (the capture has no GPU time samples).") + "</p>")
         parts.append(_section("Saving curve", body, "saving"))
-        cand = [[f'{c["block_id"]}+{format_bytes(c["offset"])}' if c.get("offset") else c["block_id"], format_bytes(c["size"]),
-                 c["class"], c["accesses"], format_duration(c["longest_idle_ns"], significant=3),
+        cand = [[f'{c["block"]}+{format_bytes(c["offset"])}' if c["sub"] else c["block"], format_bytes(c["size"]),
+                 c["class"], c["accesses"], format_duration(c["longest_idle_ns"], significant=3), c["windows"],
                  format_duration(c["out_ns"], significant=3), format_duration(c["copy_ns"], significant=3),
-                 format_duration(c["stall_ns"], significant=3) if c["stall_ns"] else "none"]
+                 format_duration(c["stall_ns"], significant=3) if c["stall_ns"] else "none", f'{c["from_ratio"]:.2f}x',
+                 c["plan"]]
                 for c in a.candidates]
-        body = (_table(["block", "size", "class", "accesses / iteration", "longest idle", "out of device",
-                        "copy out + in", "stall"], cand, {1, 3, 4, 5, 6, 7}) if cand
+        body = (_table(["block", "size", "class", "accesses / iteration", "longest idle", "windows",
+                        "out of device in the iteration", "copy out + in", "stall", "from slowdown", "pyobmem plan"], cand,
+                       {1, 3, 4, 5, 6, 7, 8, 9}) if cand
                 else "<p>No block is worth swapping in this iteration.</p>")
-        parts.append(_section("Top swap candidates", body + "<p class=muted>The blocks the saving bound swaps, in "
-                              "the order it takes them (most peak saved per stall first); block+offset: a sub-block "
-                              "(tensor) inside a segment; times within the analysed iteration.</p>", "candidates"))
+        parts.append(_section("Top swap candidates", body + CANDIDATES_NOTE, "candidates"))
 
     prow = []
     for p in a.properties:

@@ -76,6 +76,9 @@ class Builder:
         if target in ("launch_rt", "c05_cupti_first", "c07_many_threads", "c12_untracked"):
             return [[self._nvcc(), "-O2", "-std=c++17", *self._gencode(), inc, *shared_rt, "-o", out,
                      str(PROGS / f"{target}.cu"), "-ldl"]]
+        if target == "gpu_time_swap":  # links libcuda itself: a probe of the driver, not traced
+            return [[self._nvcc(), "-O2", *self._gencode(), inc, *shared_rt, "-o", out, str(PROGS / f"{target}.cu"),
+                     f"-L{lib64}/stubs", "-lcuda", "-lpthread"]]
         raise KeyError(target)
 
     def build(self, target: str) -> Path:
