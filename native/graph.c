@@ -255,6 +255,11 @@ static CUresult graph_swap_begin(struct swap_op *op, CUgraphExec exec, CUstream 
     return r;
 }
 
+#define GPUCLOCK_PT(PT, S, R)                               \
+    do {                                                    \
+        if ((R) == CUDA_SUCCESS)                            \
+            gpuclock_after(swap_norm_stream((S), (PT)));    \
+    } while (0)
 #define DEF_GRAPH_LAUNCH(NAME, PT)                          \
     CUresult CUDAAPI NAME(CUgraphExec hGraphExec, CUstream s) \
     {                                                       \
@@ -271,12 +276,14 @@ static CUresult graph_swap_begin(struct swap_op *op, CUgraphExec exec, CUstream 
                 record_graph_launch(hGraphExec, s);         \
             if (rec)                                        \
                 swap_op_end(&op, r);                        \
+            GPUCLOCK_PT(PT, s, r);                          \
             return r;                                       \
         }                                                   \
         int rec = shim_begin();                             \
         CUresult r = REAL(NAME, (hGraphExec, s));           \
         if (rec && r == CUDA_SUCCESS)                       \
             record_graph_launch(hGraphExec, s);             \
+        GPUCLOCK_PT(PT, s, r);                              \
         return r;                                           \
     }
 DEF_GRAPH_LAUNCH(cuGraphLaunch, 0)

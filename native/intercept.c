@@ -92,6 +92,7 @@ static void atfork_child(void)
     graphs_atfork_child();
     params_atfork_child();
     swap_atfork_child();
+    gpuclock_atfork_child();
     ring_reset_after_fork();
     g_shim.ppid = g_shim.pid;
     g_shim.pid = (uint32_t)getpid();
@@ -133,6 +134,7 @@ static void shim_init(void)
             shim_emit_process(); /* the process's first record, before the swap notes */
             g_shim.swap = swap_open(ctl);
         }
+        gpuclock_init();
         __atomic_store_n(&g_shim.recording, 1, __ATOMIC_RELEASE);
     }
     shim_tls_guard--;

@@ -234,8 +234,11 @@ void launch_swap_end(struct launch_swap *ls, uintptr_t handle, uint64_t stream, 
 /* The hooks' swap-mode launch: scan, bring blocks back, launch, record. */
 #define SWAP_LAUNCH(NAME, F, S, G, KP, EXTRA, FLAGS, CALL)                                             \
     if (SHIM_UNLIKELY(g_shim.swap)) {                                                                  \
-        if (!hooks_record_launches()) /* CUPTI does it, or not recording */                            \
-            return CALL;                                                                               \
+        if (!hooks_record_launches()) { /* CUPTI does it, or not recording */                          \
+            CUresult r0_ = CALL;                                                                       \
+            GPUCLOCK(NAME, S, r0_);                                                                    \
+            return r0_;                                                                                \
+        }                                                                                              \
         struct launch_swap ls_;                                                                        \
         CUresult f_ = launch_swap_begin(&ls_, (uintptr_t)(F), swap_norm_stream((S), per_thread_name(#NAME)), KP, \
                                         EXTRA, (FLAGS));                                              \
@@ -243,6 +246,7 @@ void launch_swap_end(struct launch_swap *ls, uintptr_t handle, uint64_t stream, 
             return f_;                                                                                 \
         CUresult r_ = CALL;                                                                            \
         launch_swap_end(&ls_, (uintptr_t)(F), (uint64_t)(uintptr_t)(S), (G), r_);                     \
+        GPUCLOCK(NAME, S, r_);                                                                         \
         return r_;                                                                                     \
     }
 
@@ -274,6 +278,7 @@ static inline int hooks_record_launches(void)
         CUresult r = REAL(NAME, (f, gx, gy, gz, bx, by, bz, shmem, s, kernelParams, extra));                    \
         if (rec && r == CUDA_SUCCESS)                                                                            \
             record_launch((uintptr_t)f, (uint64_t)(uintptr_t)s, GRID(gx, gy, gz), kernelParams, extra, 0);       \
+        GPUCLOCK(NAME, s, r);                                                                                    \
         return r;                                                                                                \
     }
 DEF_LAUNCH(cuLaunchKernel)
@@ -291,6 +296,8 @@ DEF_LAUNCH(cuLaunchKernel_ptsz)
             record_launch((uintptr_t)f, (uint64_t)(uintptr_t)config->hStream,                               \
                           GRID(config->gridDimX, config->gridDimY, config->gridDimZ), kernelParams, extra, \
                           launch_config_flags(config));                                                     \
+        if (config)                                                                                         \
+            GPUCLOCK(NAME, config->hStream, r);                                                             \
         return r;                                                                                           \
     }
 DEF_LAUNCH_EX(cuLaunchKernelEx)
@@ -307,6 +314,7 @@ DEF_LAUNCH_EX(cuLaunchKernelEx_ptsz)
         if (rec && r == CUDA_SUCCESS)                                                                            \
             record_launch((uintptr_t)f, (uint64_t)(uintptr_t)s, GRID(gx, gy, gz), kernelParams, NULL,            \
                           PYOBMEM_LAUNCH_COOPERATIVE);                                                           \
+        GPUCLOCK(NAME, s, r);                                                                                    \
         return r;                                                                                                \
     }
 DEF_LAUNCH_COOP(cuLaunchCooperativeKernel)

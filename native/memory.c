@@ -476,12 +476,14 @@ static void emit_set(int async, uint64_t dst, uint64_t value, uint64_t bytes, CU
             if (rec_ && r == CUDA_SUCCESS)                   \
                 emit_copy(KIND, 0, DARG, SARG, n, 0);        \
             SWAP_END(r)                                      \
+            GPUCLOCK(NAME, 0, r);  \
             return r;                                        \
         }                                                    \
         int rec = shim_begin();                              \
         CUresult r = REAL(NAME, (dst, src, n));              \
         if (rec && r == CUDA_SUCCESS)                        \
             emit_copy(KIND, 0, DARG, SARG, n, 0);            \
+        GPUCLOCK(NAME, 0, r);  \
         return r;                                            \
     }
 #define DEF_COPY_ASYNC(NAME, KIND, DT, ST, DARG, SARG)                \
@@ -497,12 +499,14 @@ static void emit_set(int async, uint64_t dst, uint64_t value, uint64_t bytes, CU
             if (rec_ && r == CUDA_SUCCESS)                            \
                 emit_copy(KIND, 1, DARG, SARG, n, s);                 \
             SWAP_END(r)                                               \
+            GPUCLOCK(NAME, s, r);  \
             return r;                                                 \
         }                                                             \
         int rec = shim_begin();                                       \
         CUresult r = REAL(NAME, (dst, src, n, s));                    \
         if (rec && r == CUDA_SUCCESS)                                 \
             emit_copy(KIND, 1, DARG, SARG, n, s);                     \
+        GPUCLOCK(NAME, s, r);  \
         return r;                                                     \
     }
 #define DPTR(x) ((uint64_t)(x))
@@ -535,12 +539,14 @@ DEF_COPY_ASYNC(cuMemcpyDtoDAsync_v2_ptsz, PYOBMEM_COPY_DTOD, CUdeviceptr, CUdevi
             if (rec_ && r == CUDA_SUCCESS)                                                               \
                 emit_copy(PYOBMEM_COPY_OTHER, 0, dst, src, n, 0);                                        \
             SWAP_END(r)                                                                                  \
+            GPUCLOCK(NAME, 0, r);  \
             return r;                                                                                    \
         }                                                                                                \
         int rec = shim_begin();                                                                          \
         CUresult r = REAL(NAME, (dst, dctx, src, sctx, n));                                              \
         if (rec && r == CUDA_SUCCESS)                                                                    \
             emit_copy(PYOBMEM_COPY_OTHER, 0, dst, src, n, 0);                                            \
+        GPUCLOCK(NAME, 0, r);  \
         return r;                                                                                        \
     }
 #define DEF_PEER_ASYNC(NAME)                                                                                         \
@@ -554,12 +560,14 @@ DEF_COPY_ASYNC(cuMemcpyDtoDAsync_v2_ptsz, PYOBMEM_COPY_DTOD, CUdeviceptr, CUdevi
             if (rec_ && r == CUDA_SUCCESS)                                                                           \
                 emit_copy(PYOBMEM_COPY_OTHER, 1, dst, src, n, s);                                                    \
             SWAP_END(r)                                                                                              \
+            GPUCLOCK(NAME, s, r);  \
             return r;                                                                                                \
         }                                                                                                            \
         int rec = shim_begin();                                                                                      \
         CUresult r = REAL(NAME, (dst, dctx, src, sctx, n, s));                                                       \
         if (rec && r == CUDA_SUCCESS)                                                                                \
             emit_copy(PYOBMEM_COPY_OTHER, 1, dst, src, n, s);                                                        \
+        GPUCLOCK(NAME, s, r);  \
         return r;                                                                                                    \
     }
 DEF_PEER(cuMemcpyPeer)
@@ -659,12 +667,14 @@ static uint64_t nd_words3d(const CUDA_MEMCPY3D *p, uint64_t w[4])
             if (rec_ && r == CUDA_SUCCESS)                   \
                 EMIT(p, 0, 0);                               \
             SWAP_END(r)                                      \
+            GPUCLOCK(NAME, 0, r);  \
             return r;                                        \
         }                                                    \
         int rec = shim_begin();                              \
         CUresult r = REAL(NAME, (p));                        \
         if (rec && r == CUDA_SUCCESS)                        \
             EMIT(p, 0, 0);                                   \
+        GPUCLOCK(NAME, 0, r);  \
         return r;                                            \
     }
 #define DEF_COPY_ND_ASYNC(NAME, T, EMIT)                     \
@@ -678,12 +688,14 @@ static uint64_t nd_words3d(const CUDA_MEMCPY3D *p, uint64_t w[4])
             if (rec_ && r == CUDA_SUCCESS)                   \
                 EMIT(p, 1, s);                               \
             SWAP_END(r)                                      \
+            GPUCLOCK(NAME, s, r);  \
             return r;                                        \
         }                                                    \
         int rec = shim_begin();                              \
         CUresult r = REAL(NAME, (p, s));                     \
         if (rec && r == CUDA_SUCCESS)                        \
             EMIT(p, 1, s);                                   \
+        GPUCLOCK(NAME, s, r);  \
         return r;                                            \
     }
 DEF_COPY_ND(cuMemcpy2D_v2, CUDA_MEMCPY2D, emit_copy2d)
@@ -885,6 +897,7 @@ static void emit_batch_3d(const CUDA_MEMCPY3D_BATCH_OP *ops, size_t n, CUstream 
             EMIT;                                                                                         \
         if (sw)                                                                                           \
             swap_op_end(&op, r);                                                                          \
+        GPUCLOCK(NAME, hStream, r);  \
         return r;                                                                                         \
     }
 #define BATCH_1D_PARAMS CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, CUmemcpyAttributes *attrs, \
@@ -932,6 +945,7 @@ static void set_words(uint64_t w[4], uint64_t dst, uint64_t extent)
         if (rec_ && r == CUDA_SUCCESS)                       \
             EMIT;                                            \
         SWAP_END(r)                                          \
+        GPUCLOCK(NAME, S, r);  \
         return r;                                            \
     }
 #define DEF_SET(NAME, VT, ESZ)                               \
@@ -942,6 +956,7 @@ static void set_words(uint64_t w[4], uint64_t dst, uint64_t extent)
         CUresult r = REAL(NAME, (dst, v, n));                \
         if (rec && r == CUDA_SUCCESS)                        \
             emit_set(0, dst, v, (uint64_t)n * ESZ, 0);       \
+        GPUCLOCK(NAME, 0, r);  \
         return r;                                            \
     }
 #define DEF_SET_ASYNC(NAME, VT, ESZ)                                     \
@@ -952,6 +967,7 @@ static void set_words(uint64_t w[4], uint64_t dst, uint64_t extent)
         CUresult r = REAL(NAME, (dst, v, n, s));                         \
         if (rec && r == CUDA_SUCCESS)                                    \
             emit_set(1, dst, v, (uint64_t)n * ESZ, s);                   \
+        GPUCLOCK(NAME, s, r);  \
         return r;                                                        \
     }
 #define SET2D_EXTENT(pitch, w, h, ESZ) ((h) ? ((uint64_t)(h) - 1) * (pitch) + (uint64_t)(w) * (ESZ) : 0)
@@ -964,6 +980,7 @@ static void set_words(uint64_t w[4], uint64_t dst, uint64_t extent)
         CUresult r = REAL(NAME, (dst, pitch, v, w, h));                                   \
         if (rec && r == CUDA_SUCCESS)                                                     \
             emit_set(0, dst, v, (uint64_t)w * h * ESZ, 0);                                \
+        GPUCLOCK(NAME, 0, r);  \
         return r;                                                                         \
     }
 #define DEF_SET2D_ASYNC(NAME, VT, ESZ)                                                              \
@@ -975,6 +992,7 @@ static void set_words(uint64_t w[4], uint64_t dst, uint64_t extent)
         CUresult r = REAL(NAME, (dst, pitch, v, w, h, s));                                          \
         if (rec && r == CUDA_SUCCESS)                                                               \
             emit_set(1, dst, v, (uint64_t)w * h * ESZ, s);                                          \
+        GPUCLOCK(NAME, s, r);  \
         return r;                                                                                   \
     }
 DEF_SET(cuMemsetD8_v2, unsigned char, 1)

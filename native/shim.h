@@ -74,9 +74,10 @@ static inline int shim_begin(void)
     return 1;
 }
 
+extern __thread uint64_t shim_tls_op; /* the last op seq this thread took (gpuclock.c) */
 static inline uint64_t shim_next_op(void)
 {
-    return __atomic_add_fetch(&g_shim.op_seq, 1, __ATOMIC_RELAXED);
+    return shim_tls_op = __atomic_add_fetch(&g_shim.op_seq, 1, __ATOMIC_RELAXED);
 }
 
 uint64_t shim_now_ns(void);
@@ -224,6 +225,25 @@ struct launch_swap {
 CUresult launch_swap_begin(struct launch_swap *ls, uintptr_t handle, CUstream run_stream, void **kernelParams,
                            void **extra, uint16_t flags);
 void launch_swap_end(struct launch_swap *ls, uintptr_t handle, uint64_t stream, uint64_t grid, CUresult r);
+
+/* ---- gpuclock.c: GPU time samples (timing events every N ops) ---- */
+void gpuclock_init(void);
+void gpuclock_atfork_child(void);
+extern uint64_t g_gpuclock_next; /* atomic: op seq of the next sample; UINT64_MAX: off */
+void gpuclock_sample(uint64_t seq, CUstream s);
+/* After an op was issued on stream s (normalised: swap_norm_stream) by this thread: one load and
+ * a compare unless this op is due for a sample. */
+static inline void gpuclock_after(CUstream s)
+{
+    if (SHIM_UNLIKELY(shim_tls_op >= __atomic_load_n(&g_gpuclock_next, __ATOMIC_RELAXED)))
+        gpuclock_sample(shim_tls_op, s);
+}
+/* The one line the op hooks add after the real call. */
+#define GPUCLOCK(NAME, S, R)                                                  \
+    do {                                                                      \
+        if ((R) == CUDA_SUCCESS)                                              \
+            gpuclock_after(swap_norm_stream((S), per_thread_name(#NAME)));    \
+    } while (0)
 
 /* ---- graph.c ---- */
 void graphs_atfork_prepare(void);

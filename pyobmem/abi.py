@@ -23,6 +23,8 @@ ENV_DISABLE = "PYOBMEM_DISABLE"
 ENV_CUPTI = "PYOBMEM_CUPTI"
 ENV_CONTROL = "PYOBMEM_CONTROL"
 ENV_RELEASER = "PYOBMEM_RELEASER"  # swap mode: "0" turns the release thread off
+ENV_GPU_CLOCK_EVERY = "PYOBMEM_GPU_CLOCK_EVERY"  # GPU time sample every N ops (default 32; 0: off)
+ENV_GPU_CLOCK_POOL = "PYOBMEM_GPU_CLOCK_POOL"  # timing events per context (default 256)
 
 CONTROL_MAGIC = 0x4C5254434F4259  # "YOBCTRL"
 PLAN_MAX_OPS = 32768
@@ -50,6 +52,7 @@ class Ev(enum.IntEnum):
     SWAP_IN = 15
     PLAN = 16
     NCCL = 17
+    GPU_TIME = 18
 
 
 class NcclCall(enum.IntEnum):

@@ -65,6 +65,13 @@ NCCL_DTYPE = np.dtype(
      ("comm", "<i4")]
 )
 
+# One row per GPU_TIME event (native/gpuclock.c): op ``seq`` of ``pid`` (``op``: its row in
+# ``ops``, -1 if it is not there) had run on the GPU at ``t_gpu`` (CLOCK_MONOTONIC ns, the capture's
+# time base), on ``stream``; ``ts_ns``: when the shim read it back. Sorted by pid, then seq.
+GPU_TIMES_DTYPE = np.dtype(
+    [("pid", "<u4"), ("seq", "<u8"), ("op", "<i8"), ("stream", "<u8"), ("t_gpu", "<i8"), ("ts_ns", "<i8")]
+)
+
 _OP_TYPES = (abi.Ev.LAUNCH, abi.Ev.MEMCPY, abi.Ev.MEMSET, abi.Ev.GRAPH_LAUNCH)
 
 
@@ -166,6 +173,7 @@ class Capture:
     swaps: np.ndarray = field(default_factory=lambda: np.zeros(0, SWAPS_DTYPE), repr=False)
     plans: np.ndarray = field(default_factory=lambda: np.zeros(0, PLANS_DTYPE), repr=False)
     nccl: np.ndarray = field(default_factory=lambda: np.zeros(0, NCCL_DTYPE), repr=False)
+    gpu_times: np.ndarray = field(default_factory=lambda: np.zeros(0, GPU_TIMES_DTYPE), repr=False)
 
     def kernel_name(self, op_row: int) -> str:
         """A readable name of ``ops[op_row]``: kernel name, "memcpy HtoD", "memset", "graph 0x…"."""
@@ -358,7 +366,18 @@ def decode_records(recs: np.ndarray, meta: dict | None = None, path: str = "<rec
         path=path, meta=meta, complete=complete, exit_status=exit_status, dropped=dropped, drops=drops,
         notes=notes, processes=processes, kernel_names=kernel_names, blocks=blocks, ops=ops,
         accesses=accesses, untracked=untracked, swaps=swaps, plans=plans, nccl=_nccl(recs, block_index),
+        gpu_times=_gpu_times(recs, ops),
     )
+
+
+def _gpu_times(recs: np.ndarray, ops: np.ndarray) -> np.ndarray:
+    """One row per GPU_TIME record, with the op row it names, sorted by (pid, seq)."""
+    g = recs[recs["type"] == abi.Ev.GPU_TIME]
+    out = np.zeros(len(g), dtype=GPU_TIMES_DTYPE)
+    out["pid"], out["seq"], out["stream"], out["ts_ns"] = g["pid"], g["a"], g["b"], g["ts_ns"]
+    out["t_gpu"] = g["c"].view(np.int64)
+    out["op"] = _KeyIndex(ops["pid"], ops["seq"]).lookup(g["pid"], g["a"]) if len(g) and len(ops) else -1
+    return out[np.lexsort((out["seq"], out["pid"]))]
 
 
 def _nccl(recs: np.ndarray, block_index: "_KeyIndex") -> np.ndarray:

@@ -58,7 +58,8 @@ TICK_S = 1.0  # swap mode: learn/plan at most this often ...
 TICK_CPU_SHARE = 0.25  # ... and spend at most this share of the time planning
 WINDOW_RECORDS = 1 << 20  # op and access records kept for learning (64 MiB)
 _STATIC = (abi.Ev.PROCESS, abi.Ev.ALLOC, abi.Ev.FREE, abi.Ev.NOTE, abi.Ev.NCCL)  # NCCL: its blocks stay pinned
-_WINDOWED = (abi.Ev.LAUNCH, abi.Ev.ACCESS, abi.Ev.MEMCPY, abi.Ev.MEMSET, abi.Ev.GRAPH_LAUNCH)
+# GPU_TIME: the planner times the iteration on the GPU clock when the samples are there
+_WINDOWED = (abi.Ev.LAUNCH, abi.Ev.ACCESS, abi.Ev.MEMCPY, abi.Ev.MEMSET, abi.Ev.GRAPH_LAUNCH, abi.Ev.GPU_TIME)
 
 
 class SwapAgent:
@@ -100,7 +101,7 @@ class SwapAgent:
         if len(win):
             self.window.append(win)
             self.window_len += len(win)
-            self.new_ops += int(np.count_nonzero(win["type"] != abi.Ev.ACCESS))
+            self.new_ops += int(np.count_nonzero((win["type"] != abi.Ev.ACCESS) & (win["type"] != abi.Ev.GPU_TIME)))
             while self.window_len - len(self.window[0]) >= self.window_records:
                 self.window_len -= len(self.window.pop(0))
         dropped = recs[(t == abi.Ev.PLAN) & ((recs["flags"] & 1) != 0)]

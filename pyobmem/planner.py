@@ -252,7 +252,7 @@ def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, ba
         return NoPlan(f"an iteration of {P:,} ops exceeds the plan's limit of {abi.PLAN_MAX_OPS:,}")
     keys = keys_all[a:b]
     clock = execution_clock(capture, it, row)
-    t0, t1 = int(it.t_start[row]), int(it.t_end[row])
+    t0, t1 = clock.t0, clock.t1
     T = float(max(t1 - t0, 1))
     launch_t = ops["ts_ns"][rows].astype(np.int64)
     times = np.maximum.accumulate(clock(launch_t).astype(np.float64) - t0)

@@ -52,6 +52,10 @@ class Trace:
             self.add(abi.Ev.ACCESS, flags=min(4, len(words) - i), a=self.seq, b=chunk[0], c=chunk[1], d=chunk[2], e=chunk[3])
         return self.seq
 
+    def gpu_time(self, seq: int, t_gpu: int, stream: int = 0) -> None:
+        """A GPU_TIME sample: op ``seq`` had run on the GPU at ``t_gpu`` ns."""
+        self.add(abi.Ev.GPU_TIME, a=seq, b=stream, c=t_gpu)
+
     def text(self, type_, key: int, text: str) -> None:
         raw = text.encode()
         chunks = [raw[i : i + 32] for i in range(0, max(len(raw), 1), 32)]

@@ -34,7 +34,7 @@ BW = 64 * MiB / 100e-6  # 64 MiB in 100 us
 P = 100
 
 
-def _trace(tmp_path, iterations: int = 6, nccl: bool = False):
+def _trace(tmp_path, iterations: int = 6, nccl: bool = False, gpu_ns_per_op: int | None = None):
     tr = Trace(dt_ns=10_000)
     A = tr.alloc(64 * MiB)
     if nccl:  # an all-reduce names A: the shim pins it
@@ -64,7 +64,10 @@ def _trace(tmp_path, iterations: int = 6, nccl: bool = False):
             if p == 50:
                 blocks += [C]
             tr.launch(0x1000 + p, blocks, flags=flags)
-    tr.launch(0x1000, [B])  # the start of one more iteration closes the last one
+    last = tr.launch(0x1000, [B])  # the start of one more iteration closes the last one
+    if gpu_ns_per_op:  # GPU time samples: op k (1-based) ran at 1 s + k * gpu_ns_per_op
+        for seq in range(1, last + 1):
+            tr.gpu_time(seq, 1_000_000_000 + seq * gpu_ns_per_op)
     path = tmp_path / "synth.pyobmem"
     tr.write(path)
     return read_capture(str(path)), ids
@@ -94,6 +97,16 @@ def test_learned_iteration(learned):
     assert ex["touched by an opaque launch"] == (1, 8 * MiB)
     assert ex["arena"] == (1, 64 * MiB)
     assert ex["not live over the whole iteration"][0] >= 1  # the C of every iteration
+
+
+def test_learned_iteration_on_the_gpu_clock(tmp_path):
+    """With GPU time samples the planner times the iteration on the GPU clock: 30 us per op there,
+    against 20 us between launches."""
+    cap, _ = _trace(tmp_path, gpu_ns_per_op=30_000)
+    L = planner.learn_iteration(cap, bandwidth=BW)
+    assert L.iteration_ns == 3_000_000
+    assert L.times.tolist() == [30_000.0 * p for p in range(P)]
+    assert L.issue.max() == 0.0  # the host issued every op before the GPU reached the iteration
 
 
 def test_plan_hand_computed(learned):

@@ -31,6 +31,8 @@ FUNC_A, KERN_B, FUNC_C = 0x1000, 0x2000, 0x3000
 # Records of the notes after cuInit: driver_version, device_count, device0.name,
 # device0.total_bytes, device0.cc (one 32-byte chunk each) and the cupti note (two chunks).
 NOTE_RECORDS = 7
+# Tests that count every record turn the GPU clock's samples off (tests/test_gpuclock.py has them).
+NO_GPU_CLOCK = {"PYOBMEM_GPU_CLOCK_EVERY": "0"}
 
 pytestmark = pytest.mark.skipif(
     shutil.which("gcc") is None or not (CUDA_INCLUDE / "cuda.h").exists(), reason="needs gcc and the CUDA headers"
@@ -413,7 +415,7 @@ def test_c07_full_ring_drops_counted_exactly(fake, tmp_path):
 
 def test_c07_threads_written_plus_dropped_exact(fake, tmp_path):
     threads, per = 8, 10000
-    run = run_driver(fake, tmp_path, "threads", threads, per, capacity=1 << 12, timeout=120)
+    run = run_driver(fake, tmp_path, "threads", threads, per, capacity=1 << 12, timeout=120, env=NO_GPU_CLOCK)
     launches = run.of(Ev.LAUNCH)
     acc = run.of(Ev.ACCESS)
     # every launch is one group (LAUNCH + 1 ACCESS), written or dropped whole
@@ -429,7 +431,7 @@ def test_c07_concurrent_drain_reports_drops(fake, tmp_path):
     threads, per = 8, 20000
     r = Ring.create(capacity=256, directory=str(tmp_path))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYOBMEM_")}
-    env.update(LD_LIBRARY_PATH=str(fake), LD_PRELOAD=str(SHIM), PYOBMEM_RING=r.path, PYOBMEM_CUPTI="0")
+    env.update(LD_LIBRARY_PATH=str(fake), LD_PRELOAD=str(SHIM), PYOBMEM_RING=r.path, PYOBMEM_CUPTI="0", **NO_GPU_CLOCK)
     try:
         proc = subprocess.Popen([str(fake / "driver"), "threads", str(threads), str(per)], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)

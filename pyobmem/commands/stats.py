@@ -15,6 +15,7 @@ import numpy as np
 
 from ..export import cuda_span, drops_hint
 from ..model import CLASSES, analyse, blocks_by_class
+from ..model.gpuclock import clock_facts
 from ..model.properties import in_iteration_intervals
 from ..units import format_bytes, format_duration, format_iteration
 from .common import TIME_ORIGIN, count, load, positive_float
@@ -140,6 +141,7 @@ def stats_dict(a, top: int = 10) -> dict:
         "micro_period_ops": main.micro_period_ops if main else None,
         "micro_steps": main.micro_steps if main else None,
         "iteration_ns": int(it.iteration_ns) if main else None,
+        "gpu_clock": clock_facts(cap, it),
         "regimes": regimes,
         "iterations": iterations,
         "properties": _props(pr),
@@ -190,8 +192,10 @@ def format_stats(d: dict) -> str:
                    + (f" of pid {d['pid']}" if d["pid"] is not None else ""))
     else:
         micro = f", micro-step {d['micro_period_ops']} ops x {d['micro_steps']}" if d["micro_period_ops"] else ""
+        g = d.get("gpu_clock") or {}
+        gpu = f" host, {format_duration(g['iteration_ns_gpu'], digits=3)} GPU clock" if g.get("iteration_ns_gpu") else ""
         out.append(f"iterations: {d['iterations_found']} (main: {d['period_ops']} ops per iteration{micro}, "
-                   f"{format_duration(d['iteration_ns'], digits=3)}, pid {d['pid']})")
+                   f"{format_duration(d['iteration_ns'], digits=3)}{gpu}, pid {d['pid']})")
         out.append(table(
             ["regime", "period", "micro-step", "iterations", "ops", "time", "iteration", "match", "phase"],
             [[f"{i}{' *' if r['main'] else ''}", r["period_ops"],

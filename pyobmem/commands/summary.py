@@ -89,6 +89,7 @@ def summarize(cap: Capture) -> dict:
         "copies": _copies(copies),
         "memsets": {"count": len(memsets), "bytes": int(memsets["bytes"].sum())},
         "iteration": _iteration(cap),
+        "gpu_clock": _gpu_clock(cap),
         "swap": swap_facts(cap),
         "ranks": rank_rows([cap]) if ranks.has_ranks([cap]) else None,
         "processes": [
@@ -284,12 +285,34 @@ def _iteration(cap: Capture) -> dict | None:
     iteration repeats."""
     from ..model.iterations import detect_iterations  # scipy: loaded only when needed
 
+    from ..model.gpuclock import iteration_ns_gpu
+
     it = detect_iterations(cap)
     main = it.main_regime
     if main is None:
         return None
+    gpu = iteration_ns_gpu(cap, it)
     return {"launches": int(main.period_ops), "score": round(float(main.confidence), 4),
-            "repeats": int(main.count), "period_ns": int(round(it.iteration_ns)), "pid": int(it.pid)}
+            "repeats": int(main.count), "period_ns": int(round(it.iteration_ns)), "pid": int(it.pid),
+            "period_gpu_ns": None if gpu is None else int(round(gpu))}
+
+
+def _gpu_clock(cap: Capture) -> dict | None:
+    """The GPU clock's samples and how far the GPU ran behind the host (pyobmem.model.gpuclock)."""
+    from ..model.gpuclock import clock_facts
+
+    return clock_facts(cap)
+
+
+def _gpu_clock_line(s: dict) -> str:
+    g = s.get("gpu_clock")
+    if g is None:
+        return "GPU clock: no GPU time samples (times are the host's; the model estimates GPU time)"
+    how = [f"one every {g['every']} ops"] if g["every"] else []
+    how += [f"{g['skipped']:,} skipped"] if g["skipped"] else []
+    how = f" ({', '.join(how)})" if how else ""
+    return (f"GPU clock: {g['samples']:,} samples{how}; the GPU ran ops up to "
+            f"{format_duration(g['lag_max_ns'])} after the host issued them (median {format_duration(g['lag_median_ns'])})")
 
 
 # --- text ------------------------------------------------------------------------------------
@@ -345,9 +368,11 @@ def _iteration_line(s: dict) -> str:
     it = s["iteration"]
     if it is None:
         return "no repeating pattern"
+    gpu = it.get("period_gpu_ns")
     return (
-        f"{it['launches']:,} ops per iteration, {format_duration(it['period_ns'])} each "
-        f"({it['repeats']:,} iterations, {100 * it['score']:.1f}% template match)"
+        f"{it['launches']:,} ops per iteration, {format_duration(it['period_ns'])} each"
+        + (f" (GPU clock: {format_duration(gpu)})" if gpu is not None and gpu != it["period_ns"] else "")
+        + f" ({it['repeats']:,} iterations, {100 * it['score']:.1f}% template match)"
     )
 
 
@@ -442,7 +467,7 @@ def format_summary(s: dict) -> str:
         rows.append(["memcpy (all)", _num(cp["count"]), format_bytes(cp["bytes"])])
         rows.append(["memset", _num(ms["count"]), format_bytes(ms["bytes"])])
         out.append(table(rows, ["", "count", "bytes"]))
-        out += ["", "Iteration", f"  {_iteration_line(s)}"]
+        out += ["", "Iteration", f"  {_iteration_line(s)}", f"  {_gpu_clock_line(s)}"]
         if s.get("swap"):
             out += ["", "Swap mode"] + [f"  {line}" for line in _swap_lines(s["swap"])]
         if s.get("ranks"):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import abi
+from .gpuclock import gpu_op_times
 from .iterations import IterationModel
 
 CLASSES = ("persistent", "iteration-scoped", "transient", "arena", "never-accessed", "other")
@@ -35,7 +36,8 @@ class IdleIntervals:
     ``block`` (int32, block row), ``iteration`` (int32, iteration of the first access, -1 outside
     iterations), ``index`` (int32, rank of the first access among the block's accesses in that
     iteration, so (role, index) names "the same interval" across iterations), ``start_op`` and
-    ``end_op`` (int64 op rows of the two accesses), ``ns`` (int64 duration), ``ops`` (int64, ops
+    ``end_op`` (int64 op rows of the two accesses), ``ns`` (int64 duration, on the GPU clock when the
+    capture has one: pyobmem.model.gpuclock), ``ops`` (int64, ops
     of the main sequence between the two), ``end_iteration`` (int32, iteration of the second
     access, -1 outside), ``wrap`` (bool: the second access is in the next iteration, i.e. the
     interval from the last access of iteration i to the first of i+1). Iterations are indices
@@ -176,6 +178,8 @@ def build_blocks(capture, it: IterationModel) -> BlockModel:
     del keep
     acc_ptr = np.concatenate(([0], np.cumsum(np.bincount(ab, minlength=nb)))).astype(np.int64)
     at = ops["ts_ns"][ao].astype(np.int64)
+    gpu = gpu_op_times(capture)  # idle intervals last their GPU time when the capture has a GPU clock
+    at_run = at if gpu is None else gpu[ao].astype(np.int64)
     n_acc = np.diff(acc_ptr)
     has = n_acc > 0
     first_op = np.where(has, ao[np.minimum(acc_ptr[:-1], max(len(ao) - 1, 0))] if len(ao) else -1, -1)
@@ -291,7 +295,7 @@ def build_blocks(capture, it: IterationModel) -> BlockModel:
         index=rank[nxt].astype(np.int32),
         start_op=ao[nxt],
         end_op=ao[nxt + 1],
-        ns=at[nxt + 1] - at[nxt],
+        ns=at_run[nxt + 1] - at_run[nxt],
         ops=seq_pos[nxt + 1] - seq_pos[nxt],
         end_iteration=acc_iter[nxt + 1],
         wrap=(acc_iter[nxt + 1] == acc_iter[nxt] + 1) & (acc_iter[nxt] >= 0),

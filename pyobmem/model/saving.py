@@ -5,9 +5,10 @@ sizes B, bandwidth B/s); ``saving_curve`` feeds it one iteration of a capture's 
 
 Model (docs/model.md, "Swap saving bound"):
 
-- One iteration [t0, t1) of length T, on an estimated execution clock (``execution_clock``: one
-  queue of equal-duration ops ending at t1 when the host runs ahead), since launch times run
-  ahead of the GPU.
+- One iteration [t0, t1) of length T, on the execution clock (``execution_clock``): the GPU clock
+  when the capture has GPU time samples (``pyobmem.model.gpuclock``), else an estimate (one queue
+  of equal-duration ops ending at t1 when the host runs ahead), since launch times run ahead of
+  the GPU.
   Resident bytes R(t) = sizes of the live blocks at t, evaluated at every op time and
   allocation/free time in the iteration (the grid).
 - A block may leave the device during an idle window (a, b) between two accesses (the launch
@@ -35,6 +36,7 @@ import numpy as np
 
 from .. import abi
 from .blocks import NEVER, BlockModel
+from .gpuclock import gpu_op_times, has_gpu_clock
 from .iterations import IterationModel
 
 DEFAULT_BANDWIDTH = 55e9  # B/s, pinned host<->device each way on the H200 (measured 55.3e9)
@@ -78,6 +80,7 @@ class SavingCurve:
     step_peak: np.ndarray = field(repr=False)
     step_sub: np.ndarray = field(default=None, repr=False)
     step_size: np.ndarray = field(default=None, repr=False)
+    clock: str = "queue"
 
     def saved_at(self, ratio: float) -> int:
         """Bytes saved at a slowdown ``ratio`` (>= 1; ratios above the curve's last are capped
@@ -183,24 +186,44 @@ def tm_refined_block(tm, nb: int) -> np.ndarray:
     return out
 
 
-def execution_clock(capture, it, row: int):
-    """A function mapping launch times to estimated execution times (int64 ns) in iteration
-    ``row`` of ``it`` (an IterationModel); times outside the iteration are returned unchanged.
+class Clock:
+    """Launch times -> execution times (int64 ns) for one iteration: call it on an array of times.
 
-    The host launches ahead of the GPU (PyTorch enqueues most of a GPT-2 step early, then blocks on
-    a full launch queue or on loss.item()), so launch times squeeze the idle windows into the
-    start of the iteration. When the host runs ahead (its last launch in the first HOST_AHEAD of
-    the iteration, or the iteration begins or ends with a device-to-host copy: the host waits for
-    a result there, so the GPU was busy until then), the GPU is modelled as one queue of ops of
-    equal duration c: E_k = max(L_k, E_(k-1) + c) (an op never runs before its launch nor before
-    the previous op ends), with c chosen so that the last op ends at the iteration's end
-    (bisection). Otherwise the launch times are the best clock there is (the GPU keeps up; a
-    pause of the host is a pause of the GPU). The swap planner uses the same clock.
+    ``t0``/``t1``: the iteration's span on this clock (ns); ``source``: "gpu" (the shim's GPU time
+    samples, ``pyobmem.model.gpuclock``) or "queue" (the estimate of ``execution_clock``)."""
+
+    def __init__(self, fn, t0: int, t1: int, source: str):
+        self._fn, self.t0, self.t1, self.source = fn, int(t0), int(t1), source
+
+    def __call__(self, t):
+        return self._fn(t)
+
+
+def execution_clock(capture, it, row: int) -> Clock:
+    """The execution clock of iteration ``row`` of ``it`` (an IterationModel): a ``Clock``.
+
+    With GPU time samples for the iteration's process (``pyobmem.model.gpuclock``), every time is
+    mapped onto the GPU clock: interpolated between the launch times and GPU times of the
+    process's ops (made non-decreasing), so allocations and frees move with the ops around them;
+    the iteration spans the GPU times of its first op and of the next iteration's first op.
+
+    Without samples, the estimate: the host launches ahead of the GPU (PyTorch enqueues most of a
+    GPT-2 step early, then blocks on a full launch queue or on loss.item()), so launch times squeeze
+    the idle windows into the start of the iteration. When the host runs ahead (its last launch in
+    the first HOST_AHEAD of the iteration, or the iteration begins or ends with a device-to-host
+    copy: the host waits for a result there, so the GPU was busy until then), the GPU is modelled
+    as one queue of ops of equal duration c: E_k = max(L_k, E_(k-1) + c) (an op never runs before
+    its launch nor before the previous op ends), with c chosen so that the last op ends at the
+    iteration's end (bisection). Otherwise the launch times are the best clock there is (the GPU
+    keeps up; a pause of the host is a pause of the GPU). Times outside the iteration are returned
+    unchanged. The swap planner uses the same clock.
     """
     t0, t1 = int(it.t_start[row]), int(it.t_end[row])
+    gpu = _gpu_clock(capture, it, row)
+    if gpu is not None:
+        return gpu
     T = max(t1 - t0, 1)
     seq = it.seq_rows[it.start_seq[row] : it.end_seq[row]]
-    P = max(len(seq), 1)
     L = np.append(capture.ops["ts_ns"][seq].astype(np.int64), t1).astype(np.float64)
     if len(seq) and (L[-2] - t0 < HOST_AHEAD * T or _synced_at_boundary(capture.ops[seq])):
         E = np.append(_queue_times(L[:-1], float(t1)), float(t1))
@@ -212,7 +235,31 @@ def execution_clock(capture, it, row: int):
         inside = (t >= t0) & (t < t1)
         return np.where(inside, np.round(np.interp(t, L, E)).astype(np.int64), t)
 
-    return clock
+    return Clock(clock, t0, t1, "queue")
+
+
+def _gpu_clock(capture, it, row: int) -> Clock | None:
+    """The GPU clock of the iteration's process, or None without samples for it."""
+    times = gpu_op_times(capture)
+    pid = it.pid
+    if times is None or pid is None or not has_gpu_clock(capture, int(pid)):
+        return None
+    ops = capture.ops
+    mine = np.flatnonzero(ops["pid"] == pid)  # time order
+    L = ops["ts_ns"][mine].astype(np.float64)
+    E = np.maximum.accumulate(times[mine]).astype(np.float64)
+    s, e = int(it.start_op[row]), int(it.end_op[row])
+    g0 = int(times[s])
+    g1 = int(times[e]) if e < len(ops) else int(np.interp(float(it.t_end[row]), L, E))
+
+    def mapped(t):
+        t = np.asarray(t, np.int64)
+        m = np.interp(t, L, E)
+        # Before the process's first op or after its last one: that op's lag behind its launch.
+        m = np.where(t < L[0], t + (E[0] - L[0]), np.where(t > L[-1], t + (E[-1] - L[-1]), m))
+        return np.round(m).astype(np.int64)
+
+    return Clock(mapped, g0, max(g1, g0 + 1), "gpu")
 
 
 def _synced_at_boundary(ops: np.ndarray) -> bool:
@@ -252,10 +299,10 @@ def saving_curve(
     bw = bandwidth_of(capture, bandwidth)
     i = len(main) // 2 if iteration is None else int(iteration)
     row = main[i]
-    t0, t1 = int(it.t_start[row]), int(it.t_end[row])
+    clock = execution_clock(capture, it, row)
+    t0, t1 = clock.t0, clock.t1
     T = max(t1 - t0, 1)
     launch_ts = capture.ops["ts_ns"].astype(np.int64)
-    clock = execution_clock(capture, it, row)
     ops_ts = clock(launch_ts) if len(launch_ts) else launch_ts
     grid = [ops_ts[it.start_op[row] : it.end_op[row]], np.array([t0])]
     b_alloc, b_free = clock(bm.t_alloc), np.where(bm.t_free >= 0, clock(bm.t_free), -1)
@@ -304,5 +351,5 @@ def saving_curve(
         step_block=blk[steps].astype(np.int64), step_window=win_row[steps].astype(np.int64),
         step_sub=wsub[steps].astype(np.int64), step_size=wsize[steps].astype(np.int64),
         step_out=np.round(r["out"]).astype(np.int64), step_stall_ns=r["stall"], step_copy_ns=r["copy"],
-        step_peak=r["peaks"],
+        step_peak=r["peaks"], clock=clock.source,
     )

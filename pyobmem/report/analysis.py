@@ -97,7 +97,8 @@ def _analyse(capture) -> Analysis:
     if sav is not None:
         pts = np.array(sav.points, dtype=np.float64).reshape(-1, 2)
         a.curve_ratio, a.curve_saved = pts[:, 0], pts[:, 1].astype(np.int64)
-        a.peak_bytes, a.window = int(sav.peak_bytes), (int(sav.t_start), int(sav.t_end))
+        r = int(rows[sav.iteration])  # the window on the host's clock, as the access times are
+        a.peak_bytes, a.window = int(sav.peak_bytes), (int(it.t_start[r]), int(it.t_end[r]))
         a.candidates = candidates(capture, a, sav)
     return a
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from .. import abi
 from ..export import block_end_times, cuda_span, drops_hint, live_bytes
+from ..model.gpuclock import iteration_ns_gpu
 from ..units import format_bytes, format_duration, format_iteration
 from . import svg
 from .analysis import CLASSES, Analysis, analyse
@@ -382,9 +383,11 @@ def render(capture, generated: str | None = None, ranks: str | None = None, subj
 
     if n_iter:
         lens = a.iterations[:, 1] - a.iterations[:, 0]
+        gpu_ns = iteration_ns_gpu(capture, a.model.iterations)
         it_body = _table(["", ""], [
             ["iterations", n_iter], ["ops per iteration", a.iteration_ops],
-            ["iteration time (median)", format_duration(float(np.median(lens)), significant=3)],
+            ["iteration time (median)", format_duration(float(np.median(lens)), significant=3)
+             + ("" if gpu_ns is None else f" host, {format_duration(gpu_ns, significant=3)} GPU clock")],
             ["iteration time (min / max)",
              f"{format_duration(float(lens.min()), significant=3)} / {format_duration(float(lens.max()), significant=3)}"],
             ["first iteration starts", f"t = {format_duration(int(a.iterations[0, 0]) - t0, significant=3)} (t = 0 at the first CUDA event)"],
@@ -422,7 +425,9 @@ def render(capture, generated: str | None = None, ranks: str | None = None, subj
         body = (f'<div class=grid><div>{curve}</div><div>{_table(["time ratio", "peak saved", "of peak"], rows, {1, 2})}'
                 f"</div></div><p class=muted>Peak device memory of the analysed iteration that swapping idle blocks "
                 f"to host memory could save, if the iteration may run that much longer (pyobmem.model's saving "
-                f"bound, copies at {a.model.saving.bandwidth / 1e9:g} GB/s each way).</p>")
+                f"bound, copies at {a.model.saving.bandwidth / 1e9:g} GB/s each way), "
+                + ("on the GPU clock (the shim's GPU time samples)." if a.model.saving.clock == "gpu" else
+                   "on an estimated GPU clock (the capture has no GPU time samples).") + "</p>")
         parts.append(_section("Saving curve", body, "saving"))
         cand = [[f'{c["block"]}+{format_bytes(c["offset"])}' if c["sub"] else c["block"], format_bytes(c["size"]),
                  c["class"], c["accesses"], format_duration(c["longest_idle_ns"], significant=3), c["windows"],

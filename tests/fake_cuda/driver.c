@@ -501,6 +501,57 @@ static int scenario_threads(int threads, int per_thread)
     return 0;
 }
 
+/* GPU clock samples (native/gpuclock.c): n kernels on stream 0x77, n on a stream that is
+ * capturing a graph, n more on 0x77, n through the per-thread entry point on the NULL stream. */
+static int scenario_gpuclock(int n)
+{
+    typedef CUresult (*begin_fn)(CUstream, CUstreamCaptureMode);
+    typedef CUresult (*end_fn)(CUstream, CUgraph *);
+    typedef long long (*counter_fn)(const char *);
+    begin_fn begin = GET(begin_fn, "cuStreamBeginCapture");
+    end_fn end = GET(end_fn, "cuStreamEndCapture");
+    launch_fn ptsz = (launch_fn)get("cuLaunchKernel", 12080, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
+    counter_fn counter = (counter_fn)dlsym(libcuda, "fakeCounter");
+    p_cuInit(0);
+    CUdeviceptr x = must_alloc(4096);
+    for (int i = 0; i < n; i++)
+        launch_a(x, 0, 0);
+    CUstream cap = (CUstream)0x99;
+    begin(cap, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    for (int i = 0; i < n; i++) {
+        int k = 0;
+        void *args[] = {&x, &k, &x};
+        p_launch(FAKE_FUNC_A, 1, 1, 1, 1, 1, 1, 0, cap, args, NULL);
+    }
+    end(cap, NULL);
+    for (int i = 0; i < n; i++)
+        launch_a(x, 0, 0);
+    for (int i = 0; i < n; i++) {
+        int k = 0;
+        void *args[] = {&x, &k, &x};
+        ptsz(FAKE_FUNC_A, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL);
+    }
+    printf("capture_violations=%lld\nlegacy_records=%lld\n", counter("capture_violations"), counter("legacy_records"));
+    return 0;
+}
+
+/* A full pool: n kernels on a stream that runs nothing until they are all issued. */
+static int scenario_gpuclock_pool(int n)
+{
+    typedef long long (*counter_fn)(const char *);
+    typedef void (*hold_fn)(CUstream, int);
+    counter_fn counter = (counter_fn)dlsym(libcuda, "fakeCounter");
+    hold_fn hold = (hold_fn)dlsym(libcuda, "fakeHold");
+    p_cuInit(0);
+    CUdeviceptr x = must_alloc(4096);
+    hold((CUstream)0x77, 1);
+    for (int i = 0; i < n; i++)
+        launch_a(x, 0, 0);
+    printf("events_live=%lld\n", counter("events_live"));
+    hold((CUstream)0x77, 0);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
@@ -532,6 +583,10 @@ int main(int argc, char **argv)
         rc = scenario_hostmem();
     else if (!strcmp(s, "threads"))
         rc = scenario_threads(argc > 2 ? atoi(argv[2]) : 8, argc > 3 ? atoi(argv[3]) : 10000);
+    else if (!strcmp(s, "gpuclock"))
+        rc = scenario_gpuclock(argc > 2 ? atoi(argv[2]) : 10);
+    else if (!strcmp(s, "gpuclock_pool"))
+        rc = scenario_gpuclock_pool(argc > 2 ? atoi(argv[2]) : 100);
     printf("done=1\n");
     return rc;
 }

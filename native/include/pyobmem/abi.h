@@ -31,6 +31,8 @@
                                                * libcupti; a path: that library (pyobmem-run --cupti) */
 #define PYOBMEM_ENV_CONTROL "PYOBMEM_CONTROL" /* swap mode: path of the control file (below) */
 #define PYOBMEM_ENV_RELEASER "PYOBMEM_RELEASER" /* swap mode: "0": no release thread (releases at ops only) */
+#define PYOBMEM_ENV_GPU_CLOCK_EVERY "PYOBMEM_GPU_CLOCK_EVERY" /* GPU time sample every N ops (default 32; 0: off) */
+#define PYOBMEM_ENV_GPU_CLOCK_POOL "PYOBMEM_GPU_CLOCK_POOL"   /* timing events per context (default 256) */
 
 /* Event types (pyobmem_record.type). Payload words a..e per type are documented inline. */
 enum pyobmem_event_type {
@@ -100,6 +102,14 @@ enum pyobmem_event_type {
      * has no op seq, and the kernels NCCL launches are recorded as launches. In swap mode the
      * named blocks are never swapped from then on. */
     PYOBMEM_EV_NCCL = 17,
+    /* When op `a` had run on the GPU (native/gpuclock.c): a timing event recorded on the op's
+     * stream right after it completed at GPU time c, in CLOCK_MONOTONIC ns (the capture's time
+     * base, mapped through a reference event the shim timed on its own idle stream).
+     * a = op seq, b = stream (NULL: legacy, 0x2: per-thread default), c = GPU time ns,
+     * d = context. ts_ns = when the shim read it back. Written every PYOBMEM_GPU_CLOCK_EVERY
+     * ops, never for an op on a capturing stream; skipped samples are counted in the NOTE
+     * gpu_clock=... the shim writes at exit. */
+    PYOBMEM_EV_GPU_TIME = 18,
 };
 
 enum pyobmem_nccl_call {

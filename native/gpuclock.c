@@ -1,0 +1,333 @@
+/*
+ * GPU clock: when ops really run on the GPU, sampled without CUPTI.
+ *
+ * Every PYOBMEM_GPU_CLOCK_EVERY-th op (default 32; 0 turns sampling off) the hook that issued it
+ * records a timing event from a pool the shim owns on the op's own stream, right after the op.
+ * The event completes when the op (and everything before it on that stream) has run. A shim
+ * thread polls pending events with cuEventQuery (never waiting in the driver), converts each
+ * completed one to CLOCK_MONOTONIC ns with cuEventElapsedTime against a reference event whose
+ * host time it measured, and writes a GPU_TIME record (abi.h) into the ring.
+ *
+ * Rules kept here, from cases.md:
+ *   - never on a stream that is capturing a graph (C11): cuStreamIsCapturing first; on the
+ *     legacy stream it fails while any blocking stream captures, and the sample is skipped;
+ *   - never adds work the op's stream would wait for: a record is the last thing on the stream,
+ *     nothing waits on it, and the shim's own reference records go to its own non-blocking stream;
+ *   - the application's thread never waits on its own work: a full pool (PYOBMEM_GPU_CLOCK_POOL
+ *     events per context, default 256) skips the sample (counted). The one exception is the
+ *     first sample of a context, which sets the context up on the application's thread (its
+ *     stream, events, and a reference event timed on that idle stream: well under a ms, once);
+ *   - per-thread default streams are CU_STREAM_PER_THREAD (the hook normalises NULL);
+ *   - each context (device) has its own pool, reference events and stream (GC_MAX_CTX of them);
+ *   - fork: the child starts with no pool and no thread (the parent's events are not its own);
+ *   - the daemon dying: the ring drops, nothing waits.
+ * Events are recycled in their pool and live as long as their context.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "shim.h"
+
+#define GC_DEFAULT_EVERY 32
+#define GC_DEFAULT_POOL 256
+#define GC_MAX_POOL 4096
+#define GC_MAX_CTX 8
+#define GC_REFS 4                     /* reference events per context: one current, older ones retiring */
+#define GC_REF_PERIOD_NS 1000000000ull /* a new reference every second: float ms stays sub-µs */
+#define GC_POLL_NS 1000000            /* the thread polls every 1 ms */
+
+enum { SLOT_FREE = 0, SLOT_TAKEN = 1, SLOT_PENDING = 2 };
+enum { CTX_EMPTY = 0, CTX_FILLING = 1, CTX_READY = 2, CTX_FAILED = 3 };
+
+struct gc_slot {
+    int state; /* atomic: SLOT_* */
+    uint32_t ref;
+    CUevent ev;
+    uint64_t seq;
+    uint64_t stream;
+};
+
+struct gc_ctx {
+    int state; /* atomic: CTX_* */
+    CUcontext ctx;
+    CUstream own;
+    uint32_t cursor; /* atomic */
+    uint32_t cur_ref; /* atomic: index of the reference new samples use */
+    CUevent ref_ev[GC_REFS];
+    uint64_t ref_host[GC_REFS];
+    int ref_live[GC_REFS];
+    uint64_t ref_at;
+    struct gc_slot *slots;
+};
+
+uint64_t g_gpuclock_next = UINT64_MAX; /* atomic: next op seq to sample; UINT64_MAX: off */
+__thread uint64_t shim_tls_op;
+
+static uint64_t g_every, g_pool;
+static struct gc_ctx g_ctx[GC_MAX_CTX];
+static int g_thread; /* atomic: 0 not started, 1 running, -1 could not start */
+static int g_stop, g_stopped; /* atomic */
+static uint64_t g_samples, g_skipped; /* atomic */
+static int g_inited;
+
+static uint64_t env_u64(const char *name, uint64_t dflt, uint64_t max)
+{
+    const char *e = getenv(name);
+    if (!e || !*e)
+        return dflt;
+    char *end;
+    unsigned long long v = strtoull(e, &end, 10);
+    if (*end)
+        return dflt;
+    return v > max ? max : v;
+}
+
+/* CUDA 12.8 added cuEventElapsedTime_v2 (same arguments); the first one is kept for older drivers. */
+static pfn_cuEventElapsedTime g_elapsed;
+
+static int have_driver(void)
+{
+    g_elapsed = real_cuEventElapsedTime_v2 ? real_cuEventElapsedTime_v2 : real_cuEventElapsedTime;
+    return real_cuEventCreate && real_cuEventRecord && real_cuEventQuery && g_elapsed &&
+           real_cuStreamSynchronize && real_cuStreamCreate && real_cuStreamGetCtx && real_cuStreamIsCapturing &&
+           real_cuCtxGetCurrent && real_cuCtxPushCurrent_v2 && real_cuCtxPopCurrent_v2 &&
+           real_cuThreadExchangeStreamCaptureMode;
+}
+
+void gpuclock_init(void)
+{
+    g_every = env_u64(PYOBMEM_ENV_GPU_CLOCK_EVERY, GC_DEFAULT_EVERY, UINT32_MAX);
+    uint64_t pool = env_u64(PYOBMEM_ENV_GPU_CLOCK_POOL, GC_DEFAULT_POOL, GC_MAX_POOL);
+    g_pool = 1;
+    while (g_pool < pool) /* a power of two: the cursor wraps with a mask */
+        g_pool <<= 1;
+    g_inited = 1;
+    __atomic_store_n(&g_gpuclock_next, g_every && have_driver() ? g_every : UINT64_MAX, __ATOMIC_RELEASE);
+}
+
+/* ---- the polling thread ---- */
+
+static int ref_record(struct gc_ctx *c, uint32_t i)
+{
+    uint64_t t0 = shim_now_ns();
+    if (real_cuEventRecord(c->ref_ev[i], c->own) != CUDA_SUCCESS || real_cuStreamSynchronize(c->own) != CUDA_SUCCESS)
+        return 0;
+    uint64_t t1 = shim_now_ns();
+    /* The shim's stream is idle: the event ran between the two host times. */
+    c->ref_host[i] = t0 + (t1 - t0) / 2;
+    c->ref_live[i] = 1;
+    c->ref_at = t1;
+    return 1;
+}
+
+/* Pool, stream and first reference of a context (the thread, context pushed). */
+static int ctx_setup(struct gc_ctx *c)
+{
+    if (real_cuStreamCreate(&c->own, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+        return 0;
+    for (int i = 0; i < GC_REFS; i++)
+        if (real_cuEventCreate(&c->ref_ev[i], CU_EVENT_DEFAULT) != CUDA_SUCCESS)
+            return 0;
+    struct gc_slot *s = calloc(g_pool, sizeof *s);
+    if (!s)
+        return 0;
+    for (uint64_t i = 0; i < g_pool; i++)
+        if (real_cuEventCreate(&s[i].ev, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
+            free(s); /* the events made so far belong to the context; it is not used again */
+            return 0;
+        }
+    c->slots = s;
+    return ref_record(c, 0);
+}
+
+static void emit_sample(struct gc_ctx *c, struct gc_slot *s)
+{
+    float ms = 0;
+    if (g_elapsed(&ms, c->ref_ev[s->ref], s->ev) != CUDA_SUCCESS || !(ms > -1e9f && ms < 1e9f))
+        return;
+    double ns = (double)ms * 1e6; /* rounded to the nearest ns without libm (the shim links none) */
+    int64_t t = (int64_t)c->ref_host[s->ref] + (int64_t)(ns >= 0 ? ns + 0.5 : ns - 0.5);
+    if (ring_write1(PYOBMEM_EV_GPU_TIME, 0, s->seq, s->stream, (uint64_t)t, (uint64_t)(uintptr_t)c->ctx, 0))
+        __atomic_add_fetch(&g_samples, 1, __ATOMIC_RELAXED);
+}
+
+/* One pass over a context's pending samples; a new reference when the current one is old. */
+static void ctx_poll(struct gc_ctx *c, uint64_t now)
+{
+    int used[GC_REFS] = {0};
+    for (uint64_t i = 0; i < g_pool; i++) {
+        struct gc_slot *s = &c->slots[i];
+        if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != SLOT_PENDING)
+            continue;
+        CUresult q = real_cuEventQuery(s->ev);
+        if (q == CUDA_ERROR_NOT_READY) {
+            used[s->ref] = 1;
+            continue;
+        }
+        if (q == CUDA_SUCCESS)
+            emit_sample(c, s);
+        __atomic_store_n(&s->state, SLOT_FREE, __ATOMIC_RELEASE);
+    }
+    uint32_t cur = __atomic_load_n(&c->cur_ref, __ATOMIC_ACQUIRE);
+    for (uint32_t r = 0; r < GC_REFS; r++)
+        if (r != cur && !used[r])
+            c->ref_live[r] = 0; /* no pending sample names it: free to record again */
+    if (now - c->ref_at < GC_REF_PERIOD_NS)
+        return;
+    for (uint32_t r = 0; r < GC_REFS; r++)
+        if (!c->ref_live[r]) {
+            if (ref_record(c, r))
+                __atomic_store_n(&c->cur_ref, r, __ATOMIC_RELEASE);
+            return;
+        }
+}
+
+static void *poller(void *arg)
+{
+    (void)arg;
+    shim_tls_guard++; /* nothing this thread calls is the application's */
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    real_cuThreadExchangeStreamCaptureMode(&mode);
+    struct timespec nap = {0, GC_POLL_NS};
+    for (;;) {
+        int last = __atomic_load_n(&g_stop, __ATOMIC_ACQUIRE);
+        uint64_t now = shim_now_ns();
+        for (int i = 0; i < GC_MAX_CTX; i++) {
+            struct gc_ctx *c = &g_ctx[i];
+            if (__atomic_load_n(&c->state, __ATOMIC_ACQUIRE) != CTX_READY)
+                continue;
+            if (real_cuCtxPushCurrent_v2(c->ctx) != CUDA_SUCCESS) {
+                __atomic_store_n(&c->state, CTX_FAILED, __ATOMIC_RELEASE);
+                continue;
+            }
+            ctx_poll(c, now);
+            CUcontext popped;
+            real_cuCtxPopCurrent_v2(&popped);
+        }
+        if (last)
+            break; /* one last pass after the stop: what completed by exit is written */
+        nanosleep(&nap, NULL);
+    }
+    uint64_t n = __atomic_load_n(&g_samples, __ATOMIC_RELAXED), k = __atomic_load_n(&g_skipped, __ATOMIC_RELAXED);
+    ring_note("gpu_clock=every=%llu pool=%llu samples=%llu skipped=%llu", (unsigned long long)g_every,
+              (unsigned long long)g_pool, (unsigned long long)n, (unsigned long long)k);
+    __atomic_store_n(&g_stopped, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* At exit: stop the thread and let it finish its pass (bounded), before the driver goes away. */
+static void gpuclock_exit(void)
+{
+    if (__atomic_load_n(&g_thread, __ATOMIC_ACQUIRE) != 1)
+        return;
+    __atomic_store_n(&g_stop, 1, __ATOMIC_RELEASE);
+    struct timespec nap = {0, 100000};
+    for (int i = 0; i < 2000 && !__atomic_load_n(&g_stopped, __ATOMIC_ACQUIRE); i++)
+        nanosleep(&nap, NULL);
+}
+
+static void start_thread(void)
+{
+    int expect = 0;
+    if (!__atomic_compare_exchange_n(&g_thread, &expect, -1, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+        return;
+    pthread_attr_t attr;
+    pthread_t t;
+    if (pthread_attr_init(&attr) != 0)
+        return;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old); /* the application's signals never land on it */
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, poller, NULL) == 0) {
+        __atomic_store_n(&g_thread, 1, __ATOMIC_RELEASE);
+        atexit(gpuclock_exit);
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&attr);
+}
+
+/* ---- the application's side ---- */
+
+/* The context's entry, set up on first sight by the thread that saw it (once per context: a
+ * stream, the pool's events and a reference event timed on that idle stream; the capture mode is
+ * relaxed meanwhile so that a capture elsewhere is never invalidated). NULL: take no sample. */
+static struct gc_ctx *ctx_of(CUcontext ctx)
+{
+    for (int i = 0; i < GC_MAX_CTX; i++) {
+        struct gc_ctx *c = &g_ctx[i];
+        int st = __atomic_load_n(&c->state, __ATOMIC_ACQUIRE);
+        if (st == CTX_EMPTY && __atomic_compare_exchange_n(&c->state, &st, CTX_FILLING, 0, __ATOMIC_ACQ_REL,
+                                                           __ATOMIC_ACQUIRE)) {
+            c->ctx = ctx;
+            CUcontext cur = NULL, popped;
+            int push = real_cuCtxGetCurrent(&cur) != CUDA_SUCCESS || cur != ctx;
+            int ok = !push || real_cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS;
+            CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+            int relaxed = real_cuThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS;
+            ok = ok && ctx_setup(c);
+            if (relaxed)
+                real_cuThreadExchangeStreamCaptureMode(&mode);
+            if (push)
+                real_cuCtxPopCurrent_v2(&popped);
+            __atomic_store_n(&c->state, ok ? CTX_READY : CTX_FAILED, __ATOMIC_RELEASE);
+            if (ok)
+                start_thread();
+            return ok ? c : NULL;
+        }
+        if (st == CTX_FILLING) /* another thread is setting this entry up */
+            return NULL;
+        if (c->ctx == ctx)
+            return st == CTX_READY ? c : NULL;
+    }
+    return NULL;
+}
+
+void gpuclock_sample(uint64_t seq, CUstream s)
+{
+    uint64_t next = __atomic_load_n(&g_gpuclock_next, __ATOMIC_RELAXED);
+    if (seq < next || !__atomic_compare_exchange_n(&g_gpuclock_next, &next, seq + g_every, 0, __ATOMIC_RELAXED,
+                                                  __ATOMIC_RELAXED))
+        return; /* another thread took this one */
+    shim_tls_guard++;
+    CUcontext ctx = NULL;
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    struct gc_ctx *c = NULL;
+    /* The capture query first: it is the one call made for a stream that may be capturing. */
+    if (real_cuStreamIsCapturing(s, &cs) == CUDA_SUCCESS && cs == CU_STREAM_CAPTURE_STATUS_NONE &&
+        real_cuStreamGetCtx(s, &ctx) == CUDA_SUCCESS && ctx)
+        c = ctx_of(ctx);
+    struct gc_slot *slot = NULL;
+    if (c) {
+        uint32_t i = __atomic_fetch_add(&c->cursor, 1, __ATOMIC_RELAXED) & (uint32_t)(g_pool - 1);
+        int expect = SLOT_FREE;
+        if (__atomic_compare_exchange_n(&c->slots[i].state, &expect, SLOT_TAKEN, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+            slot = &c->slots[i];
+    }
+    if (slot) {
+        slot->seq = seq;
+        slot->stream = (uint64_t)(uintptr_t)s;
+        slot->ref = __atomic_load_n(&c->cur_ref, __ATOMIC_ACQUIRE);
+        int ok = real_cuEventRecord(slot->ev, s) == CUDA_SUCCESS;
+        __atomic_store_n(&slot->state, ok ? SLOT_PENDING : SLOT_FREE, __ATOMIC_RELEASE);
+        if (!ok)
+            slot = NULL;
+    }
+    if (!slot)
+        __atomic_add_fetch(&g_skipped, 1, __ATOMIC_RELAXED);
+    shim_tls_guard--;
+}
+
+void gpuclock_atfork_child(void)
+{
+    memset(g_ctx, 0, sizeof g_ctx);
+    g_thread = 0;
+    g_stop = g_stopped = 0;
+    g_samples = g_skipped = 0;
+    shim_tls_op = 0;
+    if (g_inited)
+        __atomic_store_n(&g_gpuclock_next, g_every && have_driver() ? g_every : UINT64_MAX, __ATOMIC_RELEASE);
+}

@@ -1,0 +1,66 @@
+"""CPU tests of the GPU clock samples (native/gpuclock.c) against the fake libcuda, whose GPU
+clock advances FAKE_KERNEL_NS (1000) per kernel it runs and nothing else, so the GPU time of a
+sample is known exactly: the reference event's host time plus 1000 ns per kernel run since."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pyobmem.abi import Ev
+
+from test_shim import SHIM, fake, run_driver  # noqa: F401  (fixture)
+
+
+def _note(run, key):
+    from test_shim import texts
+
+    for t in texts(run.of(Ev.NOTE)):
+        if t.startswith(key + "="):
+            return dict(kv.split("=") for kv in t[len(key) + 1 :].split())
+    return None
+
+
+def test_gpuclock_every_n_ops_none_in_capture(fake, tmp_path):
+    run = run_driver(fake, tmp_path, "gpuclock", 10, env={"PYOBMEM_GPU_CLOCK_EVERY": "4"})
+    g = run.of(Ev.GPU_TIME)
+    # ops 1-10 on 0x77, 11-20 capturing (12, 16, 20 due: skipped), 21-30 on 0x77, 31-40 per-thread
+    assert [int(s) for s in g["a"]] == [4, 8, 24, 28, 32, 36, 40]
+    assert [int(s) for s in g["b"]] == [0x77, 0x77, 0x77, 0x77, 0x2, 0x2, 0x2]
+    t = g["c"].astype(np.int64)
+    # kernels run before each sample: 4, 8, 14, 18, 22, 26, 30 (the captured ones never run)
+    assert (t - t[0]).tolist() == [0, 4000, 10000, 14000, 18000, 22000, 26000]
+    assert run.out["capture_violations"] == 0
+    assert run.out["legacy_records"] == 0  # per-thread ops: sampled on CU_STREAM_PER_THREAD
+    launches = run.of(Ev.LAUNCH)
+    assert all(int(launches[launches["a"] == s]["c"][0]) == int(b) or b == 2 for s, b in zip(g["a"], g["b"]))
+    assert _note(run, "gpu_clock") == {"every": "4", "pool": "256", "samples": "7", "skipped": "3"}
+
+
+def test_gpuclock_off(fake, tmp_path):
+    run = run_driver(fake, tmp_path, "gpuclock", 10, env={"PYOBMEM_GPU_CLOCK_EVERY": "0"})
+    assert len(run.of(Ev.GPU_TIME)) == 0
+    assert _note(run, "gpu_clock") is None
+    assert len(run.of(Ev.LAUNCH)) == 40
+
+
+def test_gpuclock_full_pool_skips_never_waits(fake, tmp_path):
+    # 100 kernels on a stream that runs nothing until all are issued: 25 samples due, 8 events
+    run = run_driver(fake, tmp_path, "gpuclock_pool", 100,
+                     env={"PYOBMEM_GPU_CLOCK_EVERY": "4", "PYOBMEM_GPU_CLOCK_POOL": "8"})
+    g = run.of(Ev.GPU_TIME)
+    assert [int(s) for s in g["a"]] == [4, 8, 12, 16, 20, 24, 28, 32]
+    t = g["c"].astype(np.int64)
+    assert (t - t[0]).tolist() == [4000 * i for i in range(8)]
+    assert run.out["events_live"] == 8 + 4  # the pool and the reference events, no more
+    assert _note(run, "gpu_clock") == {"every": "4", "pool": "8", "samples": "8", "skipped": "17"}
+
+
+def test_gpuclock_fork_child_starts_its_own(fake, tmp_path):
+    # parent: op 1, fork, op 2; child: its own op 1 (its own pool, thread and op seqs)
+    run = run_driver(fake, tmp_path, "fork", env={"PYOBMEM_GPU_CLOCK_EVERY": "1"})
+    parent, child = run.out["parent_pid"], run.out["child_pid"]
+    g = run.of(Ev.GPU_TIME)
+    assert [int(s) for s in g[g["pid"] == parent]["a"]] == [1, 2]
+    # the child leaves with _exit: its sample is written only if its thread read it back in time
+    assert [int(s) for s in g[g["pid"] == child]["a"]] in ([], [1])
+    assert set(g["pid"].tolist()) <= {parent, child}
