@@ -78,7 +78,13 @@ uint32_t scan_launch_args(uintptr_t handle, void **kernelParams, void **extra, s
     else if (!kernelParams && !have_buf && l->count > 0)
         *flags |= PYOBMEM_LAUNCH_OPAQUE;
 
-    blocks_read_lock();
+    uint32_t s;
+    int attempt = 0;
+again:
+    s = blocks_read_begin(attempt++);
+    t->n = 0;
+    t->truncated = 0;
+    words = 0;
     if (l->known && kernelParams) {
         for (uint32_t i = 0; i < l->count; i++)
             if (l->size[i] >= 8 && kernelParams[i])
@@ -90,7 +96,8 @@ uint32_t scan_launch_args(uintptr_t handle, void **kernelParams, void **extra, s
     } else if (have_buf) {
         words += scan_param(t, buf, 0, (uint32_t)(bufsize > UINT32_MAX ? UINT32_MAX : bufsize));
     }
-    blocks_read_unlock();
+    if (!blocks_read_end(s))
+        goto again;
     if (t->truncated)
         *flags |= PYOBMEM_LAUNCH_TRUNCATED;
     return words;
@@ -99,8 +106,8 @@ uint32_t scan_launch_args(uintptr_t handle, void **kernelParams, void **extra, s
 void emit_op_with_accesses(uint16_t type, uint16_t flags, uint64_t seq, uint64_t b, uint64_t c, uint64_t d,
                            uint64_t e_high, const struct touched *t)
 {
+    /* Only the payload fields ring_write reads are filled: no memset of all 17 records. */
     struct pyobmem_record recs[1 + (SHIM_MAX_TOUCHED + 3) / 4];
-    memset(recs, 0, sizeof recs);
     recs[0].type = type;
     recs[0].flags = flags;
     recs[0].a = seq;
@@ -116,6 +123,7 @@ unsigned pack_accesses(struct pyobmem_record *recs, uint64_t seq, const uint64_t
     unsigned r = 0;
     for (uint32_t i = 0; i < n; i += 4, r++) {
         recs[r].type = PYOBMEM_EV_ACCESS;
+        recs[r].flags = 0;
         recs[r].a = seq;
         uint64_t w[4] = {0, 0, 0, 0};
         for (uint32_t k = 0; k < 4 && i + k < n; k++)

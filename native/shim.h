@@ -56,7 +56,11 @@ struct shim_state {
                                * recording; cleared in a fork child). The op hooks test it once. */
 };
 extern struct shim_state g_shim;
-extern __thread int shim_tls_guard; /* >0: inside the shim, hooks pass straight through */
+/* >0: inside the shim, hooks pass straight through. Initial-exec: every hook reads it, and the
+ * default model for a shared object costs a __tls_get_addr call each time; the shim is loaded at
+ * start (LD_PRELOAD), so its TLS is in the static block. */
+#define SHIM_TLS __thread __attribute__((tls_model("initial-exec")))
+extern SHIM_TLS int shim_tls_guard;
 
 void shim_init_once(void);
 void shim_emit_process(void);
@@ -112,7 +116,14 @@ int blocks_remove_range(uint64_t start, uint64_t end, uint64_t stream);
 void blocks_read_lock(void);
 void blocks_read_unlock(void);
 const struct block *blocks_lookup(uint64_t addr);
-/* Access word of addr (0 if in no block), taking the read lock itself. */
+/* Lock-free read section (a seqlock): s = blocks_read_begin(attempt), lookups, then
+ * blocks_read_end(s) says whether they stand; when it returns 0, undo what the lookups found
+ * and start again with attempt + 1. After a few attempts begin takes the read lock instead
+ * (returns BLOCKS_READ_LOCKED) and end releases it and returns 1. */
+#define BLOCKS_READ_LOCKED 1u
+uint32_t blocks_read_begin(int attempt);
+int blocks_read_end(uint32_t s);
+/* Access word of addr (0 if in no block), in a read section of its own. */
 uint64_t blocks_access_word(uint64_t addr);
 void blocks_reset_after_fork(void);
 void blocks_atfork_prepare(void);
@@ -197,10 +208,10 @@ struct touched {
     uint32_t ids[SHIM_MAX_TOUCHED];
     uint64_t starts[SHIM_MAX_TOUCHED]; /* block start addresses (for the swap executor) */
 };
-/* Look up one candidate word (caller holds the blocks read lock). */
+/* Look up one candidate word (caller is in a blocks read section or holds the read lock). */
 void touched_add(struct touched *t, uint64_t word);
-/* Scan the arguments of a launch into t; returns the number of 8-byte words scanned and ORs
- * OPAQUE/NO_LAYOUT into *flags as needed. Takes the blocks read lock. */
+/* Scan the arguments of a launch into t (emptied first); returns the number of 8-byte words
+ * scanned and ORs OPAQUE/NO_LAYOUT into *flags as needed. Runs its own blocks read section. */
 uint32_t scan_launch_args(uintptr_t handle, void **kernelParams, void **extra, struct touched *t, uint16_t *flags);
 /* Emit a LAUNCH or GRAPH_LAUNCH record followed by its ACCESS records, as one ring group. */
 void emit_op_with_accesses(uint16_t type, uint16_t flags, uint64_t seq, uint64_t b, uint64_t c, uint64_t d,
