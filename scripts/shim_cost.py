@@ -47,7 +47,7 @@ def build(d: Path) -> Path:
     subprocess.run(["make", "-s", "native"], cwd=REPO, check=True)
     subprocess.run(["gcc", *CFLAGS, "-fPIC", "-shared", "-Wl,-Bsymbolic", "-Wl,-soname,libcuda.so.1",
                     "-o", str(d / "libcuda.so.1"), str(FAKE / "fake_cuda.c"), "-lpthread"], check=True)
-    subprocess.run(["gcc", *CFLAGS, "-o", str(d / "cost_driver"), str(FAKE / "cost_driver.c"), "-ldl"], check=True)
+    subprocess.run(["gcc", *CFLAGS, "-o", str(d / "cost_driver"), str(FAKE / "cost_driver.c"), "-ldl", "-lpthread"], check=True)
     return d / "cost_driver"
 
 

@@ -6,10 +6,16 @@
  * shim adds per call (scripts/shim_cost.py). tests/test_shim_cost.py checks the records it makes.
  *
  *     cost_driver OP N L      OP: launch, launch_ex, memcpy_async, htod_async, memset_async,
- *                                 alloc_free_async
+ *                                 alloc_free_async, launch_vs_alloc
+ *
+ * launch_vs_alloc: N launches on two VMM mappings (above every cuMemAlloc address) while another
+ * thread allocates 4,096 blocks twice and frees them: the table grows past its first array, and
+ * each insertion and removal moves the two launched blocks' entries under the launches' lock-free
+ * lookups.
  */
 #include <dlfcn.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +25,7 @@
 typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 typedef CUresult (*init_fn)(unsigned);
 typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+typedef CUresult (*free_fn)(CUdeviceptr);
 typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUstream);
 typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
 typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -27,6 +34,9 @@ typedef CUresult (*launch_ex_fn)(const CUlaunchConfig *, CUfunction, void **, vo
 typedef CUresult (*copy_async_fn)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
 typedef CUresult (*htod_async_fn)(CUdeviceptr, const void *, size_t, CUstream);
 typedef CUresult (*memset32a_fn)(CUdeviceptr, unsigned int, size_t, CUstream);
+typedef CUresult (*reserve_fn)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+typedef CUresult (*create_fn)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+typedef CUresult (*map_fn)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
 
 static gpa_fn gpa;
 
@@ -49,6 +59,22 @@ static void check(CUresult r, const char *what)
     }
 }
 
+#define CHURN_BLOCKS 4096
+static void *churn(void *arg)
+{
+    alloc_fn alloc = (alloc_fn)get("cuMemAlloc");
+    free_fn fr = (free_fn)get("cuMemFree");
+    static CUdeviceptr p[CHURN_BLOCKS];
+    (void)arg;
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < CHURN_BLOCKS; i++)
+            check(alloc(&p[i], 4096), "churn alloc");
+        for (int i = 0; i < CHURN_BLOCKS; i++)
+            check(fr(p[i]), "churn free");
+    }
+    return NULL;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 4) {
@@ -66,12 +92,28 @@ int main(int argc, char **argv)
     check(((init_fn)get("cuInit"))(0), "cuInit");
     alloc_fn alloc = (alloc_fn)get("cuMemAlloc");
 
-    /* The live blocks: the two the ops touch sit in the middle of the table. */
+    /* The live blocks: the two the ops touch sit in the middle of the table (launch_vs_alloc: at
+     * its top, as VMM mappings). */
+    int vmm = !strcmp(op, "launch_vs_alloc");
     CUdeviceptr a = 0, b = 0, other = 0;
     for (long i = 0; i < live / 2; i++)
         check(alloc(&other, 4096), "alloc");
-    check(alloc(&a, 1 << 20), "alloc");
-    check(alloc(&b, 1 << 20), "alloc");
+    if (vmm) {
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof prop);
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        CUmemGenericAllocationHandle h[2];
+        check(((reserve_fn)get("cuMemAddressReserve"))(&a, 4 << 20, 0, 0, 0), "reserve");
+        b = a + (2 << 20);
+        for (int i = 0; i < 2; i++) {
+            check(((create_fn)get("cuMemCreate"))(&h[i], 2 << 20, &prop, 0), "create");
+            check(((map_fn)get("cuMemMap"))(i ? b : a, 2 << 20, 0, h[i], 0), "map");
+        }
+    } else {
+        check(alloc(&a, 1 << 20), "alloc");
+        check(alloc(&b, 1 << 20), "alloc");
+    }
     for (long i = live / 2 + 2; i < live; i++)
         check(alloc(&other, 4096), "alloc");
 
@@ -118,6 +160,13 @@ int main(int argc, char **argv)
             check(aa(&p, 8192, s), "alloc_async");
             check(fa(p, s), "free_async");
         }
+    } else if (!strcmp(op, "launch_vs_alloc")) {
+        launch_fn f = (launch_fn)get("cuLaunchKernel");
+        pthread_t t;
+        pthread_create(&t, NULL, churn, NULL);
+        for (long i = 0; i < n; i++)
+            check(f(FAKE_FUNC_A, 2, 1, 1, 128, 1, 1, 0, s, args, NULL), "launch");
+        pthread_join(t, NULL);
     } else {
         fprintf(stderr, "unknown op %s\n", op);
         return 2;
