@@ -12,23 +12,27 @@
 
 #define MAX_EXTRA_PAIRS 64
 
-void touched_add(struct touched *t, uint64_t word)
+/* Blocks do not overlap, so a word inside a block already in t is that block: no lookup (a
+ * launch's pointers often share a segment). */
+static inline void add_word(struct touched *t, uint64_t word)
 {
+    for (uint32_t i = 0; i < t->n; i++)
+        if (word - t->starts[i] < t->sizes[i])
+            return;
     const struct block *b = blocks_lookup(word);
     if (!b)
         return;
-    for (uint32_t i = 0; i < t->n; i++)
-        if (t->ids[i] == b->id)
-            return;
     if (t->n == SHIM_MAX_TOUCHED) {
         t->truncated = 1;
         return;
     }
-    t->ids[t->n] = b->id;
     t->starts[t->n] = b->start;
+    t->sizes[t->n] = b->end - b->start;
     t->words[t->n] = PYOBMEM_ACCESS_WORD(b->id, word - b->start);
     t->n++;
 }
+
+void touched_add(struct touched *t, uint64_t word) { add_word(t, word); }
 
 /* Scan the 8-byte words of one parameter whose bytes start at p and which sits at byte offset
  * `offset` of the argument buffer: words aligned to 8 in the buffer. */
@@ -38,7 +42,7 @@ static uint32_t scan_param(struct touched *t, const char *p, uint32_t offset, ui
     for (uint32_t k = (uint32_t)(-offset) & 7u; k + 8 <= size; k += 8) {
         uint64_t w;
         memcpy(&w, p + k, sizeof w);
-        touched_add(t, w);
+        add_word(t, w);
         n++;
     }
     return n;

@@ -46,14 +46,16 @@ struct shim_state {
     uint32_t pid;             /* cached getpid(), reset in a fork child */
     uint32_t ppid;
     int driver_version;       /* cuDriverGetVersion, 0 if unknown */
-    uint64_t op_seq;          /* atomic: per-process op sequence (launch, copy, set, graph) */
-    uint32_t block_seq;       /* atomic: per-process block id counter */
-    uint64_t device_bytes;    /* atomic: bytes of live device blocks (not managed, not host): the budget's base */
     int need_process;         /* atomic: emit PROCESS at the next hook (after fork) */
     int cupti_active;         /* launches are recorded by the CUPTI callback, not the hooks */
     int cuinit_done;          /* atomic: post-cuInit work (notes, CUPTI) done once per process */
     int swap;                 /* swap mode: PYOBMEM_CONTROL mapped (set once at init, before
                                * recording; cleared in a fork child). The op hooks test it once. */
+    /* The counters every op or allocation writes, on a cache line of their own: the fields
+     * above are read by every hook on every thread and must not bounce with them. */
+    _Alignas(64) uint64_t op_seq; /* atomic: per-process op sequence (launch, copy, set, graph) */
+    uint32_t block_seq;       /* atomic: per-process block id counter */
+    uint64_t device_bytes;    /* atomic: bytes of live device blocks (not managed, not host): the budget's base */
 };
 extern struct shim_state g_shim;
 /* >0: inside the shim, hooks pass straight through. Initial-exec: every hook reads it, and the
@@ -205,8 +207,8 @@ struct touched {
     uint32_t n;
     int truncated;
     uint64_t words[SHIM_MAX_TOUCHED]; /* access words */
-    uint32_t ids[SHIM_MAX_TOUCHED];
     uint64_t starts[SHIM_MAX_TOUCHED]; /* block start addresses (for the swap executor) */
+    uint64_t sizes[SHIM_MAX_TOUCHED];  /* block sizes: a word inside a block already here needs no lookup */
 };
 /* Look up one candidate word (caller is in a blocks read section or holds the read lock). */
 void touched_add(struct touched *t, uint64_t word);

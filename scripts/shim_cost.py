@@ -11,7 +11,9 @@ instructions per call (inclusive, from the N2 run), so a cost can be traced to a
 Needs gcc, valgrind and the CUDA headers; no GPU. Instruction counts are exact for one build
 (compiler, glibc) and say nothing about time on their own: a syscall counts as one instruction.
 
-    python3 scripts/shim_cost.py [--ops launch,memcpy_async] [--live 64] [--out bench/results/shim_cost.json]
+    python3 scripts/shim_cost.py [--ops launch,memcpy_async] [--live 64] [--shim LIB] [--out FILE.json]
+
+--shim counts another build of the shim (e.g. an older commit's, for a before/after table).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ FAKE = REPO / "tests" / "fake_cuda"
 SHIM = REPO / "pyobmem" / "libpyobmem.so"
 CUDA_INCLUDE = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
 CFLAGS = ["-O1", "-g", "-Wall", "-Wextra", "-Werror", "-I", str(CUDA_INCLUDE)]
-OPS = ("launch", "launch_ex", "memcpy_async", "htod_async", "memset_async", "alloc_free_async")
+OPS = ("launch", "launch_ex", "memcpy_async", "htod_async", "memset_async", "alloc_free_async", "launch_vs_alloc")
 N1, N2 = 1000, 5000
 TOP = 12  # shim functions listed per op kind
 RING_CAPACITY = 1 << 16  # records; a launch of cost_driver writes 2: N2 of them never fill it
@@ -43,15 +45,16 @@ def die(msg: str) -> None:
     sys.exit(2)
 
 
-def build(d: Path) -> Path:
-    subprocess.run(["make", "-s", "native"], cwd=REPO, check=True)
+def build(d: Path, shim: Path) -> Path:
+    if shim == SHIM:
+        subprocess.run(["make", "-s", "native"], cwd=REPO, check=True)
     subprocess.run(["gcc", *CFLAGS, "-fPIC", "-shared", "-Wl,-Bsymbolic", "-Wl,-soname,libcuda.so.1",
                     "-o", str(d / "libcuda.so.1"), str(FAKE / "fake_cuda.c"), "-lpthread"], check=True)
     subprocess.run(["gcc", *CFLAGS, "-o", str(d / "cost_driver"), str(FAKE / "cost_driver.c"), "-ldl", "-lpthread"], check=True)
     return d / "cost_driver"
 
 
-def callgrind(driver: Path, op: str, n: int, live: int, shim: bool, out: Path) -> int:
+def callgrind(driver: Path, op: str, n: int, live: int, shim: Path | None, out: Path) -> int:
     """Total instructions of one driver run (callgrind's summary line)."""
     from pyobmem.ring import Ring
 
@@ -59,9 +62,9 @@ def callgrind(driver: Path, op: str, n: int, live: int, shim: bool, out: Path) -
     env["LD_LIBRARY_PATH"] = str(driver.parent)
     env["PYOBMEM_CUPTI"] = "0"
     ring = None
-    if shim:
+    if shim is not None:
         ring = Ring.create(capacity=RING_CAPACITY, directory=str(out.parent))
-        env["LD_PRELOAD"] = str(SHIM)
+        env["LD_PRELOAD"] = str(shim)
         env["PYOBMEM_RING"] = ring.path
     try:
         p = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", str(driver), op, str(n),
@@ -96,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ops", default=",".join(OPS), help=f"comma-separated op kinds (default: {','.join(OPS)})")
     ap.add_argument("--live", type=int, default=64, help="live blocks in the table (default 64)")
+    ap.add_argument("--shim", type=Path, default=SHIM, help=f"the shim library to count (default {SHIM.relative_to(REPO)}, "
+                    "built by make native)")
     ap.add_argument("--out", type=Path, help="write the figures here as JSON")
     a = ap.parse_args(argv)
     ops = [o for o in a.ops.split(",") if o]
@@ -107,14 +112,17 @@ def main(argv: list[str] | None = None) -> int:
             die(f"{tool} not found")
     if not (CUDA_INCLUDE / "cuda.h").exists():
         die(f"no cuda.h in {CUDA_INCLUDE} (set CUDA_HOME)")
-    result = {"n1": N1, "n2": N2, "live_blocks": a.live, "ops": {}}
+    shim = a.shim.resolve()
+    if shim != SHIM and not shim.exists():
+        die(f"no shim library at {shim}")
+    result = {"shim": str(shim), "n1": N1, "n2": N2, "live_blocks": a.live, "ops": {}}
     with tempfile.TemporaryDirectory(prefix="pyobmem-cost-") as tmp:
         d = Path(tmp)
-        driver = build(d)
+        driver = build(d, shim)
         print(f"{'op':<18} {'instr/call':>10}   top shim functions (inclusive instructions per call)")
         for op in ops:
-            ir = {(shim, n): callgrind(driver, op, n, a.live, shim, d / f"cg.{op}.{int(shim)}.{n}")
-                  for shim in (False, True) for n in (N1, N2)}
+            ir = {(pre, n): callgrind(driver, op, n, a.live, shim if pre else None, d / f"cg.{op}.{int(pre)}.{n}")
+                  for pre in (False, True) for n in (N1, N2)}
             per_call = ((ir[True, N2] - ir[True, N1]) - (ir[False, N2] - ir[False, N1])) / (N2 - N1)
             funcs = shim_functions(d / f"cg.{op}.1.{N2}", N2)
             result["ops"][op] = {"instructions_per_call": round(per_call, 1),
