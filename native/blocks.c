@@ -76,6 +76,15 @@ const struct block *blocks_lookup(uint64_t addr)
     return addr < b->end ? b : NULL;
 }
 
+/* Blocks are sorted and disjoint, so the last one ends highest. */
+void blocks_bounds(uint64_t *lo, uint64_t *hi)
+{
+    size_t n = __atomic_load_n(&g_n, __ATOMIC_ACQUIRE);
+    const struct block *blocks = __atomic_load_n(&g_blocks, __ATOMIC_ACQUIRE);
+    *lo = n ? blocks[0].start : 0;
+    *hi = n ? blocks[n - 1].end : 0;
+}
+
 void blocks_read_lock(void) { pthread_rwlock_rdlock(&g_lock); }
 void blocks_read_unlock(void) { pthread_rwlock_unlock(&g_lock); }
 

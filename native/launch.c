@@ -35,15 +35,21 @@ static inline void add_word(struct touched *t, uint64_t word)
 void touched_add(struct touched *t, uint64_t word) { add_word(t, word); }
 
 /* Scan the 8-byte words of one parameter whose bytes start at p and which sits at byte offset
- * `offset` of the argument buffer: words aligned to 8 in the buffer. */
-static uint32_t scan_param(struct touched *t, const char *p, uint32_t offset, uint32_t size)
+ * `offset` of the argument buffer: words aligned to 8 in the buffer. A word outside the span of
+ * all blocks, [lo, lo + span) (most words of a struct of sizes and strides), is rejected here
+ * with no call. Returns the words scanned. */
+static inline __attribute__((always_inline)) uint32_t scan_param(struct touched *t, uint64_t lo, uint64_t span,
+                                                                 const char *p, uint32_t offset, uint32_t size)
 {
-    uint32_t n = 0;
-    for (uint32_t k = (uint32_t)(-offset) & 7u; k + 8 <= size; k += 8) {
+    uint32_t k0 = (uint32_t)(-offset) & 7u;
+    if (k0 + 8 > size)
+        return 0;
+    uint32_t n = (size - k0) / 8;
+    for (uint32_t i = 0; i < n; i++) {
         uint64_t w;
-        memcpy(&w, p + k, sizeof w);
-        add_word(t, w);
-        n++;
+        memcpy(&w, p + k0 + 8 * i, sizeof w);
+        if (w - lo < span)
+            add_word(t, w);
     }
     return n;
 }
@@ -89,16 +95,19 @@ again:
     t->n = 0;
     t->truncated = 0;
     words = 0;
+    uint64_t lo, hi;
+    blocks_bounds(&lo, &hi);
+    uint64_t span = hi - lo;
     if (l->known && kernelParams) {
         for (uint32_t i = 0; i < l->count; i++)
             if (l->size[i] >= 8 && kernelParams[i])
-                words += scan_param(t, kernelParams[i], l->offset[i], l->size[i]);
+                words += scan_param(t, lo, span, kernelParams[i], l->offset[i], l->size[i]);
     } else if (l->known && have_buf) {
         for (uint32_t i = 0; i < l->count; i++)
             if (l->size[i] >= 8 && (size_t)l->offset[i] + l->size[i] <= bufsize)
-                words += scan_param(t, buf + l->offset[i], l->offset[i], l->size[i]);
+                words += scan_param(t, lo, span, buf + l->offset[i], l->offset[i], l->size[i]);
     } else if (have_buf) {
-        words += scan_param(t, buf, 0, (uint32_t)(bufsize > UINT32_MAX ? UINT32_MAX : bufsize));
+        words += scan_param(t, lo, span, buf, 0, (uint32_t)(bufsize > UINT32_MAX ? UINT32_MAX : bufsize));
     }
     if (!blocks_read_end(s))
         goto again;

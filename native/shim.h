@@ -118,6 +118,9 @@ int blocks_remove_range(uint64_t start, uint64_t end, uint64_t stream);
 void blocks_read_lock(void);
 void blocks_read_unlock(void);
 const struct block *blocks_lookup(uint64_t addr);
+/* [lo, hi): the span of all blocks (lo = hi when there are none). A word outside it is in no
+ * block. Read in the same read section as the lookups it spares. */
+void blocks_bounds(uint64_t *lo, uint64_t *hi);
 /* Lock-free read section (a seqlock): s = blocks_read_begin(attempt), lookups, then
  * blocks_read_end(s) says whether they stand; when it returns 0, undo what the lookups found
  * and start again with attempt + 1. After a few attempts begin takes the read lock instead

@@ -102,3 +102,16 @@ def test_alloc_free_async_loop(cost, tmp_path):
     fr = of(recs, Ev.FREE)
     assert len(fr) == 25
     assert np.array_equal(np.sort(fr["a"]), np.sort(asy["a"]))  # each freed block, once
+
+
+def test_launch_struct_loop_names_only_its_pointers(cost, tmp_path):
+    # 512 bytes of packed arguments with no layout: 64 words scanned, 62 of them no address
+    # (rejected by the span check without a lookup), 2 pointers found.
+    recs, a, b = run_cost(cost, tmp_path, "launch_struct", 30)
+    launches = of(recs, Ev.LAUNCH)
+    assert len(launches) == 30
+    assert ((launches["e"] & 0xFFFFFFFF) == 2).all() and ((launches["e"] >> 32) == 64).all()
+    flags = int(abi.LaunchFlag.OPAQUE | abi.LaunchFlag.NO_LAYOUT)
+    assert (launches["flags"] == flags).all()
+    acc = access_words(recs, launches["a"])
+    assert (acc["b"] == word(a, 256)).all() and (acc["c"] == word(b, 0)).all()

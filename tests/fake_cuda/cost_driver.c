@@ -6,7 +6,11 @@
  * shim adds per call (scripts/shim_cost.py). tests/test_shim_cost.py checks the records it makes.
  *
  *     cost_driver OP N L      OP: launch, launch_ex, memcpy_async, htod_async, memset_async,
- *                                 alloc_free_async, launch_vs_alloc
+ *                                 alloc_free_async, launch_vs_alloc, launch_struct
+ *
+ * launch_struct: a kernel without a layout whose packed argument buffer (`extra`) is 512 bytes,
+ * like a framework's elementwise kernels that take a struct of sizes and strides by value: two
+ * pointers, then 62 words that are no address.
  *
  * launch_vs_alloc: N launches on two VMM mappings (above every cuMemAlloc address) while another
  * thread allocates 4,096 blocks twice and frees them: the table grows past its first array, and
@@ -160,6 +164,18 @@ int main(int argc, char **argv)
             check(aa(&p, 8192, s), "alloc_async");
             check(fa(p, s), "free_async");
         }
+    } else if (!strcmp(op, "launch_struct")) {
+        launch_fn f = (launch_fn)get("cuLaunchKernel");
+        uint64_t packed[64];
+        packed[0] = a + 256;
+        packed[1] = b;
+        for (int i = 2; i < 64; i++)
+            packed[i] = (i & 1) ? (uint64_t)i * 4096 : 0x3f8000003f800000ull; /* strides; floats */
+        size_t size = sizeof packed;
+        void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, packed, CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
+                         CU_LAUNCH_PARAM_END};
+        for (long i = 0; i < n; i++)
+            check(f(FAKE_FUNC_C, 2, 1, 1, 128, 1, 1, 0, s, NULL, extra), "launch_struct");
     } else if (!strcmp(op, "launch_vs_alloc")) {
         launch_fn f = (launch_fn)get("cuLaunchKernel");
         pthread_t t;
