@@ -1,5 +1,5 @@
-// Host time per op kind: what an application thread spends issuing one kernel launch, async
-// copy, async set or stream-ordered alloc+free pair (the CUDA runtime, shared cudart, as
+// Host time per op kind: what an application thread spends issuing one kernel launch (three
+// pointer arguments, or one 512-byte struct), async copy, async set or stream-ordered alloc+free pair (the CUDA runtime, shared cudart, as
 // frameworks use it). Run once untraced and once under pyobmem-run: the difference is the shim's
 // cost per op (scripts/bench_trace_overhead.py does both and the statistics).
 //
@@ -32,6 +32,18 @@ __global__ void empty3(float *a, float *b, float *c)
         a[0] = b[0] + c[0];
 }
 
+// A framework's elementwise or reduction kernel takes a struct of sizes and strides by value:
+// 512 bytes, two pointers and 62 words that are no address.
+struct args512 {
+    float *a, *b;
+    unsigned long long w[62];
+};
+__global__ void empty_struct(args512 p)
+{
+    if (threadIdx.x == 1024)
+        p.a[0] = p.b[p.w[0]];
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -39,10 +51,12 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-enum kind { LAUNCH, MEMCPY_ASYNC, MEMSET_ASYNC, ALLOC_FREE_ASYNC, N_KINDS };
-static const char *const NAMES[N_KINDS] = {"launch", "memcpy_async", "memset_async", "alloc_free_async"};
+enum kind { LAUNCH, LAUNCH_STRUCT, MEMCPY_ASYNC, MEMSET_ASYNC, ALLOC_FREE_ASYNC, N_KINDS };
+static const char *const NAMES[N_KINDS] = {"launch", "launch_struct", "memcpy_async", "memset_async",
+                                           "alloc_free_async"};
 
 static float *g_a, *g_b, *g_c;
+static args512 g_args;
 static cudaStream_t g_s;
 
 static void issue(int k)
@@ -50,6 +64,9 @@ static void issue(int k)
     switch (k) {
     case LAUNCH:
         empty3<<<1, 32, 0, g_s>>>(g_a, g_b, g_c);
+        break;
+    case LAUNCH_STRUCT:
+        empty_struct<<<1, 32, 0, g_s>>>(g_args);
         break;
     case MEMCPY_ASYNC:
         CHECK(cudaMemcpyAsync(g_b, g_a, 4096, cudaMemcpyDeviceToDevice, g_s));
@@ -113,6 +130,10 @@ int main(int argc, char **argv)
     CHECK(cudaMalloc(&g_a, 1 << 20));
     CHECK(cudaMalloc(&g_b, 1 << 20));
     CHECK(cudaMalloc(&g_c, 1 << 20));
+    g_args.a = g_a;
+    g_args.b = g_b;
+    for (int i = 0; i < 62; i++)
+        g_args.w[i] = (i & 1) ? (unsigned long long)i * 4096 : 0x3f8000003f800000ull; // strides; floats
     double us[N_KINDS];
     for (int k = 0; k < N_KINDS; k++) {
         time_kind(k, CHUNK * 8); // warm-up: module load, pools, first-sight layouts
