@@ -4,16 +4,17 @@
 Workloads: GPT-2 small and the launch-bound MLP in rounds (--repeats) of three adjacent runs:
 untraced, traced (the launcher's defaults) and traced from the shim's hooks only (--no-cupti);
 the LSTM language model (scripts/workloads/lstm_lm.py, ~380 ops per 6 ms batch) in --lstm-rounds
-rounds of two adjacent runs, untraced and traced with the launcher's defaults; the order flips
-every round and the workload is pinned to one CPU. Per run the figure is the median step time
-after the warm-up steps; the ratio is the median over rounds of traced / untraced within the
-round, with a 95% bootstrap confidence interval of that median (scipy.stats.bootstrap), and the
-added microseconds per op the same statistic of (traced - untraced step ms) * 1000 / ops per
-step (launches, copies, sets and graph launches, from the capture).
+rounds of two adjacent runs, untraced and traced (the launcher's defaults, or --no-cupti with this
+script's --no-cupti). The order flips every round and the workload is pinned to one CPU. Per run
+the figure is the median step time after the warm-up steps; the ratio is the median over rounds
+of traced / untraced within the round, with a 95% bootstrap confidence interval of that median
+(scipy.stats.bootstrap), and the added microseconds per op the same statistic of (traced -
+untraced step ms) * 1000 / ops per step (launches, copies, sets and graph launches, from the
+capture).
 
 The per-op-kind figures come from tests/gpu/progs/op_cost.cu (built here with nvcc): host
-microseconds per kernel launch, async copy, async set and stream-ordered alloc+free pair,
-untraced and under the launcher in --op-rounds alternating rounds.
+microseconds per kernel launch (three pointers, or a 512-byte struct), async copy, async set and
+stream-ordered alloc+free pair, untraced and under the launcher in --op-rounds alternating rounds.
 
     python3 scripts/bench_trace_overhead.py [--only gpt|mlp|lstm|ops ...] [--repeats 5] [--cpu 2]
 
@@ -68,7 +69,6 @@ def median_ci(xs: list[float]) -> list[float] | None:
 # Modes: untraced; traced with CUPTI launch callbacks (the default); traced from the shim's own
 # launch hooks only (--no-cupti), which shows what the CUPTI callback itself costs.
 MODES = {"untraced": None, "traced": (), "traced_hooks": ("--no-cupti",)}
-LSTM_MODES = {"untraced": None, "traced": ()}
 
 
 def bench(name: str, script: str, args: list[str], steps: int, repeats: int, warmup: int, work: Path,
@@ -163,9 +163,10 @@ def build_op_cost(work: Path) -> Path:
     return exe
 
 
-def op_cost(rounds: int, work: Path, pin_cpu: int | None, timeout: float) -> dict:
-    """Host microseconds per op kind (op_cost.cu), untraced and traced (the launcher's defaults)
-    in alternating rounds: medians, and the median added time per op with its 95% CI."""
+def op_cost(rounds: int, work: Path, pin_cpu: int | None, timeout: float, options: tuple[str, ...] = ()) -> dict:
+    """Host microseconds per op kind (op_cost.cu), untraced and traced (the launcher's defaults,
+    then ``options``) in alternating rounds: medians, and the median added time per op with its
+    95% CI."""
     exe = build_op_cost(work)
     pre = ["taskset", "-c", str(pin_cpu)] if pin_cpu is not None else []
     runs, errors = [], []
@@ -174,7 +175,7 @@ def op_cost(rounds: int, work: Path, pin_cpu: int | None, timeout: float) -> dic
             out = work / f"op_cost.{r}.{mode}.json"
             cmd = [*pre, str(exe), "--json", str(out)]
             if mode == "traced":
-                cmd = launcher(work / f"op_cost.{r}.pyobmem") + cmd
+                cmd = launcher(work / f"op_cost.{r}.pyobmem", options) + cmd
             bt.log(f"op_cost: round {r + 1}/{rounds} {mode}")
             try:
                 p = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=timeout)
@@ -187,7 +188,7 @@ def op_cost(rounds: int, work: Path, pin_cpu: int | None, timeout: float) -> dic
             runs.append({"round": r, "mode": mode, **json.loads(out.read_text())})
             (work / f"op_cost.{r}.pyobmem").unlink(missing_ok=True)
     kinds = sorted({k for x in runs for k in x["us_per_op"]})
-    res: dict = {"rounds": rounds, "kinds": {}, "runs": runs, "errors": errors}
+    res: dict = {"rounds": rounds, "launcher_options": list(options), "kinds": {}, "runs": runs, "errors": errors}
     by = {(x["round"], x["mode"]): x for x in runs}
     for k in kinds:
         un = [x["us_per_op"][k] for x in runs if x["mode"] == "untraced"]
@@ -219,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lstm-warmup", type=int, default=200, help="LSTM batches left out of each run's median (default 200)")
     ap.add_argument("--lstm-rounds", type=int, default=10, help="untraced/traced rounds of the LSTM (default 10)")
     ap.add_argument("--op-rounds", type=int, default=5, help="untraced/traced rounds of op_cost (default 5)")
+    ap.add_argument("--no-cupti", action="store_true",
+                    help="trace the LSTM and op_cost runs with pyobmem-run --no-cupti (the shim's own launch hooks)")
     ap.add_argument("--warmup", type=int, default=WARMUP)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cpu", type=int, default=2, help="pin the workload to this CPU (-1: do not pin; default 2)")
@@ -238,11 +241,14 @@ def main(argv: list[str] | None = None) -> int:
     out: dict = {}
     with tempfile.TemporaryDirectory(prefix="pyobmem-overhead-") as tmp:
         work = Path(tmp)
+        traced = ("--no-cupti",) if a.no_cupti else ()
         if "ops" in only:
-            out["op_cost"] = op_cost(a.op_rounds, work, pin, a.timeout)
+            out["op_cost"] = op_cost(a.op_rounds, work, pin, a.timeout, traced)
         if "lstm" in only:
             out["lstm_lm"] = bench("lstm_lm", "lstm_lm.py", ["--steps", str(a.lstm_steps), *common], a.lstm_steps,
-                                   a.lstm_rounds, a.lstm_warmup, work, a.timeout, pin, LSTM_MODES)
+                                   a.lstm_rounds, a.lstm_warmup, work, a.timeout, pin,
+                                   {"untraced": None, "traced": traced})
+            out["lstm_lm"]["launcher_options"] = list(traced)
         if "gpt" in only:
             out["gpt_small"] = bench("gpt_small", "gpt.py", ["--size", "small", "--steps", str(a.gpt_steps), *common],
                                      a.gpt_steps, a.repeats, a.warmup, work, a.timeout, pin)

@@ -44,7 +44,8 @@ def test_paired_rounds_give_ratio_and_added_us_per_op(monkeypatch, tmp_path):
 
     monkeypatch.setattr(bench.bt, "run_workload", run_workload)
     monkeypatch.setattr(bench, "counts_in", lambda cap: (300 * steps, 400 * steps, None))
-    res = bench.bench("lstm_lm", "lstm_lm.py", [], steps, 4, 2, tmp_path, 10, None, bench.LSTM_MODES)
+    res = bench.bench("lstm_lm", "lstm_lm.py", [], steps, 4, 2, tmp_path, 10, None,
+                      {"untraced": None, "traced": ()})
     assert calls[0] == (-1, False)  # the discarded warm-up run
     assert calls[1:] == [(0, False), (0, True), (1, True), (1, False), (2, False), (2, True), (3, True), (3, False)]
     assert res["rounds"] == 4
@@ -62,3 +63,28 @@ def test_meets_targets_reads_merged_entries():
     doc = {"gpt_small": {"time_ratio": 1.01}, "lstm_lm": {"time_ratio": 1.06},
            "op_cost": {"kinds": {"launch": {"added_us": 0.4}}}}
     assert bench.meets_targets(doc) == {"gpt_small": True, "mlp": None, "lstm_lm": False, "us_per_launch": True}
+
+
+def test_op_cost_rounds_and_added_us(monkeypatch, tmp_path):
+    # A stand-in for op_cost.cu: 3.0 us per launch untraced; under the stand-in launcher (which
+    # drops its options up to "--" and sets TRACED) 3.4 us. The copy costs the same either way.
+    exe = tmp_path / "op_cost"
+    exe.write_text('#!/bin/sh\nl=3.0; [ -n "$TRACED" ] && l=3.4\n'
+                   'echo "{\\"ops_per_kind\\": 20000, \\"us_per_op\\": {\\"launch\\": $l, \\"memcpy_async\\": 2.5},'
+                   ' \\"clock_gettime_ns\\": 21.5}" > "$2"\n')
+    exe.chmod(0o755)
+    fake_launcher = tmp_path / "launch.sh"
+    fake_launcher.write_text('#!/bin/sh\nwhile [ "$1" != "--" ]; do shift; done; shift\nTRACED=1 exec "$@"\n')
+    fake_launcher.chmod(0o755)
+    monkeypatch.setenv("PYOBMEM_BENCH_LAUNCHER", str(fake_launcher))
+    monkeypatch.setattr(bench, "build_op_cost", lambda work: exe)
+    res = bench.op_cost(4, tmp_path, None, 30, ("--no-cupti",))
+    assert res["errors"] == []
+    assert [(x["round"], x["mode"]) for x in res["runs"]] == [
+        (0, "untraced"), (0, "traced"), (1, "traced"), (1, "untraced"),
+        (2, "untraced"), (2, "traced"), (3, "traced"), (3, "untraced")]
+    launch = res["kinds"]["launch"]
+    assert launch["untraced_us"] == 3.0 and launch["traced_us"] == 3.4
+    assert launch["added_us"] == pytest.approx(0.4) and launch["added_us_ci95"] == pytest.approx([0.4, 0.4])
+    assert res["kinds"]["memcpy_async"]["added_us"] == 0
+    assert res["clock_gettime_ns"] == 21.5 and res["launcher_options"] == ["--no-cupti"]
