@@ -217,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpt-steps", type=int, default=15)
     ap.add_argument("--mlp-steps", type=int, default=300)
     ap.add_argument("--lstm-steps", type=int, default=400)
-    ap.add_argument("--lstm-warmup", type=int, default=200, help="LSTM batches left out of each run's median (default 200)")
+    ap.add_argument("--lstm-warmup", type=int, default=200,
+                    help="LSTM batches left out of each run's median (default 200)")
     ap.add_argument("--lstm-rounds", type=int, default=10, help="untraced/traced rounds of the LSTM (default 10)")
     ap.add_argument("--op-rounds", type=int, default=5, help="untraced/traced rounds of op_cost (default 5)")
     ap.add_argument("--no-cupti", action="store_true",

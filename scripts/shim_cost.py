@@ -51,7 +51,8 @@ def build(d: Path, shim: Path) -> Path:
         subprocess.run(["make", "-s", "native"], cwd=REPO, check=True)
     subprocess.run(["gcc", *CFLAGS, "-fPIC", "-shared", "-Wl,-Bsymbolic", "-Wl,-soname,libcuda.so.1",
                     "-o", str(d / "libcuda.so.1"), str(FAKE / "fake_cuda.c"), "-lpthread"], check=True)
-    subprocess.run(["gcc", *CFLAGS, "-o", str(d / "cost_driver"), str(FAKE / "cost_driver.c"), "-ldl", "-lpthread"], check=True)
+    subprocess.run(["gcc", *CFLAGS, "-o", str(d / "cost_driver"), str(FAKE / "cost_driver.c"), "-ldl", "-lpthread"],
+                   check=True)
     return d / "cost_driver"
 
 
@@ -100,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ops", default=",".join(OPS), help=f"comma-separated op kinds (default: {','.join(OPS)})")
     ap.add_argument("--live", type=int, default=64, help="live blocks in the table (default 64)")
-    ap.add_argument("--shim", type=Path, default=SHIM, help=f"the shim library to count (default {SHIM.relative_to(REPO)}, "
-                    "built by make native)")
+    ap.add_argument("--shim", type=Path, default=SHIM,
+                    help=f"the shim library to count (default {SHIM.relative_to(REPO)}, built by make native)")
     ap.add_argument("--out", type=Path, help="write the figures here as JSON")
     a = ap.parse_args(argv)
     ops = [o for o in a.ops.split(",") if o]

@@ -1,6 +1,6 @@
 // Host time per op kind: what an application thread spends issuing one kernel launch (three
-// pointer arguments, or one 512-byte struct), async copy, async set or stream-ordered alloc+free pair (the CUDA runtime, shared cudart, as
-// frameworks use it). Run once untraced and once under pyobmem-run: the difference is the shim's
+// pointer arguments, or one 512-byte struct), async copy, async set or stream-ordered alloc+free
+// pair (the CUDA runtime, shared cudart, as frameworks use it). Run once untraced and once under pyobmem-run: the difference is the shim's
 // cost per op (scripts/bench_trace_overhead.py does both and the statistics).
 //
 // Each op kind is issued in chunks of CHUNK ops on one non-blocking stream; only the issuing is
