@@ -1,7 +1,13 @@
 /*
- * The block table: live ranges [start, end) -> (block id, kind), a sorted array with
- * binary search. Writers (alloc, free, map, unmap) take the write lock; the launch path holds
- * the read lock once per launch around all its lookups.
+ * The block table: live ranges [start, end) (device and host blocks) -> (block id, kind), a sorted array with
+ * binary search. Writers (alloc, free, map, unmap) take the write lock and make the sequence
+ * count odd while they change the table. The hot paths (a launch's scan, a copy's or set's two
+ * words, a free's lookup) read without writing shared memory: they note the count, look up, and
+ * start again if a writer ran meanwhile (a seqlock); after a few such retries, or while a writer
+ * holds the table, they take the read lock. Other readers hold the read lock.
+ *
+ * A lock-free reader may still be reading the array when a writer grows it, so a grown-out array
+ * is never freed (kept on a list: less than the final array's size in all, since sizes double).
  *
  * Block ids come from a per-process counter starting at 1. An access word keeps 24 bits of
  * block id, so ids wrap after 16,777,215 blocks (back to 1, never 0): a process that makes
@@ -16,9 +22,24 @@
 
 #define BLOCK_ID_MAX 0xFFFFFFu
 
+#define SEQ_TRIES 4 /* lock-free attempts before a reader takes the read lock */
+
 static pthread_rwlock_t g_lock = PTHREAD_RWLOCK_INITIALIZER;
-static struct block *g_blocks;
-static size_t g_n, g_cap;
+static struct block *g_blocks; /* atomic (acquire/release): lock-free readers load it */
+static size_t g_n, g_cap;      /* g_n atomic: stored after g_blocks when both change */
+static uint32_t g_seq;         /* atomic: odd while a writer changes the table */
+struct retired {
+    struct retired *next;
+};
+static struct retired *g_retired; /* grown-out arrays (write lock) */
+
+/* Writer side of the sequence count (write lock held). */
+static void write_begin(void)
+{
+    __atomic_store_n(&g_seq, g_seq + 1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE); /* the odd count before any change */
+}
+static void write_end(void) { __atomic_store_n(&g_seq, g_seq + 1, __ATOMIC_RELEASE); }
 
 static uint32_t next_block_id(void)
 {
@@ -26,13 +47,13 @@ static uint32_t next_block_id(void)
     return (n - 1) % BLOCK_ID_MAX + 1;
 }
 
-/* Index of the first block with start > addr. */
-static size_t upper_bound(uint64_t addr)
+/* Index of the first block with start > addr in blocks[0, n). */
+static size_t upper_bound_in(const struct block *blocks, size_t n, uint64_t addr)
 {
-    size_t lo = 0, hi = g_n;
+    size_t lo = 0, hi = n;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (g_blocks[mid].start <= addr)
+        if (blocks[mid].start <= addr)
             lo = mid + 1;
         else
             hi = mid;
@@ -40,28 +61,66 @@ static size_t upper_bound(uint64_t addr)
     return lo;
 }
 
+static size_t upper_bound(uint64_t addr) { return upper_bound_in(g_blocks, g_n, addr); }
+
+/* Lock-free readers load n before the array: a writer that grows the table publishes the new
+ * array before the larger count, so blocks[0, n) is always inside the array read. */
 const struct block *blocks_lookup(uint64_t addr)
 {
-    size_t i = upper_bound(addr);
+    size_t n = __atomic_load_n(&g_n, __ATOMIC_ACQUIRE);
+    const struct block *blocks = __atomic_load_n(&g_blocks, __ATOMIC_ACQUIRE);
+    size_t i = upper_bound_in(blocks, n, addr);
     if (i == 0)
         return NULL;
-    const struct block *b = &g_blocks[i - 1];
+    const struct block *b = &blocks[i - 1];
     return addr < b->end ? b : NULL;
+}
+
+/* Blocks are sorted and disjoint, so the last one ends highest. */
+void blocks_bounds(uint64_t *lo, uint64_t *hi)
+{
+    size_t n = __atomic_load_n(&g_n, __ATOMIC_ACQUIRE);
+    const struct block *blocks = __atomic_load_n(&g_blocks, __ATOMIC_ACQUIRE);
+    *lo = n ? blocks[0].start : 0;
+    *hi = n ? blocks[n - 1].end : 0;
 }
 
 void blocks_read_lock(void) { pthread_rwlock_rdlock(&g_lock); }
 void blocks_read_unlock(void) { pthread_rwlock_unlock(&g_lock); }
 
+uint32_t blocks_read_begin(int attempt)
+{
+    if (attempt < SEQ_TRIES) {
+        uint32_t s = __atomic_load_n(&g_seq, __ATOMIC_ACQUIRE);
+        if (!(s & 1))
+            return s;
+    }
+    pthread_rwlock_rdlock(&g_lock);
+    return BLOCKS_READ_LOCKED;
+}
+
+int blocks_read_end(uint32_t s)
+{
+    if (s == BLOCKS_READ_LOCKED) {
+        pthread_rwlock_unlock(&g_lock);
+        return 1;
+    }
+    __atomic_thread_fence(__ATOMIC_ACQUIRE); /* the lookups' loads before the second count */
+    return __atomic_load_n(&g_seq, __ATOMIC_RELAXED) == s;
+}
+
 uint64_t blocks_access_word(uint64_t addr)
 {
     if (!addr)
         return 0;
-    uint64_t w = 0;
-    pthread_rwlock_rdlock(&g_lock);
-    const struct block *b = blocks_lookup(addr);
-    if (b)
-        w = PYOBMEM_ACCESS_WORD(b->id, addr - b->start);
-    pthread_rwlock_unlock(&g_lock);
+    uint64_t w;
+    uint32_t s;
+    int attempt = 0;
+    do {
+        s = blocks_read_begin(attempt++);
+        const struct block *b = blocks_lookup(addr);
+        w = b ? PYOBMEM_ACCESS_WORD(b->id, addr - b->start) : 0;
+    } while (!blocks_read_end(s));
     return w;
 }
 
@@ -85,7 +144,26 @@ static void erase(size_t i, size_t j, uint64_t stream)
             __atomic_sub_fetch(&g_shim.device_bytes, g_blocks[k].end - g_blocks[k].start, __ATOMIC_RELAXED);
     }
     memmove(&g_blocks[i], &g_blocks[j], (g_n - j) * sizeof *g_blocks);
-    g_n -= j - i;
+    __atomic_store_n(&g_n, g_n - (j - i), __ATOMIC_RELEASE);
+}
+
+/* Double the array (write lock held). The old one stays readable for lock-free readers. */
+static int grow(void)
+{
+    size_t cap = g_cap ? g_cap * 2 : 1024;
+    struct block *nbk = malloc(cap * sizeof *nbk);
+    if (!nbk)
+        return 0;
+    if (g_n)
+        memcpy(nbk, g_blocks, g_n * sizeof *nbk);
+    if (g_blocks) {
+        struct retired *r = (struct retired *)g_blocks; /* the old array's first bytes hold the link */
+        r->next = g_retired;
+        g_retired = r;
+    }
+    __atomic_store_n(&g_blocks, nbk, __ATOMIC_RELEASE);
+    g_cap = cap;
+    return 1;
 }
 
 /* [i, j): the entries overlapping [start, end) (write or read lock held). */
@@ -106,24 +184,21 @@ void blocks_add(uint64_t addr, uint64_t size, uint64_t stream, int kind, int dev
     struct block nb = {.start = addr, .end = addr + size, .kind = (uint16_t)kind, .device = (uint16_t)device,
                        .stream = stream};
     pthread_rwlock_wrlock(&g_lock);
+    write_begin();
     nb.id = next_block_id();
     size_t i, j;
     overlapping(nb.start, nb.end, &i, &j);
     if (j > i) /* stale ranges freed behind our back (an unhooked free): they are gone now */
         erase(i, j, 0);
-    if (g_n == g_cap) {
-        size_t cap = g_cap ? g_cap * 2 : 1024;
-        struct block *nbk = realloc(g_blocks, cap * sizeof *nbk);
-        if (!nbk) {
-            pthread_rwlock_unlock(&g_lock);
-            return;
-        }
-        g_blocks = nbk;
-        g_cap = cap;
+    if (g_n == g_cap && !grow()) {
+        write_end();
+        pthread_rwlock_unlock(&g_lock);
+        return;
     }
     memmove(&g_blocks[i + 1], &g_blocks[i], (g_n - i) * sizeof *g_blocks);
     g_blocks[i] = nb;
-    g_n++;
+    __atomic_store_n(&g_n, g_n + 1, __ATOMIC_RELEASE);
+    write_end();
     if (on_device(&nb))
         __atomic_add_fetch(&g_shim.device_bytes, size, __ATOMIC_RELAXED);
     ring_write1(PYOBMEM_EV_ALLOC, nb.device, nb.id, addr, size, stream, (uint64_t)kind);
@@ -132,14 +207,16 @@ void blocks_add(uint64_t addr, uint64_t size, uint64_t stream, int kind, int dev
 
 int blocks_find_start(uint64_t addr, struct block *out)
 {
-    int found = 0;
-    pthread_rwlock_rdlock(&g_lock);
-    const struct block *b = blocks_lookup(addr);
-    if (b && b->start == addr) {
-        *out = *b;
-        found = 1;
-    }
-    pthread_rwlock_unlock(&g_lock);
+    int found;
+    uint32_t s;
+    int attempt = 0;
+    do {
+        s = blocks_read_begin(attempt++);
+        const struct block *b = blocks_lookup(addr);
+        found = b && b->start == addr;
+        if (found)
+            *out = *b;
+    } while (!blocks_read_end(s));
     return found;
 }
 
@@ -147,8 +224,11 @@ void blocks_remove(uint64_t addr, uint32_t id, uint64_t stream)
 {
     pthread_rwlock_wrlock(&g_lock);
     size_t i = upper_bound(addr);
-    if (i > 0 && g_blocks[i - 1].start == addr && g_blocks[i - 1].id == id)
+    if (i > 0 && g_blocks[i - 1].start == addr && g_blocks[i - 1].id == id) {
+        write_begin();
         erase(i - 1, i, stream);
+        write_end();
+    }
     pthread_rwlock_unlock(&g_lock);
 }
 
@@ -159,8 +239,11 @@ int blocks_remove_range(uint64_t start, uint64_t end, uint64_t stream)
     pthread_rwlock_wrlock(&g_lock);
     size_t i, j;
     overlapping(start, end, &i, &j);
-    if (j > i)
+    if (j > i) {
+        write_begin();
         erase(i, j, stream);
+        write_end();
+    }
     pthread_rwlock_unlock(&g_lock);
     return (int)(j - i);
 }

@@ -23,7 +23,7 @@
 #include "shim.h"
 
 struct shim_state g_shim;
-__thread int shim_tls_guard;
+SHIM_TLS int shim_tls_guard;
 
 #define HOOK(ret, name, params, args) pfn_##name real_##name;
 #define CALL(ret, name, params) pfn_##name real_##name;

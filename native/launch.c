@@ -4,7 +4,7 @@
  *
  * The path allocates nothing and makes no syscall or driver call once a handle's layout is
  * cached and each of its argument offsets has been asked about (at most once, see ask_driver):
- * one hash probe, one read lock, a binary search per candidate word, one ring group.
+ * one hash probe, one read section, a binary search per candidate word, one ring group.
  * Argument bytes are only read (memcpy), never written.
  */
 #include <string.h>
@@ -13,24 +13,28 @@
 
 #define MAX_EXTRA_PAIRS 64
 
-int touched_add(struct touched *t, uint64_t word)
+/* Blocks do not overlap, so a word inside a block already in t is that block: no lookup (a
+ * launch's pointers often share a segment). Returns 1 when the word is in a block. */
+static inline int add_word(struct touched *t, uint64_t word)
 {
+    for (uint32_t i = 0; i < t->n; i++)
+        if (word - t->starts[i] < t->sizes[i])
+            return 1;
     const struct block *b = blocks_lookup(word);
     if (!b)
         return 0;
-    for (uint32_t i = 0; i < t->n; i++)
-        if (t->ids[i] == b->id)
-            return 1;
     if (t->n == SHIM_MAX_TOUCHED) {
         t->truncated = 1;
         return 1;
     }
-    t->ids[t->n] = b->id;
     t->starts[t->n] = b->start;
+    t->sizes[t->n] = b->end - b->start;
     t->words[t->n] = PYOBMEM_ACCESS_WORD(b->id, word - b->start);
     t->n++;
     return 1;
 }
+
+int touched_add(struct touched *t, uint64_t word) { return add_word(t, word); }
 
 /* Argument words in no block: is the word at this offset of this kernel an address? The driver is
  * asked once per (kernel, offset), with the first value there that is in no block
@@ -97,17 +101,24 @@ static void ask_driver(struct scan *s, uintptr_t handle)
     }
 }
 
+
 /* Scan the 8-byte words of one parameter whose bytes start at p and which sits at byte offset
- * `offset` of the argument buffer: words aligned to 8 in the buffer. */
-static uint32_t scan_param(struct scan *s, const char *p, uint32_t offset, uint32_t size)
+ * `offset` of the argument buffer: words aligned to 8 in the buffer. A word outside the span of
+ * all blocks, [lo, lo + span) (most words of a struct of sizes and strides), needs no lookup; a
+ * word in no block may still be an address the driver knows (not_in_block). Returns the words
+ * scanned. */
+static inline __attribute__((always_inline)) uint32_t scan_param(struct scan *s, uint64_t lo, uint64_t span,
+                                                                 const char *p, uint32_t offset, uint32_t size)
 {
-    uint32_t n = 0;
-    for (uint32_t k = (uint32_t)(-offset) & 7u; k + 8 <= size; k += 8) {
+    uint32_t k0 = (uint32_t)(-offset) & 7u;
+    if (k0 + 8 > size)
+        return 0;
+    uint32_t n = (size - k0) / 8;
+    for (uint32_t i = 0; i < n; i++) {
         uint64_t w;
-        memcpy(&w, p + k, sizeof w);
-        if (!touched_add(s->t, w))
-            not_in_block(s, offset + k, w);
-        n++;
+        memcpy(&w, p + k0 + 8 * i, sizeof w);
+        if (!(w - lo < span && add_word(s->t, w)))
+            not_in_block(s, offset + k0 + 8 * i, w);
     }
     return n;
 }
@@ -140,31 +151,44 @@ uint32_t scan_launch_args(uintptr_t handle, void **kernelParams, void **extra, s
     size_t bufsize = 0;
     int have_buf = !kernelParams && extra && extra_buffer(extra, &buf, &bufsize);
     uint32_t words = 0;
-    struct scan s = {.t = t, .l = l->known ? l : NULL};
 
     if (!l->known)
         *flags |= PYOBMEM_LAUNCH_NO_LAYOUT | PYOBMEM_LAUNCH_OPAQUE;
     else if (!kernelParams && !have_buf && l->count > 0)
         *flags |= PYOBMEM_LAUNCH_OPAQUE;
 
-    blocks_read_lock();
+    /* The asks claimed in an attempt stay claimed (their slots are ASKING) when a writer makes the
+     * read section start again: they are kept, and `unknown` is found again. */
+    struct scan sc = {.t = t, .l = l->known ? l : NULL};
+    uint32_t seq;
+    int attempt = 0;
+again:
+    seq = blocks_read_begin(attempt++);
+    t->n = 0;
+    t->truncated = 0;
+    sc.unknown = 0;
+    words = 0;
+    uint64_t lo, hi;
+    blocks_bounds(&lo, &hi);
+    uint64_t span = hi - lo;
     if (l->known && kernelParams) {
         for (uint32_t i = 0; i < l->count; i++)
             if (l->size[i] >= 8 && kernelParams[i])
-                words += scan_param(&s, kernelParams[i], l->offset[i], l->size[i]);
+                words += scan_param(&sc, lo, span, kernelParams[i], l->offset[i], l->size[i]);
     } else if (l->known && have_buf) {
         for (uint32_t i = 0; i < l->count; i++)
             if (l->size[i] >= 8 && (size_t)l->offset[i] + l->size[i] <= bufsize)
-                words += scan_param(&s, buf + l->offset[i], l->offset[i], l->size[i]);
+                words += scan_param(&sc, lo, span, buf + l->offset[i], l->offset[i], l->size[i]);
     } else if (have_buf) {
-        words += scan_param(&s, buf, 0, (uint32_t)(bufsize > UINT32_MAX ? UINT32_MAX : bufsize));
+        words += scan_param(&sc, lo, span, buf, 0, (uint32_t)(bufsize > UINT32_MAX ? UINT32_MAX : bufsize));
     }
-    blocks_read_unlock();
-    if (SHIM_UNLIKELY(s.n_asks))
-        ask_driver(&s, handle);
+    if (!blocks_read_end(seq))
+        goto again;
+    if (SHIM_UNLIKELY(sc.n_asks))
+        ask_driver(&sc, handle);
     if (t->truncated)
         *flags |= PYOBMEM_LAUNCH_TRUNCATED;
-    if (s.unknown)
+    if (sc.unknown)
         *flags |= PYOBMEM_LAUNCH_UNKNOWN_ADDRESS;
     return words;
 }
@@ -172,8 +196,8 @@ uint32_t scan_launch_args(uintptr_t handle, void **kernelParams, void **extra, s
 void emit_op_with_accesses(uint16_t type, uint16_t flags, uint64_t seq, uint64_t b, uint64_t c, uint64_t d,
                            uint64_t e_high, const struct touched *t)
 {
+    /* Only the payload fields ring_write reads are filled: no memset of all 17 records. */
     struct pyobmem_record recs[1 + (SHIM_MAX_TOUCHED + 3) / 4];
-    memset(recs, 0, sizeof recs);
     recs[0].type = type;
     recs[0].flags = flags;
     recs[0].a = seq;
@@ -189,6 +213,7 @@ unsigned pack_accesses(struct pyobmem_record *recs, uint64_t seq, const uint64_t
     unsigned r = 0;
     for (uint32_t i = 0; i < n; i += 4, r++) {
         recs[r].type = PYOBMEM_EV_ACCESS;
+        recs[r].flags = 0;
         recs[r].a = seq;
         uint64_t w[4] = {0, 0, 0, 0};
         for (uint32_t k = 0; k < 4 && i + k < n; k++)

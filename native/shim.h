@@ -46,17 +46,23 @@ struct shim_state {
     uint32_t pid;             /* cached getpid(), reset in a fork child */
     uint32_t ppid;
     int driver_version;       /* cuDriverGetVersion, 0 if unknown */
-    uint64_t op_seq;          /* atomic: per-process op sequence (launch, copy, set, graph) */
-    uint32_t block_seq;       /* atomic: per-process block id counter */
-    uint64_t device_bytes;    /* atomic: bytes of live device blocks (not managed, not host): the budget's base */
     int need_process;         /* atomic: emit PROCESS at the next hook (after fork) */
     int cupti_active;         /* launches are recorded by the CUPTI callback, not the hooks */
     int cuinit_done;          /* atomic: post-cuInit work (notes, CUPTI) done once per process */
     int swap;                 /* swap mode: PYOBMEM_CONTROL mapped (set once at init, before
                                * recording; cleared in a fork child). The op hooks test it once. */
+    /* The counters every op or allocation writes, on a cache line of their own: the fields
+     * above are read by every hook on every thread and must not bounce with them. */
+    _Alignas(64) uint64_t op_seq; /* atomic: per-process op sequence (launch, copy, set, graph) */
+    uint32_t block_seq;       /* atomic: per-process block id counter */
+    uint64_t device_bytes;    /* atomic: bytes of live device blocks (not managed, not host): the budget's base */
 };
 extern struct shim_state g_shim;
-extern __thread int shim_tls_guard; /* >0: inside the shim, hooks pass straight through */
+/* >0: inside the shim, hooks pass straight through. Initial-exec: every hook reads it, and the
+ * default model for a shared object costs a __tls_get_addr call each time; the shim is loaded at
+ * start (LD_PRELOAD), so its TLS is in the static block. */
+#define SHIM_TLS __thread __attribute__((tls_model("initial-exec")))
+extern SHIM_TLS int shim_tls_guard;
 
 void shim_init_once(void);
 void shim_emit_process(void);
@@ -113,7 +119,17 @@ int blocks_remove_range(uint64_t start, uint64_t end, uint64_t stream);
 void blocks_read_lock(void);
 void blocks_read_unlock(void);
 const struct block *blocks_lookup(uint64_t addr);
-/* Access word of addr (0 if in no block), taking the read lock itself. */
+/* [lo, hi): the span of all blocks (lo = hi when there are none). A word outside it is in no
+ * block. Read in the same read section as the lookups it spares. */
+void blocks_bounds(uint64_t *lo, uint64_t *hi);
+/* Lock-free read section (a seqlock): s = blocks_read_begin(attempt), lookups, then
+ * blocks_read_end(s) says whether they stand; when it returns 0, undo what the lookups found
+ * and start again with attempt + 1. After a few attempts begin takes the read lock instead
+ * (returns BLOCKS_READ_LOCKED) and end releases it and returns 1. */
+#define BLOCKS_READ_LOCKED 1u
+uint32_t blocks_read_begin(int attempt);
+int blocks_read_end(uint32_t s);
+/* Access word of addr (0 if in no block), in a read section of its own. */
 uint64_t blocks_access_word(uint64_t addr);
 void blocks_reset_after_fork(void);
 void blocks_atfork_prepare(void);
@@ -197,13 +213,15 @@ struct touched {
     uint32_t n;
     int truncated;
     uint64_t words[SHIM_MAX_TOUCHED]; /* access words */
-    uint32_t ids[SHIM_MAX_TOUCHED];
     uint64_t starts[SHIM_MAX_TOUCHED]; /* block start addresses (for the swap executor) */
+    uint64_t sizes[SHIM_MAX_TOUCHED];  /* block sizes: a word inside a block already here needs no lookup */
 };
-/* Look up one candidate word (caller holds the blocks read lock); returns 1 when it is in a block. */
+/* Look up one candidate word (caller is in a blocks read section or holds the read lock); returns 1
+ * when it is in a block. */
 int touched_add(struct touched *t, uint64_t word);
-/* Scan the arguments of a launch into t; returns the number of 8-byte words scanned and ORs
- * OPAQUE/NO_LAYOUT into *flags as needed. Takes the blocks read lock. */
+/* Scan the arguments of a launch into t (emptied first); returns the number of 8-byte words
+ * scanned and ORs OPAQUE/NO_LAYOUT/UNKNOWN_ADDRESS into *flags as needed. Runs its own blocks read
+ * section. */
 uint32_t scan_launch_args(uintptr_t handle, void **kernelParams, void **extra, struct touched *t, uint16_t *flags);
 /* Emit a LAUNCH or GRAPH_LAUNCH record followed by its ACCESS records, as one ring group. */
 void emit_op_with_accesses(uint16_t type, uint16_t flags, uint64_t seq, uint64_t b, uint64_t c, uint64_t d,

@@ -1,40 +1,69 @@
 #!/usr/bin/env python3
-"""What tracing costs: step time traced versus untraced, and the added time per kernel launch.
+"""What tracing costs: step time traced versus untraced, and the added time per op.
 
-Runs GPT-2 small and the launch-bound MLP in rounds (--repeats) of three adjacent runs: untraced,
-traced (pyobmem-run's default: the shim's launch hooks) and traced with CUPTI launch callbacks (--cupti); the order flips
-every round and the workload is pinned to one CPU. Per run the figure is the median step time after
-the warm-up steps; the ratio is the median over rounds of traced / untraced within the round, and
-the added microseconds per launch the median of (traced - untraced step ms) * 1000 / launches per
-step, launches per step taken from the capture.
+Workloads: GPT-2 small and the launch-bound MLP in rounds (--repeats) of three adjacent runs:
+untraced, traced (the launcher's default: the shim's launch hooks) and traced with CUPTI launch
+callbacks (--cupti); the LSTM language model (scripts/workloads/lstm_lm.py, ~380 ops per 6 ms
+batch) in --lstm-rounds rounds of two adjacent runs, untraced and traced (the launcher's
+defaults). The order flips every round and the workload is pinned to one CPU. Per run
+the figure is the median step time after the warm-up steps; the ratio is the median over rounds
+of traced / untraced within the round, with a 95% bootstrap confidence interval of that median
+(scipy.stats.bootstrap), and the added microseconds per op the same statistic of (traced -
+untraced step ms) * 1000 / ops per step (launches, copies, sets and graph launches, from the
+capture).
 
-    python3 scripts/bench_trace_overhead.py [--repeats 5] [--cpu 2] [--out-dir bench/results]
+The per-op-kind figures come from tests/gpu/progs/op_cost.cu (built here with nvcc): host
+microseconds per kernel launch (three pointers, or a 512-byte struct), async copy, async set and
+stream-ordered alloc+free pair, untraced and under the launcher in --op-rounds alternating rounds.
 
-Writes bench/results/trace_overhead.json.
+    python3 scripts/bench_trace_overhead.py [--only gpt|mlp|lstm|ops ...] [--repeats 5] [--cpu 2]
+
+Writes bench/results/trace_overhead.json (entries of workloads not run are kept).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import bench_trace as bt
-from _bench import REPO, WARMUP, die, fmt, require_gpu, steady_median
+from _bench import REPO, WARMUP, child_env, die, fmt, launcher, require_gpu, steady_median
 
-TARGETS = {"gpt_small": 1.03, "mlp": 1.15, "us_per_launch": 1.0}
+TARGETS = {"gpt_small": 1.02, "mlp": 1.15, "lstm_lm": 1.05, "us_per_launch": 1.0}
+OP_COST_SRC = REPO / "tests" / "gpu" / "progs" / "op_cost.cu"
+ARCH = os.environ.get("PYOBMEM_TEST_ARCH", "90")
+CI_RESAMPLES = 10000
 
 
-def launches_in(capture: Path) -> tuple[int | None, str | None]:
+def counts_in(capture: Path) -> tuple[int | None, int | None, str | None]:
+    """(launches, ops: launches, copies, sets and graph launches) of the capture's main process."""
     try:
         cap = bt.load_capture(capture)
-        m = bt.capture_metrics(cap, bt.main_pid(cap))
-        return m["launches"], None
+        pid = bt.main_pid(cap)
+        m = bt.capture_metrics(cap, pid)
+        ops = int((cap.ops["pid"] == pid).sum()) if pid is not None else 0
+        return m["launches"], ops, None
     except Exception as e:  # noqa: BLE001
-        return None, f"reading capture: {type(e).__name__}: {e}"
+        return None, None, f"reading capture: {type(e).__name__}: {e}"
+
+
+def median_ci(xs: list[float]) -> list[float] | None:
+    """95% percentile-bootstrap confidence interval of the median of xs (None for fewer than 3)."""
+    if len(xs) < 3:
+        return None
+    from scipy.stats import bootstrap  # imported late: --help needs no scipy
+
+    r = bootstrap((xs,), statistics.median, n_resamples=CI_RESAMPLES, confidence_level=0.95,
+                  method="percentile", vectorized=False, random_state=0)
+    return [float(r.confidence_interval.low), float(r.confidence_interval.high)]
 
 
 # Modes: untraced; traced from the shim's own launch hooks (the default); traced with CUPTI launch
@@ -43,7 +72,7 @@ MODES = {"untraced": None, "traced": (), "traced_cupti": ("--cupti",)}
 
 
 def bench(name: str, script: str, args: list[str], steps: int, repeats: int, warmup: int, work: Path,
-          timeout: float, pin_cpu: int | None) -> dict:
+          timeout: float, pin_cpu: int | None, modes: dict = MODES) -> dict:
     runs = []
     errors = []
     ref_losses = None
@@ -53,9 +82,9 @@ def bench(name: str, script: str, args: list[str], steps: int, repeats: int, war
     bt.log(f"{name}: warm-up run (discarded)")
     bt.run_workload(script, args, work / f"{name}.warmup.json", timeout=timeout, pin_cpu=pin_cpu)
     for r in range(repeats):
-        order = list(MODES) if r % 2 == 0 else list(reversed(MODES))
+        order = list(modes) if r % 2 == 0 else list(reversed(modes))
         for mode in order:
-            options = MODES[mode]
+            options = modes[mode]
             cap = work / f"{name}.{r}.{mode}.pyobmem" if options is not None else None
             bt.log(f"{name}: repeat {r + 1}/{repeats} {mode}")
             run = bt.run_workload(script, args, work / f"{name}.{r}.{mode}.json", capture=cap, timeout=timeout,
@@ -65,9 +94,10 @@ def bench(name: str, script: str, args: list[str], steps: int, repeats: int, war
                    "step_ms_median": med}
             errors += [f"{mode} repeat {r}: {e}" for e in run.errors]
             if cap is not None:
-                launches, err = launches_in(cap) if cap.exists() else (None, f"no capture at {cap}")
+                launches, ops, err = counts_in(cap) if cap.exists() else (None, None, f"no capture at {cap}")
                 row["launches"] = launches
                 row["launches_per_step"] = launches / len(run.step_ms) if launches and run.step_ms else None
+                row["ops_per_step"] = ops / len(run.step_ms) if ops and run.step_ms else None
                 if err:
                     errors.append(f"traced repeat {r}: {err}")
                 cap.unlink(missing_ok=True)
@@ -83,32 +113,37 @@ def bench(name: str, script: str, args: list[str], steps: int, repeats: int, war
         xs = [x[key] for x in runs if x["mode"] == mode and x.get(key) is not None]
         return statistics.median(xs) if xs else None
 
-    def paired(mode: str):
-        """Median over repeats of (mode's step time / untraced step time) and of the difference
-        (ms): each repeat's runs are adjacent in time, so drift between repeats cancels."""
+    def paired(mode: str, per_step: float | None) -> dict:
+        """Median over rounds of (mode's step time / untraced step time) and of the added
+        microseconds per op, each with its 95% CI: each round's runs are adjacent in time, so
+        drift between rounds cancels."""
         by = {(x["repeat"], x["mode"]): x["step_ms_median"] for x in runs if x.get("step_ms_median") is not None}
         pairs = [(by[r, mode], by[r, "untraced"]) for r in range(repeats) if (r, mode) in by and (r, "untraced") in by]
         if not pairs:
-            return None, None
-        return statistics.median(t / u for t, u in pairs), statistics.median(t - u for t, u in pairs)
+            return {"traced_step_ms": med_of(mode), "time_ratio": None, "time_ratio_ci95": None,
+                    "added_us_per_op": None, "added_us_per_op_ci95": None, "rounds": 0}
+        ratios = [t / u for t, u in pairs]
+        added = [(t - u) * 1000.0 / per_step for t, u in pairs] if per_step else []
+        return {"traced_step_ms": med_of(mode), "time_ratio": statistics.median(ratios),
+                "time_ratio_ci95": median_ci(ratios),
+                "added_us_per_op": statistics.median(added) if added else None,
+                "added_us_per_op_ci95": median_ci(added) if added else None, "rounds": len(pairs),
+                "_added_ms": statistics.median(t - u for t, u in pairs)}
 
-    mu, mt, mh = med_of("untraced"), med_of("traced"), med_of("traced_cupti")
-    lps = med_of("traced", "launches_per_step")
-    (rt, dt), (rh, dh) = paired("traced"), paired("traced_cupti")
+    lps, ops = med_of("traced", "launches_per_step"), med_of("traced", "ops_per_step")
+    traced = {m: paired(m, ops) for m in modes if m != "untraced"}
+    for t in traced.values():
+        dt = t.pop("_added_ms", None)
+        t["added_us_per_launch"] = (dt * 1000.0 / lps) if (dt is not None and lps) else None
     res = {
         "steps_per_run": steps,
         "warmup_steps_skipped": warmup,
         "pinned_cpu": pin_cpu,
-        "untraced_step_ms": mu,
-        "traced_step_ms": mt,
-        "time_ratio": rt,
+        "untraced_step_ms": med_of("untraced"),
+        **traced["traced"],
         "launches_per_step": lps,
-        "added_us_per_launch": (dt * 1000.0 / lps) if (dt is not None and lps) else None,
-        "cupti": {
-            "traced_step_ms": mh,
-            "time_ratio": rh,
-            "added_us_per_launch": (dh * 1000.0 / lps) if (dh is not None and lps) else None,
-        },
+        "ops_per_step": ops,
+        **({"cupti": traced["traced_cupti"]} if "traced_cupti" in traced else {}),
         "loss_identical_all_runs": identical if ref_losses else None,
         "runs": runs,
         "errors": errors,
@@ -118,13 +153,74 @@ def bench(name: str, script: str, args: list[str], steps: int, repeats: int, war
     return res
 
 
+def build_op_cost(work: Path) -> Path:
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    exe = work / "op_cost"
+    p = subprocess.run([nvcc, "-O2", "-gencode", f"arch=compute_{ARCH},code=[sm_{ARCH},compute_{ARCH}]", "-cudart",
+                        "shared", "-o", str(exe), str(OP_COST_SRC)], capture_output=True, text=True)
+    if p.returncode != 0:
+        die(f"building {OP_COST_SRC.name} failed: {(p.stderr or p.stdout).strip()[-300:]}")
+    return exe
+
+
+def op_cost(rounds: int, work: Path, pin_cpu: int | None, timeout: float, options: tuple[str, ...] = ()) -> dict:
+    """Host microseconds per op kind (op_cost.cu), untraced and traced (the launcher's defaults,
+    then ``options``) in alternating rounds: medians, and the median added time per op with its
+    95% CI."""
+    exe = build_op_cost(work)
+    pre = ["taskset", "-c", str(pin_cpu)] if pin_cpu is not None else []
+    runs, errors = [], []
+    for r in range(rounds):
+        for mode in (("untraced", "traced") if r % 2 == 0 else ("traced", "untraced")):
+            out = work / f"op_cost.{r}.{mode}.json"
+            cmd = [*pre, str(exe), "--json", str(out)]
+            if mode == "traced":
+                cmd = launcher(work / f"op_cost.{r}.pyobmem", options) + cmd
+            bt.log(f"op_cost: round {r + 1}/{rounds} {mode}")
+            try:
+                p = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=timeout)
+                rc, tail = p.returncode, (p.stderr or p.stdout).strip()[-300:]
+            except subprocess.TimeoutExpired:
+                rc, tail = 124, f"timed out after {timeout:.0f} s"
+            if rc != 0 or not out.exists():
+                errors.append(f"{mode} round {r}: exit status {rc}: {tail}")
+                continue
+            runs.append({"round": r, "mode": mode, **json.loads(out.read_text())})
+            (work / f"op_cost.{r}.pyobmem").unlink(missing_ok=True)
+    kinds = sorted({k for x in runs for k in x["us_per_op"]})
+    res: dict = {"rounds": rounds, "launcher_options": list(options), "kinds": {}, "runs": runs, "errors": errors}
+    by = {(x["round"], x["mode"]): x for x in runs}
+    for k in kinds:
+        un = [x["us_per_op"][k] for x in runs if x["mode"] == "untraced"]
+        tr = [x["us_per_op"][k] for x in runs if x["mode"] == "traced"]
+        added = [by[r, "traced"]["us_per_op"][k] - by[r, "untraced"]["us_per_op"][k]
+                 for r in range(rounds) if (r, "traced") in by and (r, "untraced") in by]
+        res["kinds"][k] = {
+            "untraced_us": statistics.median(un) if un else None,
+            "traced_us": statistics.median(tr) if tr else None,
+            "added_us": statistics.median(added) if added else None,
+            "added_us_ci95": median_ci(added) if added else None,
+        }
+    clocks = [x["clock_gettime_ns"] for x in runs]
+    res["clock_gettime_ns"] = statistics.median(clocks) if clocks else None
+    for e in errors:
+        bt.log(f"op_cost: ERROR {e}")
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5, help="untraced/traced/CUPTI rounds per workload (default 5)")
     ap.add_argument("--out-dir", type=Path, default=REPO / "bench" / "results")
-    ap.add_argument("--only", choices=("gpt", "mlp"), action="append", help="default: both")
+    ap.add_argument("--only", choices=("gpt", "mlp", "lstm", "ops"), action="append",
+                    help="default: all four (lstm and ops alone take about 3.5 minutes on the H200)")
     ap.add_argument("--gpt-steps", type=int, default=15)
     ap.add_argument("--mlp-steps", type=int, default=300)
+    ap.add_argument("--lstm-steps", type=int, default=400)
+    ap.add_argument("--lstm-warmup", type=int, default=200,
+                    help="LSTM batches left out of each run's median (default 200)")
+    ap.add_argument("--lstm-rounds", type=int, default=10, help="untraced/traced rounds of the LSTM (default 10)")
+    ap.add_argument("--op-rounds", type=int, default=5, help="untraced/traced rounds of op_cost (default 5)")
     ap.add_argument("--warmup", type=int, default=WARMUP)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cpu", type=int, default=2, help="pin the workload to this CPU (-1: do not pin; default 2)")
@@ -133,47 +229,81 @@ def main(argv: list[str] | None = None) -> int:
                     help="run the workloads with --deterministic (slower: the MLP went from ~3.3 to 6-9 ms "
                          "per step on the H200); default off, as in the platform facts")
     a = ap.parse_args(argv)
-    if a.repeats < 1:
-        die("--repeats must be at least 1")
-    only = set(a.only or ("gpt", "mlp"))
+    if min(a.repeats, a.lstm_rounds, a.op_rounds) < 1:
+        die("--repeats, --lstm-rounds and --op-rounds must be at least 1")
+    if a.lstm_warmup >= a.lstm_steps:
+        die("--lstm-warmup must be less than --lstm-steps")
+    only = set(a.only or ("gpt", "mlp", "lstm", "ops"))
     require_gpu()
     pin = None if a.cpu < 0 else a.cpu
     common = ["--seed", str(a.seed)] + (["--deterministic"] if a.deterministic else [])
     out: dict = {}
     with tempfile.TemporaryDirectory(prefix="pyobmem-overhead-") as tmp:
         work = Path(tmp)
+        traced = ()  # the launcher's default: the shim's launch hooks
+        if "ops" in only:
+            out["op_cost"] = op_cost(a.op_rounds, work, pin, a.timeout, traced)
+        if "lstm" in only:
+            out["lstm_lm"] = bench("lstm_lm", "lstm_lm.py", ["--steps", str(a.lstm_steps), *common], a.lstm_steps,
+                                   a.lstm_rounds, a.lstm_warmup, work, a.timeout, pin,
+                                   {"untraced": None, "traced": traced})
+            out["lstm_lm"]["launcher_options"] = list(traced)
         if "gpt" in only:
             out["gpt_small"] = bench("gpt_small", "gpt.py", ["--size", "small", "--steps", str(a.gpt_steps), *common],
                                      a.gpt_steps, a.repeats, a.warmup, work, a.timeout, pin)
         if "mlp" in only:
             out["launch_bound_mlp"] = bench("launch_bound_mlp", "mlp.py", ["--steps", str(a.mlp_steps), *common],
                                             a.mlp_steps, a.repeats, a.warmup, work, a.timeout, pin)
-    g, m = out.get("gpt_small", {}), out.get("launch_bound_mlp", {})
     out["targets"] = TARGETS
-    out["meets_targets"] = {
-        "gpt_small": None if g.get("time_ratio") is None else g["time_ratio"] <= TARGETS["gpt_small"],
-        "mlp": None if m.get("time_ratio") is None else m["time_ratio"] <= TARGETS["mlp"],
-        "us_per_launch": None if m.get("added_us_per_launch") is None
-        else m["added_us_per_launch"] <= TARGETS["us_per_launch"],
-    }
     out["repeats"] = a.repeats
     out["deterministic"] = a.deterministic
     out["date"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-    bt.write_json(a.out_dir / "trace_overhead.json", out, merge=True)
+    path = a.out_dir / "trace_overhead.json"
+    doc = json.loads(path.read_text()) if path.exists() else {}
+    doc.update(out)  # entries of workloads not run now stay as they were
+    doc["meets_targets"] = meets_targets(doc)
+    bt.write_json(path, doc)
 
     print()
-    head = f"{'workload':<18} {'untraced ms':>11} {'traced ms':>10} {'ratio':>7} {'target':>7} {'launch/step':>11} {'+us/launch':>10}"
+    head = (f"{'workload':<18} {'untraced ms':>11} {'traced ms':>10} {'ratio':>7} {'95% CI':>13} {'target':>7} "
+            f"{'ops/step':>9} {'+us/op':>7}")
     print(head)
     print("-" * len(head))
-    for name, key in (("gpt_small", "gpt_small"), ("launch_bound_mlp", "mlp")):
+    for name, key in (("gpt_small", "gpt_small"), ("launch_bound_mlp", "mlp"), ("lstm_lm", "lstm_lm")):
         r = out.get(name)
         if not isinstance(r, dict) or "runs" not in r:
             continue
+        ci = r.get("time_ratio_ci95")
+        ci_s = f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "-"
         print(f"{name:<18} {fmt(r['untraced_step_ms'], '.3f'):>11} {fmt(r['traced_step_ms'], '.3f'):>10} "
-              f"{fmt(r['time_ratio'], '.3f'):>7} {TARGETS[key]:>7.2f} {fmt(r['launches_per_step'], '.1f'):>11} "
-              f"{fmt(r['added_us_per_launch'], '.2f'):>10}")
+              f"{fmt(r['time_ratio'], '.3f'):>7} {ci_s:>13} {TARGETS[key]:>7.2f} {fmt(r['ops_per_step'], '.1f'):>9} "
+              f"{fmt(r['added_us_per_op'], '.2f'):>7}")
+    oc = out.get("op_cost")
+    if oc:
+        print()
+        print(f"{'op kind':<18} {'untraced us':>11} {'traced us':>10} {'+us':>7} {'95% CI':>13}")
+        for k, v in oc["kinds"].items():
+            ci = v["added_us_ci95"]
+            print(f"{k:<18} {fmt(v['untraced_us'], '.3f'):>11} {fmt(v['traced_us'], '.3f'):>10} "
+                  f"{fmt(v['added_us'], '.3f'):>7} {(f'{ci[0]:.3f}-{ci[1]:.3f}' if ci else '-'):>13}")
+        print(f"clock_gettime: {fmt(oc['clock_gettime_ns'], '.1f')} ns per call")
     print(f"target added time per launch: <= {TARGETS['us_per_launch']} us")
     return 1 if any(isinstance(r, dict) and r.get("errors") for r in out.values()) else 0
+
+
+def meets_targets(doc: dict) -> dict:
+    """Each target against the figures in doc (None: not measured)."""
+    def ratio(name: str, key: str):
+        r = doc.get(name) or {}
+        return None if r.get("time_ratio") is None else r["time_ratio"] <= TARGETS[key]
+
+    launch = ((doc.get("op_cost") or {}).get("kinds") or {}).get("launch") or {}
+    return {
+        "gpt_small": ratio("gpt_small", "gpt_small"),
+        "mlp": ratio("launch_bound_mlp", "mlp"),
+        "lstm_lm": ratio("lstm_lm", "lstm_lm"),
+        "us_per_launch": None if launch.get("added_us") is None else launch["added_us"] <= TARGETS["us_per_launch"],
+    }
 
 
 if __name__ == "__main__":

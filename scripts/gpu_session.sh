@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The one script a device call runs on the GPU machine, from the repository root:
 #
-#     scripts/gpu_session.sh [build] [tests] [fixtures] [trace] [overhead] [captures] [collect]
+#     scripts/gpu_session.sh [build] [tests] [fixtures] [trace] [overhead] [cost] [captures] [collect]
 #
 # Default: build tests trace overhead (collect always runs at the end, and after trace/overhead).
 #   build     pip-install the carried wheels (.whl/*.whl, e.g. cffi) into /tmp/site, `make native`
 #   tests     python3 -m pytest -m gpu tests/gpu -q            -> $OUT/gpu_tests.txt
 #   fixtures  trace gpt.py --size tiny --steps 10 into $CAPS      (also done by `trace`)
 #   trace     fixtures + scripts/bench_trace.py --capture-dir $CAPS -> $OUT/trace.txt
-#   overhead  scripts/bench_trace_overhead.py --repeats $REPEATS  -> $OUT/overhead.txt
+#   overhead  scripts/bench_trace_overhead.py --only gpt --only mlp --repeats $REPEATS -> $OUT/overhead.txt
+#   cost      scripts/bench_trace_overhead.py --only lstm --only ops (the LSTM LM in 10 rounds, op_cost.cu's
+#             us per op kind; about 3.5 minutes)                   -> $OUT/cost.txt
 #   captures  trace GPT medium (12 steps) and the CNN (20 steps) into $CAPS for the pattern
 #             analysis (done on the dev machine), and run the export tests that need torch
 #   swaptests tests/gpu/test_swap_*.py (and test_multigpu.py)         -> $OUT/gpu_tests.txt
@@ -122,7 +124,13 @@ step_trace() {
 }
 
 step_overhead() {
-    run_step overhead 360 "$OUT/overhead.txt" python3 scripts/bench_trace_overhead.py --repeats "$REPEATS"
+    run_step overhead 360 "$OUT/overhead.txt" python3 scripts/bench_trace_overhead.py --only gpt --only mlp \
+        --repeats "$REPEATS"
+    step_collect
+}
+
+step_cost() {
+    run_step cost 270 "$OUT/cost.txt" python3 scripts/bench_trace_overhead.py --only lstm --only ops
     step_collect
 }
 
@@ -202,8 +210,8 @@ step_collect() {
 STEPS=("$@")
 (( ${#STEPS[@]} )) || STEPS=(build tests trace overhead)
 for s in "${STEPS[@]}"; do
-    case $s in build|tests|fixtures|trace|overhead|captures|swapsmoke|swaptests|bench|collect) ;;
-        *) echo "gpu_session.sh: error: unknown step '$s' (build tests fixtures trace overhead captures collect)" >&2; exit 2 ;;
+    case $s in build|tests|fixtures|trace|overhead|cost|captures|swapsmoke|swaptests|bench|collect) ;;
+        *) echo "gpu_session.sh: error: unknown step '$s' (build tests fixtures trace overhead cost captures collect)" >&2; exit 2 ;;
     esac
 done
 

@@ -1,0 +1,192 @@
+/*
+ * The shim's cost per op kind on the fake libcuda: one op kind called N times through the
+ * entry points cuGetProcAddress hands out (as a CUDA runtime gets them), with L live blocks in
+ * the table. Run it under `valgrind --tool=callgrind` with and without the shim preloaded, at two
+ * values of N: the difference of the differences over the extra calls is the instructions the
+ * shim adds per call (scripts/shim_cost.py). tests/test_shim_cost.py checks the records it makes.
+ *
+ *     cost_driver OP N L      OP: launch, launch_ex, memcpy_async, htod_async, memset_async,
+ *                                 alloc_free_async, launch_vs_alloc, launch_struct
+ *
+ * launch_struct: a kernel without a layout whose packed argument buffer (`extra`) is 512 bytes,
+ * like a framework's elementwise kernels that take a struct of sizes and strides by value: two
+ * pointers, then 62 words that are no address.
+ *
+ * launch_vs_alloc: N launches on two VMM mappings (above every cuMemAlloc address) while another
+ * thread allocates 4,096 blocks twice and frees them: the table grows past its first array, and
+ * each insertion and removal moves the two launched blocks' entries under the launches' lock-free
+ * lookups.
+ */
+#include <dlfcn.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fake_cuda.h"
+
+typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+typedef CUresult (*init_fn)(unsigned);
+typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+typedef CUresult (*free_fn)(CUdeviceptr);
+typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUstream);
+typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
+typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              CUstream, void **, void **);
+typedef CUresult (*launch_ex_fn)(const CUlaunchConfig *, CUfunction, void **, void **);
+typedef CUresult (*copy_async_fn)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+typedef CUresult (*htod_async_fn)(CUdeviceptr, const void *, size_t, CUstream);
+typedef CUresult (*memset32a_fn)(CUdeviceptr, unsigned int, size_t, CUstream);
+typedef CUresult (*reserve_fn)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+typedef CUresult (*create_fn)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+typedef CUresult (*map_fn)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+
+static gpa_fn gpa;
+
+static void *get(const char *name)
+{
+    void *p = NULL;
+    CUdriverProcAddressQueryResult st;
+    if (gpa(name, &p, 12080, CU_GET_PROC_ADDRESS_DEFAULT, &st) != CUDA_SUCCESS || !p) {
+        printf("error=no %s\n", name);
+        exit(3);
+    }
+    return p;
+}
+
+static void check(CUresult r, const char *what)
+{
+    if (r != CUDA_SUCCESS) {
+        printf("error=%s %d\n", what, (int)r);
+        exit(4);
+    }
+}
+
+#define CHURN_BLOCKS 4096
+static void *churn(void *arg)
+{
+    alloc_fn alloc = (alloc_fn)get("cuMemAlloc");
+    free_fn fr = (free_fn)get("cuMemFree");
+    static CUdeviceptr p[CHURN_BLOCKS];
+    (void)arg;
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < CHURN_BLOCKS; i++)
+            check(alloc(&p[i], 4096), "churn alloc");
+        for (int i = 0; i < CHURN_BLOCKS; i++)
+            check(fr(p[i]), "churn free");
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 4) {
+        fprintf(stderr, "usage: cost_driver OP N LIVE_BLOCKS\n");
+        return 2;
+    }
+    const char *op = argv[1];
+    long n = atol(argv[2]), live = atol(argv[3]);
+    void *libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!libcuda) {
+        printf("error=%s\n", dlerror());
+        return 3;
+    }
+    gpa = (gpa_fn)dlsym(libcuda, "cuGetProcAddress_v2");
+    check(((init_fn)get("cuInit"))(0), "cuInit");
+    alloc_fn alloc = (alloc_fn)get("cuMemAlloc");
+
+    /* The live blocks: the two the ops touch sit in the middle of the table (launch_vs_alloc: at
+     * its top, as VMM mappings). */
+    int vmm = !strcmp(op, "launch_vs_alloc");
+    CUdeviceptr a = 0, b = 0, other = 0;
+    for (long i = 0; i < live / 2; i++)
+        check(alloc(&other, 4096), "alloc");
+    if (vmm) {
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof prop);
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        CUmemGenericAllocationHandle h[2];
+        check(((reserve_fn)get("cuMemAddressReserve"))(&a, 4 << 20, 0, 0, 0), "reserve");
+        b = a + (2 << 20);
+        for (int i = 0; i < 2; i++) {
+            check(((create_fn)get("cuMemCreate"))(&h[i], 2 << 20, &prop, 0), "create");
+            check(((map_fn)get("cuMemMap"))(i ? b : a, 2 << 20, 0, h[i], 0), "map");
+        }
+    } else {
+        check(alloc(&a, 1 << 20), "alloc");
+        check(alloc(&b, 1 << 20), "alloc");
+    }
+    for (long i = live / 2 + 2; i < live; i++)
+        check(alloc(&other, 4096), "alloc");
+
+    CUstream s = (CUstream)0x77;
+    CUdeviceptr x = a + 256, y = b;
+    int k = 7;
+    void *args[] = {&x, &k, &y};
+    struct { CUdeviceptr p, q; } pair = {b + 16, a + 1000};
+    CUdeviceptr third = a;
+    void *args_b[] = {&pair, &third};
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = 128;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.hStream = s;
+    char host[256] = {0};
+
+    if (!strcmp(op, "launch")) {
+        launch_fn f = (launch_fn)get("cuLaunchKernel");
+        for (long i = 0; i < n; i++)
+            check(f(FAKE_FUNC_A, 2, 1, 1, 128, 1, 1, 0, s, args, NULL), "launch");
+    } else if (!strcmp(op, "launch_ex")) {
+        launch_ex_fn f = (launch_ex_fn)get("cuLaunchKernelEx");
+        for (long i = 0; i < n; i++)
+            check(f(&cfg, FAKE_KERN_B, args_b, NULL), "launch_ex");
+    } else if (!strcmp(op, "memcpy_async")) {
+        copy_async_fn f = (copy_async_fn)get("cuMemcpyAsync");
+        for (long i = 0; i < n; i++)
+            check(f(b, a, 4096, s), "memcpy_async");
+    } else if (!strcmp(op, "htod_async")) {
+        htod_async_fn f = (htod_async_fn)get("cuMemcpyHtoDAsync");
+        for (long i = 0; i < n; i++)
+            check(f(a + 64, host, sizeof host, s), "htod_async");
+    } else if (!strcmp(op, "memset_async")) {
+        memset32a_fn f = (memset32a_fn)get("cuMemsetD32Async");
+        for (long i = 0; i < n; i++)
+            check(f(b, 0, 1024, s), "memset_async");
+    } else if (!strcmp(op, "alloc_free_async")) {
+        alloc_async_fn aa = (alloc_async_fn)get("cuMemAllocAsync");
+        free_async_fn fa = (free_async_fn)get("cuMemFreeAsync");
+        for (long i = 0; i < n; i++) {
+            CUdeviceptr p = 0;
+            check(aa(&p, 8192, s), "alloc_async");
+            check(fa(p, s), "free_async");
+        }
+    } else if (!strcmp(op, "launch_struct")) {
+        launch_fn f = (launch_fn)get("cuLaunchKernel");
+        uint64_t packed[64];
+        packed[0] = a + 256;
+        packed[1] = b;
+        for (int i = 2; i < 64; i++)
+            packed[i] = (i & 1) ? (uint64_t)i * 4096 : 0x3f8000003f800000ull; /* strides; floats */
+        size_t size = sizeof packed;
+        void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, packed, CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
+                         CU_LAUNCH_PARAM_END};
+        for (long i = 0; i < n; i++)
+            check(f(FAKE_FUNC_C, 2, 1, 1, 128, 1, 1, 0, s, NULL, extra), "launch_struct");
+    } else if (!strcmp(op, "launch_vs_alloc")) {
+        launch_fn f = (launch_fn)get("cuLaunchKernel");
+        pthread_t t;
+        pthread_create(&t, NULL, churn, NULL);
+        for (long i = 0; i < n; i++)
+            check(f(FAKE_FUNC_A, 2, 1, 1, 128, 1, 1, 0, s, args, NULL), "launch");
+        pthread_join(t, NULL);
+    } else {
+        fprintf(stderr, "unknown op %s\n", op);
+        return 2;
+    }
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\ndone=1\n", (uint64_t)a, (uint64_t)b);
+    return 0;
+}

@@ -1,0 +1,117 @@
+"""tests/fake_cuda/cost_driver.c through the shim: the op loops that scripts/shim_cost.py counts
+instructions on make exactly the records they should (so the counts are of the real paths), and
+launches scanned while another thread grows and shrinks the block table (the lock-free lookups of
+blocks.c) name exactly their blocks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from pyobmem import abi
+from pyobmem.abi import AllocKind, Ev
+from pyobmem.ring import Ring
+
+from test_shim import SHIM, pytestmark, word  # noqa: F401 (pytestmark: the same skip)
+
+LIVE = 64
+
+
+@pytest.fixture(scope="module")
+def cost(build_fake_program):
+    return build_fake_program("cost_driver", "-ldl", "-lpthread")
+
+
+def run_cost(d, tmp_path, op, n, live=LIVE):
+    r = Ring.create(capacity=1 << 17, directory=str(tmp_path))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYOBMEM_")}
+    env.update(LD_LIBRARY_PATH=str(d), PYOBMEM_CUPTI="0", LD_PRELOAD=str(SHIM), PYOBMEM_RING=r.path)
+    try:
+        p = subprocess.run([str(d / "cost_driver"), op, str(n), str(live)], env=env, capture_output=True, text=True,
+                           timeout=120)
+        recs, dropped = r.drain(), r.dropped
+    finally:
+        r.close()
+    assert p.returncode == 0 and "done=1" in p.stdout, (p.stdout, p.stderr)
+    assert dropped == 0
+    out = dict(line.split("=", 1) for line in p.stdout.splitlines() if "=" in line)
+    allocs = recs[recs["type"] == int(Ev.ALLOC)]
+    ids = {int(x["b"]): int(x["a"]) for x in allocs}  # ALLOC: a = block id, b = address
+    return recs, ids[int(out["a"])], ids[int(out["b"])]
+
+
+def of(recs, ev):
+    return recs[recs["type"] == int(ev)]
+
+
+def access_words(recs, seqs):
+    acc = of(recs, Ev.ACCESS)
+    assert np.array_equal(np.sort(acc["a"]), np.sort(seqs))  # one ACCESS record per op here
+    return acc
+
+
+@pytest.mark.parametrize("op", ["launch", "launch_vs_alloc"])
+def test_launch_loop_names_its_two_blocks(cost, tmp_path, op):
+    n = 50 if op == "launch" else 20000
+    recs, a, b = run_cost(cost, tmp_path, op, n)
+    launches = of(recs, Ev.LAUNCH)
+    assert len(launches) == n
+    assert ((launches["e"] & 0xFFFFFFFF) == 2).all()  # blocks touched
+    acc = access_words(recs, launches["a"])
+    assert (acc["b"] == word(a, 256)).all() and (acc["c"] == word(b, 0)).all()
+    assert (acc["d"] == 0).all() and (acc["e"] == 0).all()
+    if op == "launch_vs_alloc":  # the other thread's 2 rounds of 4,096 blocks, all freed
+        assert len(of(recs, Ev.ALLOC)) == LIVE + 2 * 4096
+        assert len(of(recs, Ev.FREE)) == 2 * 4096
+
+
+def test_launch_ex_loop(cost, tmp_path):
+    recs, a, b = run_cost(cost, tmp_path, "launch_ex", 30)
+    launches = of(recs, Ev.LAUNCH)
+    assert len(launches) == 30
+    assert ((launches["flags"] & int(abi.LaunchFlag.EX)) != 0).all()
+    acc = access_words(recs, launches["a"])
+    # struct {b + 16, a + 1000} then a: two blocks, a first seen at offset 1000
+    assert (acc["b"] == word(b, 16)).all() and (acc["c"] == word(a, 1000)).all()
+
+
+def test_copy_and_set_loops(cost, tmp_path):
+    recs, a, b = run_cost(cost, tmp_path, "memcpy_async", 40)
+    cp = of(recs, Ev.MEMCPY)
+    assert len(cp) == 40
+    assert (cp["b"] == word(b, 0)).all() and (cp["c"] == word(a, 0)).all() and (cp["d"] == 4096).all()
+    recs, a, b = run_cost(cost, tmp_path, "htod_async", 40)
+    cp = of(recs, Ev.MEMCPY)
+    assert (cp["b"] == word(a, 64)).all() and (cp["c"] == 0).all() and (cp["d"] == 256).all()
+    recs, a, b = run_cost(cost, tmp_path, "memset_async", 40)
+    ms = of(recs, Ev.MEMSET)
+    assert len(ms) == 40
+    assert (ms["b"] == word(b, 0)).all() and (ms["d"] == 4096).all()
+    seqs = np.concatenate([ms["a"]])
+    assert np.array_equal(seqs, np.arange(1, 41))  # one op seq each, in order
+
+
+def test_alloc_free_async_loop(cost, tmp_path):
+    recs, _, _ = run_cost(cost, tmp_path, "alloc_free_async", 25)
+    al = of(recs, Ev.ALLOC)
+    asy = al[al["e"] == int(AllocKind.ASYNC)]
+    assert len(asy) == 25 and (asy["c"] == 8192).all()
+    fr = of(recs, Ev.FREE)
+    assert len(fr) == 25
+    assert np.array_equal(np.sort(fr["a"]), np.sort(asy["a"]))  # each freed block, once
+
+
+def test_launch_struct_loop_names_only_its_pointers(cost, tmp_path):
+    # 512 bytes of packed arguments with no layout: 64 words scanned, 62 of them no address
+    # (rejected by the span check without a lookup), 2 pointers found.
+    recs, a, b = run_cost(cost, tmp_path, "launch_struct", 30)
+    launches = of(recs, Ev.LAUNCH)
+    assert len(launches) == 30
+    assert ((launches["e"] & 0xFFFFFFFF) == 2).all() and ((launches["e"] >> 32) == 64).all()
+    flags = int(abi.LaunchFlag.OPAQUE | abi.LaunchFlag.NO_LAYOUT)
+    assert (launches["flags"] == flags).all()
+    acc = access_words(recs, launches["a"])
+    assert (acc["b"] == word(a, 256)).all() and (acc["c"] == word(b, 0)).all()
