@@ -42,13 +42,10 @@ static void push(struct exec_info *x, uint64_t w)
     x->words[x->n++] = w;
 }
 
-static void push_param_words(struct exec_info *x, const char *p, uint32_t offset, uint32_t size)
+static void push_word(void *x, uint32_t offset, uint64_t w)
 {
-    for (uint32_t k = (uint32_t)(-offset) & 7u; k + 8 <= size; k += 8) {
-        uint64_t w;
-        memcpy(&w, p + k, sizeof w);
-        push(x, w);
-    }
+    (void)offset;
+    push(x, w);
 }
 
 static void walk_kernel(struct exec_info *x, CUgraphNode node)
@@ -68,7 +65,7 @@ static void walk_kernel(struct exec_info *x, CUgraphNode node)
     }
     for (uint32_t i = 0; i < l->count; i++)
         if (l->size[i] >= 8 && kp.kernelParams[i])
-            push_param_words(x, kp.kernelParams[i], l->offset[i], l->size[i]);
+            param_words(kp.kernelParams[i], l->offset[i], l->size[i], push_word, x);
 }
 
 static void walk(struct exec_info *x, CUgraph graph, int depth)

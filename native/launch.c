@@ -46,6 +46,7 @@ enum { SLOT_UNASKED = 0, SLOT_ASKING = 1, SLOT_ADDRESS = 2, SLOT_NOT_ADDRESS = 3
 
 struct scan {
     struct touched *t;
+    uint64_t lo, span;            /* the blocks' span in this read section */
     const struct param_layout *l; /* NULL: no slots (layout unknown) */
     int unknown;                  /* a word at an ADDRESS slot is in no block */
     uint32_t n_asks;
@@ -102,25 +103,14 @@ static void ask_driver(struct scan *s, uintptr_t handle)
 }
 
 
-/* Scan the 8-byte words of one parameter whose bytes start at p and which sits at byte offset
- * `offset` of the argument buffer: words aligned to 8 in the buffer. A word outside the span of
- * all blocks, [lo, lo + span) (most words of a struct of sizes and strides), needs no lookup; a
- * word in no block may still be an address the driver knows (not_in_block). Returns the words
- * scanned. */
-static inline __attribute__((always_inline)) uint32_t scan_param(struct scan *s, uint64_t lo, uint64_t span,
-                                                                 const char *p, uint32_t offset, uint32_t size)
+/* One argument word: a word outside the span of all blocks, [lo, lo + span) (most words of a
+ * struct of sizes and strides), needs no lookup; a word in no block may still be an address the
+ * driver knows (not_in_block). */
+static inline __attribute__((always_inline)) void scan_word(void *ctx, uint32_t offset, uint64_t w)
 {
-    uint32_t k0 = (uint32_t)(-offset) & 7u;
-    if (k0 + 8 > size)
-        return 0;
-    uint32_t n = (size - k0) / 8;
-    for (uint32_t i = 0; i < n; i++) {
-        uint64_t w;
-        memcpy(&w, p + k0 + 8 * i, sizeof w);
-        if (!(w - lo < span && add_word(s->t, w)))
-            not_in_block(s, offset + k0 + 8 * i, w);
-    }
-    return n;
+    struct scan *s = ctx;
+    if (!(w - s->lo < s->span && add_word(s->t, w)))
+        not_in_block(s, offset, w);
 }
 
 /* The packed argument buffer of `extra`, if any. */
@@ -168,19 +158,19 @@ again:
     t->truncated = 0;
     sc.unknown = 0;
     words = 0;
-    uint64_t lo, hi;
-    blocks_bounds(&lo, &hi);
-    uint64_t span = hi - lo;
+    uint64_t hi;
+    blocks_bounds(&sc.lo, &hi);
+    sc.span = hi - sc.lo;
     if (l->known && kernelParams) {
         for (uint32_t i = 0; i < l->count; i++)
             if (l->size[i] >= 8 && kernelParams[i])
-                words += scan_param(&sc, lo, span, kernelParams[i], l->offset[i], l->size[i]);
+                words += param_words(kernelParams[i], l->offset[i], l->size[i], scan_word, &sc);
     } else if (l->known && have_buf) {
         for (uint32_t i = 0; i < l->count; i++)
             if (l->size[i] >= 8 && (size_t)l->offset[i] + l->size[i] <= bufsize)
-                words += scan_param(&sc, lo, span, buf + l->offset[i], l->offset[i], l->size[i]);
+                words += param_words(buf + l->offset[i], l->offset[i], l->size[i], scan_word, &sc);
     } else if (have_buf) {
-        words += scan_param(&sc, lo, span, buf, 0, (uint32_t)(bufsize > UINT32_MAX ? UINT32_MAX : bufsize));
+        words += param_words(buf, 0, (uint32_t)(bufsize > UINT32_MAX ? UINT32_MAX : bufsize), scan_word, &sc);
     }
     if (!blocks_read_end(seq))
         goto again;

@@ -147,6 +147,24 @@ struct param_layout {
 /* Layout of a function or kernel handle; queried and cached on first sight (which also emits
  * the KERNEL_NAME records). Never NULL. */
 const struct param_layout *params_get(uintptr_t handle);
+/* The 8-byte words of one kernel parameter whose bytes start at p and which sits at byte offset
+ * `offset` of the argument buffer: the words aligned to 8 in the buffer, where pointers are.
+ * Calls word(ctx, offset of the word in the buffer, value) for each; returns how many. The one
+ * scan of launches (launch.c) and of graph kernel nodes (graph.c); inlined with its callback. */
+static inline __attribute__((always_inline)) uint32_t param_words(const char *p, uint32_t offset, uint32_t size,
+                                                                  void (*word)(void *, uint32_t, uint64_t), void *ctx)
+{
+    uint32_t k0 = (uint32_t)(-offset) & 7u;
+    if (k0 + 8 > size)
+        return 0;
+    uint32_t n = (size - k0) / 8;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t w;
+        memcpy(&w, p + k0 + 8 * i, sizeof w);
+        word(ctx, offset + k0 + 8 * i, w);
+    }
+    return n;
+}
 void params_atfork_prepare(void);
 void params_atfork_parent(void);
 void params_atfork_child(void);
