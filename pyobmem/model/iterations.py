@@ -33,6 +33,7 @@ SUB_REGIME_MAX_SLOWDOWN = 10.0  # ... and ops no more than 10x slower than the m
 # while it compiles, runs at host speed: warm-up, not training)
 MAX_DEPTH = 4  # recursion into the stretches no regime explained
 N_CANDIDATES = 24  # lags kept from the autocorrelation
+MICRO_SHARE = 0.6  # micro-steps of gradient accumulation cover at least this share of the iteration
 STEP_COVERAGE = 0.75  # a step's iterations cover at least this share of the stretch they span
 EXACT_WORK = 30_000_000  # below n * max_lag, match counts are computed exactly (no FFT)
 _SEQ_TYPES = (abi.Ev.LAUNCH, abi.Ev.GRAPH_LAUNCH, abi.Ev.MEMCPY)
@@ -602,7 +603,9 @@ def _align(s: np.ndarray, template: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 
 def micro_step(template: np.ndarray) -> tuple[int | None, int]:
     """(micro period, micro steps) when the iteration is k >= 2 copies of one micro-step followed
-    by a shorter tail (gradient accumulation then the optimizer step), else (None, 1). The
+    by a shorter tail (gradient accumulation then the optimizer step), else (None, 1): the
+    longest cyclic run of T[j] = T[j+p], plus one copy, covers 90% of (k-1)p, k = P // p, and
+    MICRO_SHARE of P. The
     micro-steps are counted as the commonest count in the template of the kernels seen once in
     one micro-step: the first micro-step may differ from the others (PyTorch assigns the
     gradients there and adds to them in the next ones), so copies alone count one too few."""
@@ -612,10 +615,12 @@ def micro_step(template: np.ndarray) -> tuple[int | None, int]:
     for p in range(1, P // 2 + 1):
         k = P // p
         c = template == np.roll(template, -p)
-        if np.count_nonzero(c) < 0.9 * (k - 1) * p:
+        # the copies (the first may differ: one less) cover 90% of k - 1 of them, and 60% of P
+        need = max(0.9 * (k - 1) * p, MICRO_SHARE * P) - p
+        if np.count_nonzero(c) < need:
             continue
         run, at = _longest_cyclic_run(c)
-        if run >= 0.9 * (k - 1) * p and run >= p:
+        if run >= need and run >= p:
             unit = template[np.arange(at, at + p) % P]
             ids, cnt = np.unique(unit, return_counts=True)
             once = ids[cnt == 1]
