@@ -4,7 +4,12 @@ The stream is the main process's kernel launches, graph launches and copies (the
 most launches), each mapped to a small int "kernel id" (same type, handle and copy direction ->
 same id). Training repeats one sequence of kernels per iteration, so the stream is periodic over
 long stretches. ``detect_iterations`` finds those stretches (regimes), the period of each, its
-phase and every iteration in it; docs/model.md describes the method and its limits. A repeating
+phase and every iteration in it; docs/model.md describes the method and its limits. The main
+regime is the training step (``_step``): the shortest period whose iterations span the stream with
+asides between some of them that read a result back to the host (a loss logged every N steps, an
+evaluation); those asides end the iteration they follow, which deviates from the template
+(``IterationModel.deviating``), and accumulated micro-steps, between which the optimizer reads
+nothing back, stay inside one step. A repeating
 unit whose template leaves out kernels that recur between its repeats as often as it repeats (one
 transformer layer of a training step) is part of a longer iteration, never an iteration itself
 (``_left_out``): the longer period that holds those kernels is taken instead, or none. Everything
