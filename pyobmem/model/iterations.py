@@ -225,7 +225,8 @@ def _process(s, ts, htod_ids, a, b, depth, min_period, claimed, out, main_ns=Non
     if b - a < MIN_COPIES * max(min_period, 1) or depth > MAX_DEPTH:
         return
     loc = s[a:b]
-    ranked = _ranked_lags(loc, _candidate_lags(loc))
+    lags = _candidate_lags(loc)
+    ranked = _ranked_lags(loc, lags)
     # At the top the period is the best lag of at least MIN_PERIOD (runs of shorter lags still
     # explain away the longer ones inside them); below, a too short best lag means no regime.
     pick = _best_lag(ranked, MIN_PERIOD if depth == 0 else 1)
@@ -256,7 +257,7 @@ def _process(s, ts, htod_ids, a, b, depth, min_period, claimed, out, main_ns=Non
             partial.append({"period": period, "count": len(starts), "left_out": len(left), "depth": depth})
         pick = _best_lag(ranked, period + 1, need=left, s=loc)
     if depth == 0:
-        step = _step(loc, ts[a:b], htod_ids, dtoh_ids, found)
+        step = _step(loc, ts[a:b], htod_ids, dtoh_ids, found, lags)
         found = step if step is not None else found
     if found is None:
         if depth > 0:
@@ -279,10 +280,11 @@ def _process(s, ts, htod_ids, a, b, depth, min_period, claimed, out, main_ns=Non
             _process(s, ts, htod_ids, a + ga, a + gb, depth + 1, min_period, claimed, out, main_ns, partial, dtoh_ids)
 
 
-def _step(s, ts, htod_ids, dtoh_ids, found) -> tuple | None:
+def _step(s, ts, htod_ids, dtoh_ids, found, lags) -> tuple | None:
     """The training step: the shortest candidate period whose iterations, with asides between
     some of them, span the stream (``_is_step``); (period, template, starts, scores, phase) or
-    None. ``found``: the period of the largest coverage (``_process``), or None; the step's
+    None. ``lags``: the candidate periods (``_candidate_lags``). ``found``: the period of the
+    largest coverage (``_process``), or None; the step's
     iterations cover at least STEP_COVERAGE of its ops (half of the stream when there is none).
 
     A loop that logs the loss every 10 steps repeats exactly every 10 steps and one copy; its
@@ -291,7 +293,6 @@ def _step(s, ts, htod_ids, dtoh_ids, found) -> tuple | None:
     evaluation and checkpoints at the end of the loop body.
     """
     n = len(s)
-    lags = _candidate_lags(s)
     if found is not None:
         lags = np.union1d(lags, [found[0]])
     need = STEP_COVERAGE * found[0] * len(found[2]) if found is not None else 0.5 * n
@@ -300,12 +301,15 @@ def _step(s, ts, htod_ids, dtoh_ids, found) -> tuple | None:
             continue
         st, en = _runs(s, S)
         ok = en - st >= MIN_COPIES * S
-        if not np.any(ok):
+        if not np.any(ok) or (en - st).sum() < need / 2:  # runs far from enough: no alignment (cost)
             continue
         run_start = int(st[ok][np.argmax((en - st)[ok])])
         phi, how = _phase(s, ts, run_start, S, htod_ids)
         template = np.roll(s[run_start : run_start + S], -phi)
-        starts, scores = _align(s, template)
+        if found is not None and S == found[0] and np.array_equal(template, found[1]):
+            starts, scores = found[2], found[3]
+        else:
+            starts, scores = _align(s, template)
         if len(starts) < MIN_MAIN_ITERATIONS or len(starts) * S < need:
             continue
         j = _aside_phase(s, template, starts, dtoh_ids)
