@@ -17,8 +17,9 @@ Policy and cost model (docs/swap.md has the formulas):
   those in swap mode) of at least ``min_swap_bytes``, live over the whole iteration, accessed in
   it, never touched by an opaque launch nor named by an NCCL call, not an arena. Their idle
   windows are the cyclic gaps between consecutive accesses (the last access of the iteration
-  wraps to the first of the next). The iteration is the model's (which does not take a
-  repeating transformer layer for it).
+  wraps to the first of the next). The iteration is the model's training step (which does not
+  take a repeating transformer layer, nor 10 steps and a logged loss, for it), taken from its
+  iterations that follow the template (``IterationModel.main_rows()``: not one with an aside).
 - Each window: SWAP_OUT after its last access (position s): the copy runs once the GPU has run s
   (first come first served on one device-to-host engine), and the shim's release thread frees the
   memory when the copy ends. PREFETCH before position q: the latest op the host

@@ -2,6 +2,7 @@
 gradient accumulation, a smaller last batch, a change of pattern; then on a capture."""
 
 import numpy as np
+import pytest
 
 from pyobmem import abi
 from pyobmem.capture import read_capture
@@ -37,9 +38,14 @@ def test_warmup_and_eval_in_the_middle():
     assert list(r["starts"][5:]) == [after + i * P for i in range(6)]
 
 
-def test_eval_loop_is_its_own_regime():
+def test_short_eval_loop_is_an_aside():
+    # 4 evaluation batches after step 5 (less than 3 steps' worth): part of that step's
+    # iteration, which deviates; they are no regime of their own (a longer one is, see
+    # test_model_iterations_layers.py).
     seq = STEP * 5 + EVAL * 4 + STEP * 5
-    assert sorted(regimes(seq)) == sorted([(P, 10), (len(EVAL), 4)])
+    (r,) = detect_in_sequence(np.array(seq))
+    assert r["period"] == P and len(r["starts"]) == 10
+    assert list(r["ends"] - r["starts"]) == [P] * 4 + [P + 4 * len(EVAL)] + [P] * 5
 
 
 def test_gradient_accumulation():
@@ -98,3 +104,51 @@ def test_capture_phase_follows_the_pause_and_the_main_process(tmp_path):
     assert [cap.kernel_name(int(r)) for r in it.start_op] == ["kernel 0x10"] * 6
     assert list(it.end_op[:-1]) == list(it.start_op[1:])  # contiguous, the other pid's op inside
     assert it.end_op[-1] == len(cap.ops)  # no launch of pid 100 after the last iteration
+
+
+# A training loop without a per-step sync: input copy (id 8), forward and backward (10..69), the
+# optimizer (70..77); every 10th step it reads the loss back after the optimizer (id 9, a
+# device-to-host copy); the first step also initialises the optimizer state (id 98, 6 fills).
+FWD_BWD, OPTIMIZER = [8] + list(range(10, 70)), list(range(70, 78))
+TRAIN = FWD_BWD + OPTIMIZER
+READ_BACK = 9
+DTOH = np.zeros(100, bool)
+DTOH[READ_BACK] = True
+
+
+def training_loop(steps: int, log_every: int, step=TRAIN, first=None) -> list:
+    seq = []
+    for i in range(steps):
+        seq += (first if i == 0 and first else step)
+        if (i + 1) % log_every == 0 or i == steps - 1:
+            seq.append(READ_BACK)
+    return seq
+
+
+@pytest.mark.parametrize("steps", [30, 200])
+def test_logging_every_n_steps_is_an_aside(steps):
+    # Before: period 10 steps + 1 (200 steps), or no period at all (30: fewer than 3 copies).
+    first = FWD_BWD + [98] * 6 + OPTIMIZER
+    (r,) = detect_in_sequence(np.array(training_loop(steps, 10, first=first)), dtoh_ids=DTOH)
+    P = len(TRAIN)
+    assert r["period"] == P and len(r["starts"]) == steps
+    assert list(r["template"][:2]) == [8, 10]  # the iteration starts at the input copy, after the aside
+    lengths = r["ends"] - r["starts"]
+    logged = [i for i in range(steps) if (i + 1) % 10 == 0 or i == steps - 1]
+    assert lengths[0] == P + 6 and all(lengths[logged] == P + 1)
+    assert np.count_nonzero(lengths != P) == len(set(logged) | {0})
+
+
+def test_accumulated_micro_steps_are_no_step():
+    # 4 micro-steps (the first without the 8 gradient additions, ids 80..87), then the optimizer;
+    # the loss read back every 10 optimizer steps. The micro-steps repeat most of the stream, but
+    # between their runs the optimizer reads nothing back: it is the rest of the step.
+    micro = FWD_BWD + list(range(80, 88))
+    step = FWD_BWD + micro * 3 + OPTIMIZER
+    (r,) = detect_in_sequence(np.array(training_loop(30, 10, step=step)), dtoh_ids=DTOH)
+    assert r["period"] == len(step) and len(r["starts"]) == 30
+    assert micro_step(r["template"]) == (len(micro), 4)
+    # without the copy kinds nothing tells a logging aside from the optimizer: the steps and the
+    # read-back make one iteration of 10 steps
+    (r,) = detect_in_sequence(np.array(training_loop(200, 10, step=step)))
+    assert r["period"] == 10 * len(step) + 1

@@ -102,16 +102,17 @@ def stats_dict(a, top: int = 10) -> dict:
         rows = np.flatnonzero(it.regime == i)
         regimes.append({
             "period_ops": r.period_ops, "micro_period_ops": r.micro_period_ops, "micro_steps": r.micro_steps,
-            "iterations": r.count, "confidence": _round(r.confidence), "phase": r.phase, "main": i == it.main,
+            "iterations": r.count, "deviating": r.deviating, "confidence": _round(r.confidence), "phase": r.phase,
+            "main": i == it.main,
             "first_op": int(it.start_op[rows[0]]), "end_op": int(it.end_op[rows[-1]]),
             "start_ns": int(it.t_start[rows[0]] - t0), "end_ns": int(it.t_end[rows[-1]] - t0),
             "iteration_ns": int(np.median(it.t_end[rows] - it.t_start[rows])),
         })
     iterations = [
         {"regime": int(g), "start_op": int(s), "end_op": int(e), "start_ns": int(ts - t0), "end_ns": int(te - t0),
-         "match": _round(m)}
-        for g, s, e, ts, te, m in zip(it.regime[:MAX_LISTED_ITERATIONS], it.start_op, it.end_op, it.t_start, it.t_end,
-                                      it.match)
+         "match": _round(m), "ops": int(q - p), "deviating": bool(d)}
+        for g, s, e, ts, te, m, p, q, d in zip(it.regime[:MAX_LISTED_ITERATIONS], it.start_op, it.end_op, it.t_start,
+                                               it.t_end, it.match, it.start_seq, it.end_seq, it.deviating)
     ]
     # Largest blocks, with the longest idle interval inside an iteration as a share of it.
     iv = bm.intervals
@@ -136,6 +137,7 @@ def stats_dict(a, top: int = 10) -> dict:
         "drops": drops_dict(cap),
         "pid": it.pid,
         "iterations_found": it.count,
+        "deviating_iterations": it.n_deviating,
         "message": None if main else NO_ITERATION,
         "period_ops": main.period_ops if main else None,
         "micro_period_ops": main.micro_period_ops if main else None,
@@ -195,11 +197,13 @@ def format_stats(d: dict) -> str:
         g = d.get("gpu_clock") or {}
         gpu = f" host, {format_duration(g['iteration_ns_gpu'], digits=3)} GPU clock" if g.get("iteration_ns_gpu") else ""
         out.append(f"iterations: {d['iterations_found']} (main: {d['period_ops']} ops per iteration{micro}, "
-                   f"{format_duration(d['iteration_ns'], digits=3)}{gpu}, pid {d['pid']})")
+                   f"{format_duration(d['iteration_ns'], digits=3)}{gpu}, pid {d['pid']}), "
+                   f"{d['deviating_iterations']} deviating from the template")
         out.append(table(
-            ["regime", "period", "micro-step", "iterations", "ops", "time", "iteration", "match", "phase"],
+            ["regime", "period", "micro-step", "iterations", "deviating", "ops", "time", "iteration", "match", "phase"],
             [[f"{i}{' *' if r['main'] else ''}", r["period_ops"],
               f"{r['micro_period_ops']} x {r['micro_steps']}" if r["micro_period_ops"] else "-", r["iterations"],
+              r["deviating"],
               f"{r['first_op']}..{r['end_op']}", f"{format_duration(r['start_ns'], digits=3)}..{format_duration(r['end_ns'], digits=3)}",
               format_duration(r["iteration_ns"], digits=3), _pct(r["confidence"]), r["phase"]] for i, r in enumerate(d["regimes"])]))
     na = d["message"] is not None

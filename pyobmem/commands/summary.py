@@ -281,8 +281,9 @@ def _swap_lines(w: dict) -> list[str]:
 def _iteration(cap: Capture) -> dict | None:
     """The iteration of the main process, from the model's detection (pyobmem.model.iterations,
     the one period detector): ops per iteration of the main regime (launches, graph launches and
-    copies), mean template match, iterations found and the median iteration time; None when no
-    iteration repeats."""
+    copies: the training step), mean template match, iterations found, how many deviate from the
+    template (an aside at their end, the warm-up), the micro-steps of gradient accumulation and
+    the median iteration time; None when no iteration repeats."""
     from ..model.iterations import detect_iterations  # scipy: loaded only when needed
 
     from ..model.gpuclock import iteration_ns_gpu
@@ -293,7 +294,8 @@ def _iteration(cap: Capture) -> dict | None:
         return None
     gpu = iteration_ns_gpu(cap, it)
     return {"launches": int(main.period_ops), "score": round(float(main.confidence), 4),
-            "repeats": int(main.count), "period_ns": int(round(it.iteration_ns)), "pid": int(it.pid),
+            "repeats": int(main.count), "deviating": int(main.deviating), "micro_steps": int(main.micro_steps),
+            "micro_launches": main.micro_period_ops, "period_ns": int(round(it.iteration_ns)), "pid": int(it.pid),
             "period_gpu_ns": None if gpu is None else int(round(gpu))}
 
 
@@ -369,10 +371,11 @@ def _iteration_line(s: dict) -> str:
     if it is None:
         return "no repeating pattern"
     gpu = it.get("period_gpu_ns")
+    micro = f" ({it['micro_steps']} micro-steps of {it['micro_launches']:,})" if it["micro_launches"] else ""
     return (
-        f"{it['launches']:,} ops per iteration, {format_duration(it['period_ns'])} each"
+        f"{it['launches']:,} ops per iteration{micro}, {format_duration(it['period_ns'])} each"
         + (f" (GPU clock: {format_duration(gpu)})" if gpu is not None and gpu != it["period_ns"] else "")
-        + f" ({it['repeats']:,} iterations, {100 * it['score']:.1f}% template match)"
+        + f" ({it['repeats']:,} iterations, {it['deviating']:,} deviating, {100 * it['score']:.1f}% template match)"
     )
 
 

@@ -4,7 +4,12 @@ The stream is the main process's kernel launches, graph launches and copies (the
 most launches), each mapped to a small int "kernel id" (same type, handle and copy direction ->
 same id). Training repeats one sequence of kernels per iteration, so the stream is periodic over
 long stretches. ``detect_iterations`` finds those stretches (regimes), the period of each, its
-phase and every iteration in it; docs/model.md describes the method and its limits. A repeating
+phase and every iteration in it; docs/model.md describes the method and its limits. The main
+regime is the training step (``_step``): the shortest period whose iterations span the stream with
+asides between some of them that read a result back to the host (a loss logged every N steps, an
+evaluation); those asides end the iteration they follow, which deviates from the template
+(``IterationModel.deviating``), and accumulated micro-steps, between which the optimizer reads
+nothing back, stay inside one step. A repeating
 unit whose template leaves out kernels that recur between its repeats as often as it repeats (one
 transformer layer of a training step) is part of a longer iteration, never an iteration itself
 (``_left_out``): the longer period that holds those kernels is taken instead, or none. Everything
@@ -33,6 +38,8 @@ SUB_REGIME_MAX_SLOWDOWN = 10.0  # ... and ops no more than 10x slower than the m
 # while it compiles, runs at host speed: warm-up, not training)
 MAX_DEPTH = 4  # recursion into the stretches no regime explained
 N_CANDIDATES = 24  # lags kept from the autocorrelation
+MICRO_SHARE = 0.6  # micro-steps of gradient accumulation cover at least this share of the iteration
+STEP_COVERAGE = 0.75  # a step's iterations cover at least this share of the stretch they span
 EXACT_WORK = 30_000_000  # below n * max_lag, match counts are computed exactly (no FFT)
 _SEQ_TYPES = (abi.Ev.LAUNCH, abi.Ev.GRAPH_LAUNCH, abi.Ev.MEMCPY)
 
@@ -47,8 +54,10 @@ class Regime:
     ``IterationModel.kernel_rows``). ``first`` and ``count``: its iterations are rows
     ``first .. first+count-1`` of the IterationModel arrays. ``confidence``: mean over its
     iterations of the fraction of positions whose kernel equals the template's (0..1).
-    ``phase``: how the start was chosen: "gap" (the longest pause between launches), "htod" (the
-    input copy) or "stream" (where the repetition starts).
+    ``phase``: how the start was chosen: "aside" (right after the ops that some iterations add at
+    their end: a logged loss, an evaluation), "gap" (the longest pause between launches), "htod"
+    (the input copy) or "stream" (where the repetition starts). ``deviating``: how many of its
+    iterations do not follow the template (``IterationModel.deviating``).
     """
 
     period_ops: int
@@ -59,6 +68,7 @@ class Regime:
     count: int
     confidence: float
     phase: str
+    deviating: int = 0
 
 
 @dataclass(frozen=True)
@@ -85,7 +95,10 @@ class IterationModel:
     ``start_op``/``end_op``: [start, end) capture op rows (end: the op row of the sequence op after
     the iteration, or len(ops)). ``t_start``/``t_end``: ns (t_end: the time of ``end_op``, or of
     the last op when the stream ends there). ``regime``: index into ``regimes`` (int32).
-    ``match``: fraction of template positions matched (float64). ``main``: index of the regime
+    ``match``: fraction of template positions matched (float64). ``deviating``: bool, the
+    iteration does not follow its regime's template: it holds other than ``period_ops`` ops (an
+    aside at its end: a logged loss, an evaluation, a checkpoint; the warm-up of the first step)
+    or one of its first ``period_ops`` ops differs. ``main``: index of the regime
     covering the most ops, -1 when no iteration was found. ``partial``: when no iteration was
     found but a repeating unit was left out as part of a longer iteration (the longer one repeats
     too few times yet), that unit; else None.
@@ -105,6 +118,7 @@ class IterationModel:
     t_end: np.ndarray = field(repr=False)
     regime: np.ndarray = field(repr=False)
     match: np.ndarray = field(repr=False)
+    deviating: np.ndarray = field(repr=False, default=None)
     partial: PartialUnit | None = None
 
     @property
@@ -116,11 +130,25 @@ class IterationModel:
     def main_regime(self) -> Regime | None:
         return self.regimes[self.main] if self.main >= 0 else None
 
-    def main_rows(self) -> np.ndarray:
-        """Iteration rows of the main regime (int64), empty when none."""
+    @property
+    def n_deviating(self) -> int:
+        """Iterations of the main regime that do not follow its template."""
+        return int(np.count_nonzero(self.deviating[self.step_rows()])) if self.deviating is not None else 0
+
+    def step_rows(self) -> np.ndarray:
+        """Iteration rows of the main regime (int64), deviating ones included; empty when none."""
         if self.main < 0:
             return np.zeros(0, np.int64)
         return np.flatnonzero(self.regime == self.main)
+
+    def main_rows(self) -> np.ndarray:
+        """Iteration rows of the main regime that follow its template (int64), what the per-block
+        model and the planner use; all of the main regime's when fewer than MIN_ITERATIONS do."""
+        rows = self.step_rows()
+        if self.deviating is None:
+            return rows
+        ok = rows[~self.deviating[rows]]
+        return ok if len(ok) >= MIN_ITERATIONS else rows
 
     @property
     def iteration_ns(self) -> float | None:
@@ -155,21 +183,25 @@ def detect_iterations(capture) -> IterationModel:
     """Find the iterations of a capture from its launch stream (see the module docstring)."""
     pid, rows, ids, kernel_rows = kernel_sequence(capture)
     ts = capture.ops["ts_ns"][rows]
-    htod = np.zeros(len(kernel_rows), bool)
+    htod = dtoh = np.zeros(len(kernel_rows), bool)
     if len(kernel_rows):
         ko = capture.ops[kernel_rows]
-        htod = (ko["type"] == abi.Ev.MEMCPY) & ((ko["copy_kind"] & 0xFF) == abi.CopyKind.HTOD)
+        copy = ko["type"] == abi.Ev.MEMCPY
+        htod = copy & ((ko["copy_kind"] & 0xFF) == abi.CopyKind.HTOD)
+        dtoh = copy & ((ko["copy_kind"] & 0xFF) == abi.CopyKind.DTOH)
     partial: list = []
-    found = detect_in_sequence(ids, ts, htod, partial=partial)
+    found = detect_in_sequence(ids, ts, htod, partial=partial, dtoh_ids=dtoh)
     return _model(capture, pid, rows, ids, kernel_rows, ts, found, partial)
 
 
 def detect_in_sequence(ids: np.ndarray, ts: np.ndarray | None = None, htod_ids: np.ndarray | None = None,
-                       partial: list | None = None) -> list:
-    """Regimes of an int sequence: a list of dicts with period, template, starts, scores, phase.
+                       partial: list | None = None, dtoh_ids: np.ndarray | None = None) -> list:
+    """Regimes of an int sequence: a list of dicts with period, template, starts, ends, scores, phase.
 
-    ``ts`` (ns per position) lets the phase follow the longest pause; ``htod_ids`` (bool per id)
-    marks host-to-device copies. The regimes come in the order they were found (largest first).
+    ``ts`` (ns per position) lets the phase follow the longest pause; ``htod_ids`` and
+    ``dtoh_ids`` (bool per id) mark host-to-device and device-to-host copies. The regimes come
+    in the order they were found (largest first); the first is the training step (``_step``),
+    whose iterations run from one start to the next (``ends``: the asides between them included).
     ``partial``, when given, receives a dict (period, count, left_out, depth) per repeating unit
     left out as part of a longer iteration (``_left_out``), in the order they were met.
     """
@@ -178,7 +210,7 @@ def detect_in_sequence(ids: np.ndarray, ts: np.ndarray | None = None, htod_ids: 
         ts = np.arange(len(s), dtype=np.int64)
     claimed = np.zeros(len(s), bool)
     out: list = []
-    _process(s, ts, htod_ids, 0, len(s), 0, 1, claimed, out, partial=partial)
+    _process(s, ts, htod_ids, 0, len(s), 0, 1, claimed, out, partial=partial, dtoh_ids=dtoh_ids)
     return out
 
 
@@ -189,11 +221,12 @@ def _ns_per_op(ts, starts, period) -> float:
     return float(np.median((ts[starts + period - 1] - ts[starts]) / (period - 1)))
 
 
-def _process(s, ts, htod_ids, a, b, depth, min_period, claimed, out, main_ns=None, partial=None) -> None:
+def _process(s, ts, htod_ids, a, b, depth, min_period, claimed, out, main_ns=None, partial=None, dtoh_ids=None) -> None:
     if b - a < MIN_COPIES * max(min_period, 1) or depth > MAX_DEPTH:
         return
     loc = s[a:b]
-    ranked = _ranked_lags(loc, _candidate_lags(loc))
+    lags = _candidate_lags(loc)
+    ranked = _ranked_lags(loc, lags)
     # At the top the period is the best lag of at least MIN_PERIOD (runs of shorter lags still
     # explain away the longer ones inside them); below, a too short best lag means no regime.
     pick = _best_lag(ranked, MIN_PERIOD if depth == 0 else 1)
@@ -223,15 +256,20 @@ def _process(s, ts, htod_ids, a, b, depth, min_period, claimed, out, main_ns=Non
         if partial is not None:
             partial.append({"period": period, "count": len(starts), "left_out": len(left), "depth": depth})
         pick = _best_lag(ranked, period + 1, need=left, s=loc)
+    if depth == 0:
+        step = _step(loc, ts[a:b], htod_ids, dtoh_ids, found, lags)
+        found = step if step is not None else found
     if found is None:
         if depth > 0:
             return
     else:
         period, template, starts, scores, how = found
-        starts = starts + a
-        out.append({"period": period, "template": template, "starts": starts, "scores": scores, "phase": how})
-        for st in starts:
-            claimed[st : st + period] = True
+        ends = _absorb(loc, template, starts, dtoh_ids) if depth == 0 else starts + period
+        starts, ends = starts + a, ends + a
+        out.append({"period": period, "template": template, "starts": starts, "ends": ends, "scores": scores,
+                    "phase": how})
+        for st, en in zip(starts, ends):
+            claimed[st:en] = True
         if depth == 0:
             min_period = max(1, int(period * SUB_REGIME_MIN_RATIO))
             main_ns = _ns_per_op(ts, starts, period)
@@ -239,7 +277,114 @@ def _process(s, ts, htod_ids, a, b, depth, min_period, claimed, out, main_ns=Non
         free = ~claimed[a:b]
         edges = np.diff(np.concatenate(([0], free.view(np.int8), [0])))
         for ga, gb in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)):
-            _process(s, ts, htod_ids, a + ga, a + gb, depth + 1, min_period, claimed, out, main_ns, partial)
+            _process(s, ts, htod_ids, a + ga, a + gb, depth + 1, min_period, claimed, out, main_ns, partial, dtoh_ids)
+
+
+def _step(s, ts, htod_ids, dtoh_ids, found, lags) -> tuple | None:
+    """The training step: the shortest candidate period whose iterations, with asides between
+    some of them, span the stream (``_is_step``); (period, template, starts, scores, phase) or
+    None. ``lags``: the candidate periods (``_candidate_lags``). ``found``: the period of the
+    largest coverage (``_process``), or None; the step's
+    iterations cover at least STEP_COVERAGE of its ops (half of the stream when there is none).
+
+    A loop that logs the loss every 10 steps repeats exactly every 10 steps and one copy; its
+    steps are that period's iterations, the copy an aside of one of them. The template is rotated
+    so that iterations start right after their asides (``_aside_phase``): users put logging,
+    evaluation and checkpoints at the end of the loop body.
+    """
+    n = len(s)
+    if found is not None:
+        lags = np.union1d(lags, [found[0]])
+    need = STEP_COVERAGE * found[0] * len(found[2]) if found is not None else 0.5 * n
+    for S in (int(x) for x in lags):
+        if S < MIN_PERIOD or S * MIN_MAIN_ITERATIONS > n:
+            continue
+        st, en = _runs(s, S)
+        ok = en - st >= MIN_COPIES * S
+        if not np.any(ok) or (en - st).sum() < need / 2:  # runs far from enough: no alignment (cost)
+            continue
+        run_start = int(st[ok][np.argmax((en - st)[ok])])
+        phi, how = _phase(s, ts, run_start, S, htod_ids)
+        template = np.roll(s[run_start : run_start + S], -phi)
+        if found is not None and S == found[0] and np.array_equal(template, found[1]):
+            starts, scores = found[2], found[3]
+        else:
+            starts, scores = _align(s, template)
+        if len(starts) < MIN_MAIN_ITERATIONS or len(starts) * S < need:
+            continue
+        j = _aside_phase(s, template, starts, dtoh_ids)
+        if j:
+            # kept when it aligns as many iterations (an aside that starts like the template, an
+            # evaluation's forward pass, would otherwise be taken for its beginning)
+            t2 = np.roll(template, -j)
+            st2, sc2 = _align(s, t2)
+            if len(st2) >= len(starts):
+                template, starts, scores, how = t2, st2, sc2, "aside"
+        if len(starts) >= MIN_MAIN_ITERATIONS and _is_step(s, template, starts, dtoh_ids) \
+                and not len(_left_out(s, template, starts)):
+            return S, template, starts, scores, how
+    return None
+
+
+def _extra_reads(s, template, dtoh_ids, a, b) -> bool:
+    """Whether s[a:b] holds more device-to-host copies than the template: the host reads a
+    result back there (a logged loss, a metric, an evaluation's result, a checkpoint)."""
+    if dtoh_ids is None or not len(dtoh_ids):
+        return False
+    return int(np.count_nonzero(dtoh_ids[s[a:b]])) > int(np.count_nonzero(dtoh_ids[template]))
+
+
+def _is_step(s, template, starts, dtoh_ids) -> bool:
+    """Whether the iterations at ``starts`` are training steps: they cover at least STEP_COVERAGE
+    of the stretch from the first to the end of the last, and the stretches between two of them
+    that hold more than one iteration (the asides) mostly read a result back to the host. A
+    stretch that reads nothing back, recurring (in at least 2 and half of them), is the rest of
+    the step: the optimizer update after accumulated micro-steps."""
+    P = len(template)
+    if len(starts) * P < STEP_COVERAGE * (starts[-1] + P - starts[0]):
+        return False
+    longer = np.flatnonzero(np.diff(starts) > P)
+    quiet = sum(not _extra_reads(s, template, dtoh_ids, int(starts[i]), int(starts[i + 1])) for i in longer)
+    return not (quiet >= 2 and 2 * quiet >= len(longer))
+
+
+def _aside_phase(s, template, starts, dtoh_ids) -> int:
+    """Offset into the template where most asides are inserted (0: at its end already, or no
+    asides). Each stretch from one start to the next that holds more than an iteration, and the
+    stretch from the last start to the end when it holds more and reads a result back (the last
+    step's log), is compared with the template repeated: its first mismatch, modulo the period,
+    is where its aside was inserted."""
+    P = len(template)
+    spans = [(int(starts[i]), int(starts[i + 1])) for i in np.flatnonzero(np.diff(starts) > P)]
+    a, n = int(starts[-1]), len(s)
+    if n - a > P and _extra_reads(s, template, dtoh_ids, a + P, n):
+        spans.append((a, n))
+    if not spans:
+        return 0
+    js = []
+    for a, b in spans:
+        miss = np.flatnonzero(s[a:b] != template[np.arange(b - a) % P])
+        js.append(int(miss[0]) % P if len(miss) else 0)
+    vals, cnt = np.unique(js, return_counts=True)
+    j = int(vals[np.argmax(cnt)])
+    return j if 2 * int(cnt.max()) > len(js) else 0
+
+
+def _absorb(s, template, starts, dtoh_ids) -> np.ndarray:
+    """Ends of the step's iterations: each runs to the next start when the ops between hold less
+    than MIN_COPIES iterations' worth (an aside, not a stretch with a regime of its own); the
+    last takes in what follows it on the same terms when that reads a result back (the last
+    step's log or evaluation)."""
+    P = len(template)
+    ends = starts + P
+    if len(starts) > 1:
+        extra = starts[1:] - ends[:-1]
+        take = (extra > 0) & (extra < MIN_COPIES * P)
+        ends[:-1][take] = starts[1:][take]
+    n = len(s)
+    if 0 < n - ends[-1] < MIN_COPIES * P and _extra_reads(s, template, dtoh_ids, int(ends[-1]), n):
+        ends[-1] = n
+    return ends
 
 
 def _left_out(s: np.ndarray, template: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -467,32 +612,53 @@ def _align(s: np.ndarray, template: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 
 def micro_step(template: np.ndarray) -> tuple[int | None, int]:
     """(micro period, micro steps) when the iteration is k >= 2 copies of one micro-step followed
-    by a shorter tail (gradient accumulation then the optimizer step), else (None, 1)."""
+    by a shorter tail (gradient accumulation then the optimizer step), else (None, 1): the
+    longest cyclic run of T[j] = T[j+p], plus one copy, covers 90% of (k-1)p, k = P // p, and
+    MICRO_SHARE of P. The
+    micro-steps are counted as the commonest count in the template of the kernels seen once in
+    one micro-step: the first micro-step may differ from the others (PyTorch assigns the
+    gradients there and adds to them in the next ones), so copies alone count one too few."""
     P = len(template)
     if P < 4:
         return None, 1
     for p in range(1, P // 2 + 1):
         k = P // p
         c = template == np.roll(template, -p)
-        if np.count_nonzero(c) < 0.9 * (k - 1) * p:
+        # the copies (the first may differ: one less) cover 90% of k - 1 of them, and 60% of P
+        need = max(0.9 * (k - 1) * p, MICRO_SHARE * P) - p
+        if np.count_nonzero(c) < need:
             continue
-        run = _longest_cyclic_run(c)
-        if run >= 0.9 * (k - 1) * p and run >= p:
-            return p, int(round(run / p)) + 1
+        run, at = _longest_cyclic_run(c)
+        if run >= need and run >= p:
+            unit = template[np.arange(at, at + p) % P]
+            ids, cnt = np.unique(unit, return_counts=True)
+            once = ids[cnt == 1]
+            copies = int(round(run / p)) + 1
+            if len(once):
+                per = np.bincount(np.searchsorted(once, template[np.isin(template, once)]), minlength=len(once))
+                vals, n = np.unique(per, return_counts=True)
+                copies = max(copies, int(vals[np.flatnonzero(n == n.max())[-1]]))
+            return p, copies
     return None, 1
 
 
-def _longest_cyclic_run(c: np.ndarray) -> int:
+def _longest_cyclic_run(c: np.ndarray) -> tuple[int, int]:
+    """(length, start) of the longest cyclic run of True in c."""
     if np.all(c):
-        return len(c)
-    c2 = np.roll(c, -int(np.argmin(c)))
+        return len(c), 0
+    shift = int(np.argmin(c))
+    c2 = np.roll(c, -shift)
     e = np.diff(np.concatenate(([0], c2.view(np.int8), [0])))
-    return int((np.flatnonzero(e == -1) - np.flatnonzero(e == 1)).max(initial=0))
+    st, en = np.flatnonzero(e == 1), np.flatnonzero(e == -1)
+    if not len(st):
+        return 0, 0
+    i = int(np.argmax(en - st))
+    return int(en[i] - st[i]), (int(st[i]) + shift) % len(c)
 
 
 def _model(capture, pid, rows, ids, kernel_rows, ts, found, partial=()) -> IterationModel:
     n_ops = len(capture.ops)
-    regimes, st_all, per_all, rg_all, sc_all = [], [], [], [], []
+    regimes, st_all, en_all, rg_all, sc_all, dv_all = [], [], [], [], [], []
     order = sorted(range(len(found)), key=lambda i: int(found[i]["starts"][0]))
     for ri, i in enumerate(order):
         f = found[i]
@@ -505,20 +671,23 @@ def _model(capture, pid, rows, ids, kernel_rows, ts, found, partial=()) -> Itera
             )
         )
         st_all.append(f["starts"])
-        per_all.append(np.full(k, f["period"], np.int64))
+        en_all.append(f["ends"])
         rg_all.append(np.full(k, ri, np.int32))
         sc_all.append(f["scores"])
+        dv_all.append((f["ends"] - f["starts"] != f["period"]) | (np.asarray(f["scores"]) < 1.0))
     if regimes:
         start_seq = np.concatenate(st_all)
-        end_seq = start_seq + np.concatenate(per_all)
+        end_seq = np.concatenate(en_all)
         regime = np.concatenate(rg_all)
         match = np.concatenate(sc_all)
+        deviating = np.concatenate(dv_all)
         o = np.argsort(start_seq, kind="stable")
-        start_seq, end_seq, regime, match = start_seq[o], end_seq[o], regime[o], match[o]
+        start_seq, end_seq, regime, match, deviating = start_seq[o], end_seq[o], regime[o], match[o], deviating[o]
         fixed = []
         for ri, r in enumerate(regimes):
             w = np.flatnonzero(regime == ri)
-            fixed.append(Regime(**{**r.__dict__, "first": int(w[0]), "count": len(w)}))
+            fixed.append(Regime(**{**r.__dict__, "first": int(w[0]), "count": len(w),
+                                   "deviating": int(np.count_nonzero(deviating[w]))}))
         regimes = fixed
         ops_per = [r.period_ops * r.count for r in regimes]
         main = int(np.argmax(ops_per))
@@ -526,6 +695,7 @@ def _model(capture, pid, rows, ids, kernel_rows, ts, found, partial=()) -> Itera
         start_seq = end_seq = np.zeros(0, np.int64)
         regime = np.zeros(0, np.int32)
         match = np.zeros(0)
+        deviating = np.zeros(0, bool)
         main = -1
     top = [p for p in partial if p["depth"] == 0]  # the first unit left out at the top, if no iteration
     unit = PartialUnit(*(int(top[0][f]) for f in ("period", "count", "left_out"))) if main < 0 and top else None
@@ -543,5 +713,5 @@ def _model(capture, pid, rows, ids, kernel_rows, ts, found, partial=()) -> Itera
         pid=pid, seq_rows=rows, seq_ids=ids, kernel_rows=kernel_rows, regimes=tuple(regimes), main=main,
         start_seq=start_seq.astype(np.int64), end_seq=end_seq.astype(np.int64), start_op=np.asarray(start_op, np.int64),
         end_op=np.asarray(end_op, np.int64), t_start=np.asarray(t_start, np.int64), t_end=np.asarray(t_end, np.int64),
-        regime=regime, match=match, partial=unit,
+        regime=regime, match=match, deviating=deviating, partial=unit,
     )
