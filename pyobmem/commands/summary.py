@@ -14,8 +14,8 @@ import numpy as np
 
 from .. import abi, ranks
 from ..capture import Capture
-from ..export import cuda_span, drops_hint
-from ..model.blocks import live_bytes_peak
+from ..model.iterations import detect_iterations
+from ..model.queries import cuda_span, drops_hint, live_bytes_peak
 from ..ranks import rank_rows
 from ..report.swap import swap_facts
 from ..units import format_bytes, format_duration
@@ -215,8 +215,6 @@ def _iteration(cap: Capture) -> dict | None:
     the one period detector): ops per iteration of the main regime (launches, graph launches and
     copies), mean template match, iterations found and the median iteration time; None when no
     iteration repeats."""
-    from ..model.iterations import detect_iterations  # scipy: loaded only when needed
-
     it = detect_iterations(cap)
     main = it.main_regime
     if main is None:
