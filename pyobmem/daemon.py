@@ -42,6 +42,7 @@ import numpy as np
 
 from . import abi
 from .capture import CaptureWriter, _texts_sequential, decode_records
+from .control import Control
 from .errors import PyobmemError
 from .ring import Ring
 from .units import format_bytes
@@ -152,7 +153,7 @@ class SwapAgent:
 
     def plan_now(self):
         """Learn and plan on the records kept; None (and ``last_reason``) when there is no plan."""
-        from . import planner
+        from . import planner  # deferred: the planner loads the model (scipy), needed in swap mode only
 
         if not self.window:
             return None
@@ -355,8 +356,7 @@ def main(argv=None) -> int:
         ring = Ring.open(args.ring)
         swap = None
         if args.control:
-            from .control import Control
-            from .planner import parse_budget
+            from .planner import parse_budget  # deferred: see plan_now
 
             swap = SwapAgent(Control.open(args.control), parse_budget(args.budget) if args.budget else None, meta)
         writer = CaptureWriter(args.out, meta, force=args.force)

@@ -23,7 +23,10 @@ import time
 from dataclasses import dataclass, field
 
 from . import __version__, abi
+from .control import SUFFIX, Control
 from .errors import PyobmemError
+from .planner import DEFAULT_MIN_SWAP_BYTES
+from .ranks import split
 from .ring import DEFAULT_CAPACITY, Ring
 
 ENV_RING_DIR = "PYOBMEM_RING_DIR"  # directory of the ring file (default /dev/shm; a tmpfs)
@@ -226,9 +229,6 @@ def launch(opts: Options) -> Outcome:
         env, applied = child_environment(dict(os.environ), shim, ring.path, opts.cupti, opts.presets)
         swap_meta = None
         if opts.swap:
-            from .control import SUFFIX, Control
-            from .planner import DEFAULT_MIN_SWAP_BYTES
-
             min_swap = DEFAULT_MIN_SWAP_BYTES if opts.min_swap_bytes is None else int(opts.min_swap_bytes)
             try:
                 control = Control.create(ring.path + SUFFIX, opts.budget.resolve(None) or 0, min_swap)
@@ -276,8 +276,6 @@ def launch(opts: Options) -> Outcome:
 def _split_ranks(outcome: Outcome, force: bool) -> None:
     """A distributed job (processes given ranks): one capture per rank next to the merged one
     (pyobmem.ranks). A failure is one line in the outcome; the merged capture is untouched."""
-    from .ranks import split
-
     try:
         outcome.rank_outputs = split(outcome.output, force=force)
     except PyobmemError as e:

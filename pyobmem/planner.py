@@ -49,7 +49,9 @@ from . import abi
 from .errors import PyobmemError
 from .model.blocks import ARENA, NEVER, build_blocks
 from .model.iterations import IterationModel, detect_iterations
+from .model.queries import card_bytes
 from .model.saving import TIME_RATIOS, bandwidth_of, execution_clock, saving_curve
+from .model.tensors import build_tensors
 from .units import format_bytes
 
 DEFAULT_MIN_SWAP_BYTES = 4 << 20  # 2 MiB segments (PyTorch's small pool, one VMM granule) are never swapped
@@ -809,8 +811,6 @@ def _cover(L: LearnedIteration, budget_bytes: int, max_ratio: float, sim: _Sim, 
 def model_curve(L: LearnedIteration):
     """The model's saving curve (``pyobmem.model.saving.saving_curve``, tensor level, as the report
     shows it) on the planner's iteration, with every greedy step (no stall limit)."""
-    from .model.tensors import build_tensors
-
     tm = build_tensors(L.capture, L.it, L.bm)
     ratios = tuple(sorted(set(TIME_RATIOS) | {GREEDY_MAX_RATIO}))
     return saving_curve(L.capture, L.it, L.bm, bandwidth=L.bandwidth, ratios=ratios, iteration=L.iteration_index, tm=tm)
@@ -850,15 +850,6 @@ def plan_capture(capture, budget, *, bandwidth: float | None = None, min_swap_by
     if isinstance(learned, NoPlan):
         return learned
     return make_plan(learned, int(budget), bound=bound)
-
-
-def card_bytes(capture) -> int | None:
-    """The card's total memory (device0.total_bytes, noted by the shim), or None."""
-    for notes in capture.notes.values():
-        v = notes.get("device0.total_bytes")
-        if v and v.isdigit():
-            return int(v)
-    return None
 
 
 def plan_json_text(plan: Plan) -> str:

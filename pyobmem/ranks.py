@@ -28,6 +28,9 @@ import numpy as np
 from . import abi
 from .capture import Capture, CaptureWriter, decode_records, read_header
 from .errors import PyobmemError
+from .model.iterations import detect_iterations
+from .model.queries import live_bytes_peak
+from .units import format_bytes, format_duration
 
 SPLIT_CHUNK = 1 << 20  # records read at a time (64 MiB)
 _SOURCE_NAMES = {abi.RankSource.TORCH: "RANK", abi.RankSource.OMPI: "OMPI", abi.RankSource.PMI: "PMI",
@@ -241,8 +244,6 @@ def _device_text(cap: Capture, pids) -> str:
 def rank_figures(cap: Capture, rank: Rank | None, file: str | None = None, iteration: bool = True) -> dict:
     """The per-rank row of summary and report: ``cap`` is the rank's part of a capture (``subset``)
     or a whole capture without ranks (``rank`` None). Sizes in bytes, times in ns."""
-    from .model.blocks import live_bytes_peak
-
     ops = cap.ops
     launches = ops[ops["type"] == abi.Ev.LAUNCH]
     peak, _ = live_bytes_peak(cap.blocks)
@@ -272,8 +273,6 @@ def rank_figures(cap: Capture, rank: Rank | None, file: str | None = None, itera
         "iteration_ns": None,
     }
     if iteration and len(launches):
-        from .model.iterations import detect_iterations
-
         it = detect_iterations(cap)
         if it.main_regime is not None:
             row["iteration_ns"] = int(round(it.iteration_ns))
@@ -319,8 +318,6 @@ def has_ranks(captures: list[Capture]) -> bool:
 
 def table_rows(rows: list[dict], with_file: bool = False) -> tuple[list[str], list[list[str]]]:
     """(headers, cells) of the rank table, sizes and times as text."""
-    from .units import format_bytes, format_duration
-
     def pct(v):
         return "-" if v is None else f"{100 * v:.1f}%"
 

@@ -8,7 +8,8 @@ import json
 
 
 from pyobmem.capture import read_capture
-from pyobmem.export import cuda_span, export
+from pyobmem.export import export
+from pyobmem.model.queries import cuda_span
 
 from test_report import LOADER_NS, MiB, training_trace
 

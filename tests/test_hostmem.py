@@ -18,9 +18,8 @@ from test_shim import fake  # noqa: F401
 from pyobmem.abi import AllocKind, Ev, LaunchFlag
 from pyobmem.capture import decode_records
 from pyobmem.commands.summary import attribution, format_short, format_summary, summarize
-from pyobmem.export import live_bytes
 from pyobmem.export.memory_viz import snapshot
-from pyobmem.report.swap import resident_bytes
+from pyobmem.model.queries import live_bytes, resident_bytes
 
 UNKNOWN = int(LaunchFlag.UNKNOWN_ADDRESS)
 

@@ -81,12 +81,13 @@ def training_capture(tmp_path):
 
 
 def test_report_sections_and_classes(training_capture):
+    from pyobmem.model import analyse
     from pyobmem.report import render
-    from pyobmem.report.analysis import analyse
+    from pyobmem.report.analysis import property_rows
 
     cap, ids = training_capture
     a = analyse(cap)
-    assert len(a.iterations) >= 4  # 5 iterations; the detector may leave out the last one's tail
+    assert len(a.iteration_windows) >= 4  # 5 iterations; the detector may leave out the last one's tail
     assert a.iteration_ops == 7  # one copy and six kernels
     row = {bid: i for i, bid in enumerate(cap.blocks["block_id"].tolist())}
     assert a.block_class[row[ids["W1"]]] == "persistent" and a.block_class[row[ids["O"]]] == "persistent"
@@ -96,7 +97,7 @@ def test_report_sections_and_classes(training_capture):
     per_iter = cap.blocks[4:9]
     assert per_iter["size"].tolist() == [4 * MiB, 16 * MiB, 16 * MiB, 1 * MiB, 4 * MiB]
     assert [a.block_class[r] for r in range(4, 8)] == ["iteration-scoped"] * 3 + ["transient"]
-    props = {p.name: p for p in a.properties}
+    props = {p.name: p for p in property_rows(a.properties)}
     # the model matches 337 of the 345 MiB accessed in iterations (two 4 MiB inputs stay unmatched)
     # tensor level: every reuse interval recurs; block level: 337 of the 345 MiB accessed in
     # iterations are matched (two 4 MiB inputs stay unmatched)
@@ -118,14 +119,17 @@ def test_report_sections_and_classes(training_capture):
 def test_saving_curve_exact(training_capture):
     """The last iteration: W1 (64 MiB) idle from adam_step to the next fwd_gemm_1 wraps around the
     iteration; the curve is non-decreasing and never above the peak."""
-    from pyobmem.report.analysis import analyse
+    from pyobmem.model import analyse
+    from pyobmem.report.analysis import candidates
 
     cap, _ = training_capture
     a = analyse(cap)
-    assert a.peak_bytes == (64 + 32 + 64 + 2 + 4 + 16 + 16 + 1) * MiB
-    assert np.all(np.diff(a.curve_saved) >= 0)
-    assert a.curve_saved[-1] <= a.peak_bytes
-    assert a.candidates and a.candidates[0]["size"] == 64 * MiB
+    saved = [s for _, s in a.saving.points]
+    assert a.saving.peak_bytes == (64 + 32 + 64 + 2 + 4 + 16 + 16 + 1) * MiB
+    assert np.all(np.diff(saved) >= 0)
+    assert saved[-1] <= a.saving.peak_bytes
+    c = candidates(a)
+    assert c and c[0]["size"] == 64 * MiB
 
 
 def test_report_without_iterations(tmp_path):

@@ -18,8 +18,9 @@ from pyobmem.capture import read_capture
 from pyobmem.cli import main, run_main
 from pyobmem.commands import summary
 from pyobmem.export import export
+from pyobmem.model.queries import resident_bytes
 from pyobmem.report import render
-from pyobmem.report.swap import resident_bytes, swap_facts
+from pyobmem.report.swap import swap_facts
 
 MiB = 1 << 20
 DATA = Path(__file__).parent / "data"

@@ -24,7 +24,6 @@ from pyobmem.commands.summary import summarize
 from pyobmem.model import analyse
 from pyobmem.model.inefficiency import leak_cutoff
 from pyobmem.model.sanitize import sanitize
-from pyobmem.report.analysis import analyse as report_analyse
 from helpers import one_error_line
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -151,11 +150,11 @@ def test_jax_verbs_agree_on_iterations(capsys):
     cap = read_capture(JAX)
     s = summarize(cap)["iteration"]
     st = stats_dict(analyse(cap, progress=False))
-    ra = report_analyse(read_capture(JAX))
+    ra = analyse(read_capture(JAX), progress=False)
     pd = patterns_dict(analyse(read_capture(JAX), progress=False))
     assert (s["launches"], s["repeats"]) == (st["period_ops"], st["iterations_found"]) == (11, 19)
-    assert (ra.iteration_ops, len(ra.iterations)) == (11, 19)
-    lens = ra.iterations[:, 1] - ra.iterations[:, 0]
+    assert (ra.iteration_ops, len(ra.iteration_windows)) == (11, 19)
+    lens = ra.iteration_windows[:, 1] - ra.iteration_windows[:, 0]
     assert s["period_ns"] == round(st["iteration_ns"]) == round(float(np.median(lens))) == round(pd["iteration_ns"])
 
 

@@ -91,7 +91,7 @@ def test_one_block_id_in_every_verb(capsys, tmp_path, gpt_html):
 
 
 def test_one_iteration_numbering(capsys, gpt_html):
-    from pyobmem.report.analysis import analyse
+    from pyobmem.model import analyse
 
     out = _out(capsys, ["stats", GPT]).out
     assert "swap saving bound (iteration 4 of 0..8, peak 952.00 MiB, 55.0 GB/s each way):" in out
@@ -103,7 +103,7 @@ def test_one_iteration_numbering(capsys, gpt_html):
     # The same iteration: the report's window is the main regime's iteration 4.
     cap = read_capture(GPT)
     a = analyse(cap)
-    it = a.model.iterations
+    it = a.iterations
     k = it.main_rows()[4]
     assert a.window == (int(it.t_start[k]), int(it.t_end[k]))
     assert (a.window[0] - ORIGIN, a.window[1] - ORIGIN) == (672_598_131, 685_472_078)
@@ -213,9 +213,10 @@ def test_cupy_gemv_kernel_named_without_its_return_type(capsys):
 
 
 def test_report_candidates_show_how_they_differ_from_plan(gpt_html):
-    from pyobmem.report.analysis import analyse
+    from pyobmem.model import analyse
+    from pyobmem.report.analysis import candidates
 
-    c = analyse(read_capture(GPT)).candidates[0]
+    c = candidates(analyse(read_capture(GPT)))[0]
     # The bound takes the block's one cyclic window on both sides of the iteration, each with a
     # full copy of stall; within the iteration it is out 6.04 + 2.69 ms; plan swaps it with 0 ns.
     assert (c["block"], c["windows"], c["out_ns"], c["stall_ns"], c["from_ratio"]) == (BIG, 2, 8_726_982, 7_549_746, 1.293)
@@ -333,9 +334,10 @@ def test_already_fits_says_which_budget_would_make_it_swap(tmp_path, capsys):
 
 
 def test_report_candidates_say_why_plan_leaves_a_block():
-    from pyobmem.report.analysis import analyse
+    from pyobmem.model import analyse
+    from pyobmem.report.analysis import candidates
 
     # JAX's platform allocator maps every buffer itself: the bound may move them, plan never.
-    c = analyse(read_capture(os.path.join(DATA, "jax.pyobmem"))).candidates
+    c = candidates(analyse(read_capture(os.path.join(DATA, "jax.pyobmem"))))
     assert [(x["block"], x["plan"]) for x in c] == [(b, "no: not VMM-backable (not cuMemAlloc)")
                                                     for b in ("2581:61", "2581:62", "2581:25")]

@@ -10,7 +10,9 @@ import shutil
 import subprocess
 import sys
 
+from .. import planner
 from ..capture import read_capture
+from ..errors import PyobmemError
 from ..model.sanitize import corrupt_note, sanitize
 
 TIME_ORIGIN = "t = 0 at the first CUDA event of the capture"
@@ -55,9 +57,6 @@ def budget_arg(text: str, what: str = "--budget"):
     """``planner.parse_budget`` for a command-line value (``--min-swap-bytes`` too, through
     ``planner.parse_size`` when ``what`` names it): every bad value is one line and exit 2, also a
     number too large for a float (``1e400``)."""
-    from .. import planner
-    from ..errors import PyobmemError
-
     try:
         if what == "--budget":
             return planner.parse_budget(text)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import shlex
 import sys
 
-from ..export import check_output, FORMATS, default_output, export
+from ..export import FORMATS, default_output, export
 from ..export.perfetto import OP_SLICE_CAP_US
+from ..output import check_output
 from .common import load
 
 VIEWERS = {"memory-viz": "open it at pytorch.org/memory_viz, or run: python -m torch.cuda._memory_viz stats {q}",

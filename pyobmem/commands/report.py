@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from ..export import check_output, open_output
+from ..output import check_output, open_output
 from ..ranks import pick, rank_views
 from ..report import write
 from ..report.ranks import section

@@ -13,10 +13,10 @@ import json
 
 import numpy as np
 
-from ..export import cuda_span, drops_hint
 from ..model import CLASSES, analyse, blocks_by_class
 from ..model.gpuclock import clock_facts
 from ..model.properties import in_iteration_intervals
+from ..model.queries import cuda_span, drops_hint
 from ..units import format_bytes, format_duration, format_iteration
 from .common import TIME_ORIGIN, count, load, positive_float
 

@@ -14,8 +14,9 @@ import numpy as np
 
 from .. import abi, ranks
 from ..capture import Capture
-from ..export import cuda_span, drops_hint
-from ..model.blocks import live_bytes_peak
+from ..model.gpuclock import clock_facts, iteration_ns_gpu
+from ..model.iterations import detect_iterations
+from ..model.queries import cuda_span, drops_hint, live_bytes_peak
 from ..ranks import rank_rows
 from ..report.swap import swap_facts
 from ..units import format_bytes, format_duration
@@ -284,10 +285,6 @@ def _iteration(cap: Capture) -> dict | None:
     copies: the training step), mean template match, iterations found, how many deviate from the
     template (an aside at their end, the warm-up), the micro-steps of gradient accumulation and
     the median iteration time; None when no iteration repeats."""
-    from ..model.iterations import detect_iterations  # scipy: loaded only when needed
-
-    from ..model.gpuclock import iteration_ns_gpu
-
     it = detect_iterations(cap)
     main = it.main_regime
     if main is None:
@@ -301,8 +298,6 @@ def _iteration(cap: Capture) -> dict | None:
 
 def _gpu_clock(cap: Capture) -> dict | None:
     """The GPU clock's samples and how far the GPU ran behind the host (pyobmem.model.gpuclock)."""
-    from ..model.gpuclock import clock_facts
-
     return clock_facts(cap)
 
 

@@ -20,7 +20,7 @@ import csv as _csv
 import numpy as np
 
 from .. import abi
-from . import cuda_span, op_names
+from ..model.queries import cuda_span, op_names
 
 COLUMNS = ("time_ns", "pid", "event", "op_seq", "name", "stream", "block", "addr", "size", "offset", "bytes")
 _OP_EVENT = {abi.Ev.LAUNCH: "launch", abi.Ev.MEMCPY: "memcpy", abi.Ev.MEMSET: "memset",

@@ -27,8 +27,8 @@ import pickle
 import numpy as np
 
 from .. import abi
-from . import op_names
-from .classes import block_classes
+from ..model import analyse
+from ..model.queries import op_names
 
 SEGMENT_FIELDS = ("device", "address", "total_size", "allocated_size", "active_size", "requested_size",
                   "stream", "segment_type", "segment_pool_id", "is_expandable", "frames", "blocks")
@@ -84,7 +84,7 @@ def block_frames(capture, classes: list[str]) -> list[list[dict]]:
 def snapshot(capture) -> dict:
     """The snapshot dict (see the module docstring) for ``capture``."""
     blocks = capture.blocks
-    classes = block_classes(capture)
+    classes = list(analyse(capture, progress=False).block_class)
     frames = block_frames(capture, classes)
     n_dev = int(blocks["device"].max()) + 1 if len(blocks) else 1
     traces: list[list[tuple]] = [[] for _ in range(n_dev)]

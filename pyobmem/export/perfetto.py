@@ -7,7 +7,7 @@ first CUDA event of the capture (``otherData.t0_monotonic_ns``). Per traced proc
 - ``M`` metadata naming the process, its stream tracks and block tracks;
 - a ``C`` counter ``device N live bytes`` per device: the sum of the sizes of live blocks;
 - in swap mode, a ``C`` counter ``resident bytes (swap mode)``: live blocks minus the ones swapped
-  out to host memory (what the budget bounds; pyobmem.report.swap);
+  out to host memory (what the budget bounds; pyobmem.model.queries.resident_bytes);
 - one thread track per (pid, stream) with an ``X`` slice per kernel launch, copy or memset. The
   capture has host launch times only, so a slice lasts until the next op on its stream (at most
   ``OP_SLICE_CAP_US``): it shows order and density, not kernel run time;
@@ -23,8 +23,8 @@ import numpy as np
 
 from .. import abi
 from ..units import format_bytes
-from . import block_end_times, cuda_span, live_bytes, op_names
-from .classes import block_classes
+from ..model import analyse
+from ..model.queries import block_end_times, cuda_span, live_bytes, op_names, resident_bytes
 
 TOP_BLOCKS = 64
 OP_SLICE_CAP_US = 50.0
@@ -56,8 +56,6 @@ def resident_series(capture, t0: int) -> list[dict]:
     """``C`` events: device-resident bytes per pid that swapped (swap mode) after every change."""
     if not len(capture.swaps):
         return []
-    from ..report.swap import resident_bytes  # the report package imports this one
-
     out = []
     for pid in np.unique(capture.swaps["pid"]).tolist():
         times, res = resident_bytes(capture, pid)
@@ -111,10 +109,8 @@ def op_events(capture, t0: int) -> tuple[list[dict], dict]:
 
 def idle_intervals(capture, rows: np.ndarray) -> dict[int, list[tuple[int, int]]]:
     """Idle intervals of the given block rows: (start, end) ns between consecutive accesses, from
-    the report's analysis (pyobmem.model)."""
-    from ..report.analysis import analyse
-
-    a = analyse(capture)
+    the model's Analysis (pyobmem.model)."""
+    a = analyse(capture, progress=False)
     return {int(r): a.idle_intervals(int(r)) for r in rows}
 
 
@@ -125,7 +121,7 @@ def block_events(capture, t0: int, top: int) -> list[dict]:
         return []
     order = np.lexsort((np.arange(len(blocks)), -blocks["size"].astype(np.int64)))[:top]
     end = block_end_times(capture)
-    classes = block_classes(capture)
+    classes = list(analyse(capture, progress=False).block_class)
     idle = idle_intervals(capture, order)
     n_acc = np.bincount(capture.accesses["block"], minlength=len(blocks)) if len(capture.accesses) else \
         np.zeros(len(blocks), np.int64)

@@ -1,18 +1,21 @@
 """The pattern model of a capture: iterations, per-block model, properties, swap saving bound.
 
     from pyobmem.model import analyse, patterns_json
-    a = analyse(capture)              # Analysis (frozen); a.iterations, a.blocks, a.properties, a.saving
+    a = analyse(capture)              # Analysis (frozen, cached on the capture); a.iterations, a.blocks,
+                                      # a.properties, a.saving, and the views the report and exports draw
     patterns_json(capture)            # the per-workload figures (dict of JSON values)
 
 Modules: iterations (period and phase from the launch stream), blocks (classes, accesses, idle
 intervals), properties (iterative / regular / extremal), saving (the swap saving bound, shared
-with the planner), inefficiency (early allocation, late free, long idle, never accessed, leaked).
+with the planner), inefficiency (early allocation, late free, long idle, never accessed, leaked),
+queries (time spans, live and resident bytes, op names: plain queries over the capture's tables).
 Definitions and formulas: docs/model.md.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -34,7 +37,8 @@ __all__ = [
 @dataclass(frozen=True)
 class Analysis:
     """Everything the model says about one capture (see each part's docstring for fields and
-    units). ``saving`` is None when no iteration was found."""
+    units), with the views the report and the exports draw. ``saving`` is None when no iteration
+    was found."""
 
     capture: object = field(repr=False)
     iterations: IterationModel
@@ -47,11 +51,64 @@ class Analysis:
         """Inefficiencies, largest first (keyword arguments: slack_pct, idle_pct)."""
         return find_inefficiencies(self.capture, self.iterations, self.blocks, **kw)
 
+    @cached_property
+    def iteration_windows(self) -> np.ndarray:
+        """(k, 2) int64 [start, end) ns of the main regime's iterations; (0, 2) when none."""
+        it = self.iterations
+        rows = it.main_rows()
+        if not len(rows):
+            return np.zeros((0, 2), np.int64)
+        return np.stack([it.t_start[rows], it.t_end[rows]], axis=1).astype(np.int64)
+
+    @property
+    def iteration_ops(self) -> int | None:
+        """Ops of the main sequence per iteration; None when no iteration was found."""
+        main = self.iterations.main_regime
+        return main.period_ops if main else None
+
+    @property
+    def window(self) -> tuple[int, int] | None:
+        """The analysed iteration (the saving bound's) as [start, end) ns on the host's clock, as the
+        access times are; None without one."""
+        sav = self.saving
+        if sav is None:
+            return None
+        r = int(self.iterations.main_rows()[sav.iteration])
+        return int(self.iterations.t_start[r]), int(self.iterations.t_end[r])
+
+    @cached_property
+    def block_class(self) -> np.ndarray:
+        """One class name (CLASSES) per block row, an object array of str."""
+        return np.array(self.blocks.class_names(), dtype=object)
+
+    def accesses_of(self, row: int) -> np.ndarray:
+        """Access times (ns) of block ``row``, in op order."""
+        bm = self.blocks
+        return bm.acc_t[bm.acc_ptr[row]: bm.acc_ptr[row + 1]]
+
+    def idle_intervals(self, row: int) -> list[tuple[int, int]]:
+        """(start, end) ns between consecutive accesses of block ``row`` (gaps of zero left out)."""
+        t = self.accesses_of(row)
+        keep = np.diff(t) > 0
+        return list(zip(t[:-1][keep].tolist(), t[1:][keep].tolist()))
+
 
 def analyse(capture, *, bandwidth: float | None = None, ratios=TIME_RATIOS, progress: bool | None = None,
             min_swap_bytes: int | None = None) -> Analysis:
-    """Run the whole model on a capture. ``bandwidth`` (B/s) overrides the capture's and the
-    default 55e9; ``progress`` draws a bar on stderr (default: when it is a terminal)."""
+    """Run the whole model on a capture, once per capture and options: the Analysis is cached on
+    the capture, so the report, the exports and the verbs share it. ``bandwidth`` (B/s) overrides
+    the capture's and the default 55e9; ``progress`` draws a bar on stderr (default: when it is a
+    terminal) when the model runs."""
+    key = (bandwidth, tuple(ratios), min_swap_bytes)
+    cache = getattr(capture, "_pyobmem_analyses", None)
+    if cache is None:
+        cache = capture._pyobmem_analyses = {}
+    if key not in cache:
+        cache[key] = _analyse(capture, bandwidth, ratios, progress, min_swap_bytes)
+    return cache[key]
+
+
+def _analyse(capture, bandwidth, ratios, progress, min_swap_bytes) -> Analysis:
     with Progress("analysing", 5, enabled=progress) as p:
         p.step("iterations", 0)
         it = detect_iterations(capture)

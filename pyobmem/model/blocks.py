@@ -16,6 +16,7 @@ import numpy as np
 from .. import abi
 from .gpuclock import gpu_op_times
 from .iterations import IterationModel
+from .queries import live_bytes_peak
 
 CLASSES = ("persistent", "iteration-scoped", "transient", "arena", "never-accessed", "other")
 PERSISTENT, SCOPED, TRANSIENT, ARENA, NEVER, OTHER = range(6)
@@ -135,23 +136,6 @@ def capture_end_ns(capture) -> int:
         cands.append(int(capture.blocks["t_alloc"].max()))
         cands.append(int(capture.blocks["t_free"].max()))
     return max(cands)
-
-
-def live_bytes_peak(blocks: np.ndarray) -> tuple[int, int]:
-    """(peak of the sum of live block sizes in B, its time in ns; 0, -1 without device blocks) over
-    ``blocks`` (rows of ``capture.blocks``); a free at time t counts before an allocation at t.
-    Host blocks (pinned host memory) are not device memory and are left out."""
-    blocks = blocks[blocks["kind"] != abi.AllocKind.HOST]
-    if not len(blocks):
-        return 0, -1
-    size = blocks["size"].astype(np.int64)
-    freed = blocks["t_free"] >= 0
-    t = np.concatenate((blocks["t_alloc"], blocks["t_free"][freed]))
-    d = np.concatenate((size, -size[freed]))
-    order = np.lexsort((d, t))  # frees (negative) first at one time
-    live = np.cumsum(d[order])
-    k = int(np.argmax(live))
-    return int(live[k]), int(t[order][k])
 
 
 def build_blocks(capture, it: IterationModel) -> BlockModel:

@@ -1,7 +1,8 @@
 """The HTML report of a capture (``pyobmem report FILE -o report.html``): one self-contained file.
 
 ``render(capture) -> str`` builds it (report/html.py, plots in report/svg.py); the analysis it
-shows comes from report/analysis.py.
+shows is the model's (``pyobmem.model.analyse``, cached per capture), with the property rows and
+the swap candidates table of report/analysis.py.
 """
 
 from __future__ import annotations

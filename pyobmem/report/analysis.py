@@ -1,23 +1,18 @@
-"""What the report and the exports show from the pattern model (pyobmem.model), in one object.
-
-``analyse(capture) -> Analysis`` (cached on the capture) runs ``pyobmem.model.analyse`` once and
-lays out what the report draws: the main regime's iterations, each block's class and accesses,
-the properties with their definitions and verdicts, the saving curve and the swap candidates.
-Definitions and formulas are the model's (docs/model.md); this module adds only the thresholds
-at which the report says a property holds.
+"""What the report shows of the model's Analysis (pyobmem.model) beyond drawing it: the property
+rows with their definitions and the thresholds at which the report says a property holds
+(``property_rows``), and the swap candidates table (``candidates``). Definitions and formulas are
+the model's (docs/model.md).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from .. import model, planner
+from .. import planner
+from ..model import CLASSES, Analysis
 from ..units import format_bytes
-
-CLASSES = model.CLASSES
-COPY_BANDWIDTH = model.DEFAULT_BANDWIDTH
 
 DEFINITIONS = {
     "iterative": "Memory is accessed the same way in every iteration. Value (tensor level): share of the "
@@ -45,65 +40,7 @@ class Property:
     detail: str = ""
 
 
-@dataclass
-class Analysis:
-    """The model's view of a capture, as the report uses it."""
-
-    model: object = field(repr=False)  # pyobmem.model.Analysis
-    iterations: np.ndarray  # (k, 2) int64 [start, end) ns of the main regime; empty when none
-    iteration_ops: int | None  # ops of the main sequence per iteration
-    block_class: np.ndarray  # one class name per block row
-    access_start: np.ndarray  # per block row: first index into access_times (n_blocks + 1)
-    access_times: np.ndarray  # access times (ns) grouped by block row, in op order
-    properties: list[Property]
-    curve_ratio: np.ndarray  # time ratio (iteration time with swapping / without)
-    curve_saved: np.ndarray  # bytes of peak saved at that ratio
-    peak_bytes: int  # peak resident bytes of the analysed iteration, without swapping
-    window: tuple[int, int] | None  # the analysed iteration [start, end) ns
-    candidates: list[dict] = field(default_factory=list)
-    source: str = "pyobmem.model"
-
-    def accesses_of(self, row: int) -> np.ndarray:
-        """Access times (ns) of block ``row``, in op order."""
-        return self.access_times[self.access_start[row]: self.access_start[row + 1]]
-
-    def idle_intervals(self, row: int) -> list[tuple[int, int]]:
-        """(start, end) ns between consecutive accesses of block ``row`` (gaps of zero left out)."""
-        t = self.accesses_of(row)
-        keep = np.diff(t) > 0
-        return list(zip(t[:-1][keep].tolist(), t[1:][keep].tolist()))
-
-
-def analyse(capture) -> Analysis:
-    """The Analysis of ``capture``, computed once and cached on it."""
-    cached = getattr(capture, "_pyobmem_report_analysis", None)
-    if cached is None:
-        cached = _analyse(capture)
-        capture._pyobmem_report_analysis = cached
-    return cached
-
-
-def _analyse(capture) -> Analysis:
-    m = model.analyse(capture, progress=False)
-    it, bm, pr, sav = m.iterations, m.blocks, m.properties, m.saving
-    rows = it.main_rows()
-    iters = np.stack([it.t_start[rows], it.t_end[rows]], axis=1).astype(np.int64) if len(rows) else \
-        np.zeros((0, 2), np.int64)
-    main = it.main_regime
-    a = Analysis(model=m, iterations=iters, iteration_ops=main.period_ops if main else None,
-                 block_class=np.array(bm.class_names(), dtype=object), access_start=bm.acc_ptr,
-                 access_times=bm.acc_t, properties=properties(pr),
-                 curve_ratio=np.zeros(0), curve_saved=np.zeros(0, np.int64), peak_bytes=0, window=None)
-    if sav is not None:
-        pts = np.array(sav.points, dtype=np.float64).reshape(-1, 2)
-        a.curve_ratio, a.curve_saved = pts[:, 0], pts[:, 1].astype(np.int64)
-        r = int(rows[sav.iteration])  # the window on the host's clock, as the access times are
-        a.peak_bytes, a.window = int(sav.peak_bytes), (int(it.t_start[r]), int(it.t_end[r]))
-        a.candidates = candidates(capture, a, sav)
-    return a
-
-
-def properties(pr) -> list[Property]:
+def property_rows(pr) -> list[Property]:
     """The model's Properties as the report's rows (None values: not measurable)."""
     seg = pr.segment
     sl = (lambda v: "-" if seg is None else _f(v(seg)))  # noqa: E731
@@ -126,14 +63,17 @@ def _f(v) -> str:
     return "-" if v is None else f"{v:.3f}"
 
 
-def candidates(capture, a: Analysis, sav, top: int = 15) -> list[dict]:
+def candidates(a: Analysis, top: int = 15) -> list[dict]:
     """The blocks the saving bound swaps, in the order its greedy takes them (the first ones give
     the most peak per stall): size, class, accesses in the iteration, longest idle interval there,
     ``windows`` (greedy steps that took it: a window across the iteration's end is taken on each
     side), ``sub`` (a sub-block, at ``offset``, not the whole block), ``plan`` (what ``pyobmem plan`` may
     do with the block), ``out_ns`` (time out within the analysed iteration), copy time out + in, total stall,
     ``from_ratio`` (the slowdown from which the bound takes it: 1 + stalls so far / T, or the copy
-    time so far / T)."""
+    time so far / T). ``a``: the model's Analysis; no candidates without a saving bound."""
+    capture, sav = a.capture, a.saving
+    if sav is None:
+        return []
     blocks = capture.blocks
     w0, w1 = a.window
     out: dict[int, dict] = {}
@@ -141,7 +81,7 @@ def candidates(capture, a: Analysis, sav, top: int = 15) -> list[dict]:
     sizes = sav.step_size.tolist() if sav.step_size is not None else [None] * len(sav.step_block)
     T = max(float(sav.iteration_ns), 1.0)
     ratio = np.maximum(1 + np.cumsum(sav.step_stall_ns) / T, np.cumsum(sav.step_copy_ns) / T).tolist()
-    tm = a.model.tensors
+    tm = a.tensors
     for b, sub, size, copy, stall, (s, e), r in zip(sav.step_block.tolist(), subs, sizes, sav.step_copy_ns.tolist(),
                                                     sav.step_stall_ns.tolist(), sav.step_out.tolist(), ratio):
         c = out.get((b, sub))
@@ -151,7 +91,7 @@ def candidates(capture, a: Analysis, sav, top: int = 15) -> list[dict]:
             t = a.accesses_of(b)
             inside = t[(t >= w0) & (t < w1)]
             gaps = np.diff(np.r_[t[(t < w0)][-1:], inside, t[t >= w1][:1]])
-            cls = str(a.block_class[b]) if sub < 0 or tm is None else model.CLASSES[int(tm.cls[sub])]
+            cls = str(a.block_class[b]) if sub < 0 or tm is None else CLASSES[int(tm.cls[sub])]
             c = out[(b, sub)] = {"row": b, "block": capture.block_label(b), "block_id": int(blocks["block_id"][b]),
                                  "size": int(blocks["size"][b]) if size is None else int(size),
                                  "offset": 0 if sub < 0 or tm is None else int(tm.start[sub]),
@@ -173,7 +113,7 @@ def candidates(capture, a: Analysis, sav, top: int = 15) -> list[dict]:
 def _plan_view(capture, a: Analysis):
     """A function (block row, is a sub-block) -> what ``pyobmem plan`` may do with that block:
     the planner's candidates and, for the others, its reason (``LearnedIteration.reason_of``)."""
-    L = planner.learn_iteration(capture, it=a.model.iterations, bm=a.model.blocks)
+    L = planner.learn_iteration(capture, it=a.iterations, bm=a.blocks)
     if isinstance(L, planner.NoPlan):
         return lambda row, sub: f"no plan: {L.reason}"
     cands = set(L.cand_block.tolist())

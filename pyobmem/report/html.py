@@ -15,12 +15,13 @@ from html import escape
 import numpy as np
 
 from .. import abi
-from ..export import block_end_times, cuda_span, drops_hint, live_bytes
+from ..model import CLASSES, Analysis, analyse
 from ..model.gpuclock import iteration_ns_gpu
+from ..model.queries import block_end_times, cuda_span, drops_hint, live_bytes, resident_bytes
 from ..units import format_bytes, format_duration, format_iteration
 from . import svg
-from .analysis import CLASSES, Analysis, analyse
-from .swap import resident_bytes, swap_facts
+from .analysis import candidates, property_rows
+from .swap import swap_facts
 
 CLASS_COLOURS = {"persistent": "#4e79a7", "iteration-scoped": "#f28e2c", "transient": "#59a14f",
                  "arena": "#af7aa1", "never-accessed": "#bab0ab", "other": "#edc949"}
@@ -169,7 +170,7 @@ def _iteration_chart(capture, a: Analysis, sw: dict | None) -> str:
             lines.append((RESIDENT, LINE_COLOURS[RESIDENT], rt, rv, False))
         if sw["budget_bytes"]:
             lines.append((BUDGET, LINE_COLOURS[BUDGET], np.array([w0, w1]), np.array([sw["budget_bytes"]] * 2), True))
-    which = format_iteration(a.model.saving.iteration, len(a.iterations))
+    which = format_iteration(a.saving.iteration, len(a.iteration_windows))
     plot = svg.stacked_area(t_s, [(c, CLASS_COLOURS[c], v) for c, v in layers], lines=lines,
                             xtitle=f"time from the start of {which}")
     t0 = cuda_span(capture)[0]
@@ -294,7 +295,7 @@ def _environment(capture) -> str:
 def render(capture, generated: str | None = None, ranks: str | None = None, subject: str | None = None) -> str:
     """The report of ``capture`` as one HTML string. ``ranks``: the body of a Ranks section (after the
     summary; pyobmem.report.ranks), ``subject``: what ``capture`` is ("rank 0"), said in the title line."""
-    a = analyse(capture)
+    a = analyse(capture, progress=False)
     blocks, ops = capture.blocks, capture.ops
     t0, t1 = cuda_span(capture)
     times, total = live_bytes(blocks)
@@ -324,7 +325,7 @@ def render(capture, generated: str | None = None, ranks: str | None = None, subj
                         f"the blocks they may touch are never swapped.")
     parts += [f'<div class="warn">{escape(w)}</div>' for w in warnings]
 
-    n_iter = len(a.iterations)
+    n_iter = len(a.iteration_windows)
     stats = [
         ["duration (first to last CUDA event)", format_duration(t1 - t0, significant=3)],
         ["processes", len(capture.processes)], ["blocks", len(blocks)],
@@ -338,7 +339,7 @@ def render(capture, generated: str | None = None, ranks: str | None = None, subj
         m = a.block_class == cls
         if m.any():
             stats.append([f"{cls} blocks (bytes summed over the run)", f"{int(m.sum())} ({format_bytes(int(blocks['size'][m].sum()))})"])
-    tm = a.model.tensors
+    tm = a.tensors
     if tm is not None and np.any(tm.refined):
         stats.append(["sub-blocks (tensors in segments)", f"{len(tm)} in {len(np.unique(tm.block))} blocks"])
         for i, cls in enumerate(CLASSES):
@@ -356,7 +357,7 @@ def render(capture, generated: str | None = None, ranks: str | None = None, subj
 
     t_s, layers = memory_series(capture, a)
     if len(t_s):
-        marks = [tuple(x) for x in a.iterations.tolist()][:: max(1, n_iter // 50)][:50] if n_iter else []
+        marks = [tuple(x) for x in a.iteration_windows.tolist()][:: max(1, n_iter // 50)][:50] if n_iter else []
         lines, names = [], [c for c, _ in layers]
         if sw is not None:
             rt, rv = downsample_minmax(*resident_bytes(capture))
@@ -382,17 +383,17 @@ def render(capture, generated: str | None = None, ranks: str | None = None, subj
     parts.append(_section("Memory over time, by block class", body, "memory"))
 
     if n_iter:
-        lens = a.iterations[:, 1] - a.iterations[:, 0]
-        gpu_ns = iteration_ns_gpu(capture, a.model.iterations)
+        lens = a.iteration_windows[:, 1] - a.iteration_windows[:, 0]
+        gpu_ns = iteration_ns_gpu(capture, a.iterations)
         it_body = _table(["", ""], [
             ["iterations", n_iter], ["ops per iteration", a.iteration_ops],
             ["iteration time (median)", format_duration(float(np.median(lens)), significant=3)
              + ("" if gpu_ns is None else f" host, {format_duration(gpu_ns, significant=3)} GPU clock")],
             ["iteration time (min / max)",
              f"{format_duration(float(lens.min()), significant=3)} / {format_duration(float(lens.max()), significant=3)}"],
-            ["first iteration starts", f"t = {format_duration(int(a.iterations[0, 0]) - t0, significant=3)} (t = 0 at the first CUDA event)"],
-            ["analysed iteration", "-" if a.window is None else f"{format_iteration(a.model.saving.iteration, n_iter)}, "
-                                   f"{format_duration(a.window[1] - a.window[0], significant=3)}, peak {format_bytes(a.peak_bytes)} live"],
+            ["first iteration starts", f"t = {format_duration(int(a.iteration_windows[0, 0]) - t0, significant=3)} (t = 0 at the first CUDA event)"],
+            ["analysed iteration", "-" if a.window is None else f"{format_iteration(a.saving.iteration, n_iter)}, "
+                                   f"{format_duration(a.window[1] - a.window[0], significant=3)}, peak {format_bytes(a.saving.peak_bytes)} live"],
         ], {1})
     else:
         it_body = ("<p class=bad><b>No iteration was found</b>: the sequence of kernel launches does not repeat "
@@ -407,10 +408,10 @@ def render(capture, generated: str | None = None, ranks: str | None = None, subj
               "times (the host may launch a whole step ahead of the GPU and then wait for it). Shaded: "
               "idle intervals. Grey: the block is allocated.</p>", "access-map"))
 
-    idle = np.diff(a.access_times)
+    idle = np.diff(a.blocks.acc_t)
     same_block = np.ones(len(idle), bool)
     if len(idle):
-        starts = a.access_start[1:-1]
+        starts = a.blocks.acc_ptr[1:-1]
         same_block[starts[(starts > 0) & (starts <= len(idle))] - 1] = False
     idle = idle[same_block & (idle > 0)].astype(np.float64)
     hist = svg.histogram_log(idle, width=1100, xtitle="idle interval (time between consecutive accesses of a block)")
@@ -418,15 +419,17 @@ def render(capture, generated: str | None = None, ranks: str | None = None, subj
                           f"log-spaced bins, log counts.</p>", "idle"))
 
     if a.window is not None:
-        curve = svg.line_plot(a.curve_ratio, a.curve_saved.astype(np.float64), width=600,
+        pts = np.array(a.saving.points, dtype=np.float64).reshape(-1, 2)
+        ratio, saved, peak_bytes = pts[:, 0], pts[:, 1].astype(np.int64), int(a.saving.peak_bytes)
+        curve = svg.line_plot(ratio, saved.astype(np.float64), width=600,
                               xtitle="time ratio (iteration time with swapping / without)")
-        rows = [[f"{r:g}x", format_bytes(int(s)), f"{100 * s / a.peak_bytes:.1f}%" if a.peak_bytes else "-"]
-                for r, s in zip(a.curve_ratio.tolist(), a.curve_saved.tolist())]
+        rows = [[f"{r:g}x", format_bytes(int(s)), f"{100 * s / peak_bytes:.1f}%" if peak_bytes else "-"]
+                for r, s in zip(ratio.tolist(), saved.tolist())]
         body = (f'<div class=grid><div>{curve}</div><div>{_table(["time ratio", "peak saved", "of peak"], rows, {1, 2})}'
                 f"</div></div><p class=muted>Peak device memory of the analysed iteration that swapping idle blocks "
                 f"to host memory could save, if the iteration may run that much longer (pyobmem.model's saving "
-                f"bound, copies at {a.model.saving.bandwidth / 1e9:g} GB/s each way), "
-                + ("on the GPU clock (the shim's GPU time samples)." if a.model.saving.clock == "gpu" else
+                f"bound, copies at {a.saving.bandwidth / 1e9:g} GB/s each way), "
+                + ("on the GPU clock (the shim's GPU time samples)." if a.saving.clock == "gpu" else
                    "on an estimated GPU clock (the capture has no GPU time samples).") + "</p>")
         parts.append(_section("Saving curve", body, "saving"))
         cand = [[f'{c["block"]}+{format_bytes(c["offset"])}' if c["sub"] else c["block"], format_bytes(c["size"]),
@@ -434,7 +437,7 @@ def render(capture, generated: str | None = None, ranks: str | None = None, subj
                  format_duration(c["out_ns"], significant=3), format_duration(c["copy_ns"], significant=3),
                  format_duration(c["stall_ns"], significant=3) if c["stall_ns"] else "none", f'{c["from_ratio"]:.2f}x',
                  c["plan"]]
-                for c in a.candidates]
+                for c in candidates(a)]
         body = (_table(["block", "size", "class", "accesses / iteration", "longest idle", "windows",
                         "out of device in the iteration", "copy out + in", "stall", "from slowdown", "pyobmem plan"], cand,
                        {1, 3, 4, 5, 6, 7, 8, 9}) if cand
@@ -442,7 +445,7 @@ def render(capture, generated: str | None = None, ranks: str | None = None, subj
         parts.append(_section("Top swap candidates", body + CANDIDATES_NOTE, "candidates"))
 
     prow = []
-    for p in a.properties:
+    for p in property_rows(a.properties):
         state = "not measured" if p.holds is None else ("holds" if p.holds else "does not hold")
         cls = "muted" if p.holds is None else ("ok" if p.holds else "bad")
         val = "-" if p.value is None else f"{p.value:.3f}"

@@ -11,7 +11,7 @@ from html import escape
 
 import numpy as np
 
-from ..export import cuda_span, live_bytes
+from ..model.queries import cuda_span, live_bytes
 from ..ranks import rank_figures, table_rows
 from ..units import format_bytes
 from . import svg
