@@ -96,7 +96,7 @@ static void overlapping(uint64_t start, uint64_t end, size_t *i_out, size_t *j_o
     *j_out = j < i ? i : j;
 }
 
-void blocks_add(uint64_t addr, uint64_t size, uint64_t stream, int kind, int device)
+uint32_t blocks_add(uint64_t addr, uint64_t size, uint64_t stream, int kind, int device)
 {
     if (size == 0)
         size = 1; /* a zero-byte allocation still has an address worth naming */
@@ -113,7 +113,7 @@ void blocks_add(uint64_t addr, uint64_t size, uint64_t stream, int kind, int dev
         struct block *nbk = realloc(g_blocks, cap * sizeof *nbk);
         if (!nbk) {
             pthread_rwlock_unlock(&g_lock);
-            return;
+            return 0;
         }
         g_blocks = nbk;
         g_cap = cap;
@@ -125,6 +125,7 @@ void blocks_add(uint64_t addr, uint64_t size, uint64_t stream, int kind, int dev
         __atomic_add_fetch(&g_shim.device_bytes, size, __ATOMIC_RELAXED);
     ring_write1(PYOBMEM_EV_ALLOC, nb.device, nb.id, addr, size, stream, (uint64_t)kind);
     pthread_rwlock_unlock(&g_lock);
+    return nb.id;
 }
 
 int blocks_find_start(uint64_t addr, struct block *out)

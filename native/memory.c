@@ -19,10 +19,15 @@ static int current_device(void)
     return (int)d;
 }
 
-static void on_alloc(CUdeviceptr *dptr, size_t size, CUstream s, int kind)
+/* After a successful allocation: the block into the table (and, when the swap executor serves
+ * it, its trace id into the executor's). */
+static void on_alloc(CUdeviceptr *dptr, size_t size, CUstream s, int kind, int served)
 {
-    if (dptr)
-        blocks_add((uint64_t)*dptr, size, (uint64_t)(uintptr_t)s, kind, current_device());
+    if (!dptr)
+        return;
+    uint32_t id = blocks_add((uint64_t)*dptr, size, (uint64_t)(uintptr_t)s, kind, current_device());
+    if (served)
+        swap_bind_id((uint64_t)*dptr, id);
 }
 
 /* ---- swap mode (swap.c): the op hooks test g_shim.swap once and take these paths ---- */
@@ -76,33 +81,18 @@ static void pin_pointer_table(const void *src, uint64_t n)
     if (rec_)                       \
         swap_op_end(&op_, (R));
 
-static CUresult swap_alloc_hook(CUdeviceptr *dptr, size_t bytesize)
-{
-    int rec = shim_begin();
-    if (rec && swap_alloc(dptr, bytesize)) {
-        on_alloc(dptr, bytesize, 0, PYOBMEM_ALLOC_DRIVER);
-        struct block b;
-        if (blocks_find_start(*dptr, &b))
-            swap_bind_id(*dptr, b.id);
-        return CUDA_SUCCESS;
-    }
-    /* not VMM-backed: the real allocator, its result unchanged */
-    CUresult r = REAL(cuMemAlloc_v2, (dptr, bytesize));
-    if (rec && r == CUDA_SUCCESS)
-        on_alloc(dptr, bytesize, 0, PYOBMEM_ALLOC_DRIVER);
-    return r;
-}
-
-/* ---- allocation and free ---- */
+/* ---- allocation and free ----
+ *
+ * One shape for each: in swap mode the executor may serve the call itself (served = 1, then the
+ * driver is not called); otherwise the real function runs and its result passes through. */
 
 CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
-    if (SHIM_UNLIKELY(g_shim.swap))
-        return swap_alloc_hook(dptr, bytesize);
     int rec = shim_begin();
-    CUresult r = REAL(cuMemAlloc_v2, (dptr, bytesize));
+    int served = rec && SHIM_UNLIKELY(g_shim.swap) && swap_alloc(dptr, bytesize, NULL, SWAP_ALLOC_DRIVER, 0);
+    CUresult r = served ? CUDA_SUCCESS : REAL(cuMemAlloc_v2, (dptr, bytesize));
     if (rec && r == CUDA_SUCCESS)
-        on_alloc(dptr, bytesize, 0, PYOBMEM_ALLOC_DRIVER);
+        on_alloc(dptr, bytesize, 0, PYOBMEM_ALLOC_DRIVER, served);
     return r;
 }
 
@@ -112,7 +102,7 @@ CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t Wi
     int rec = shim_begin();
     CUresult r = REAL(cuMemAllocPitch_v2, (dptr, pPitch, WidthInBytes, Height, ElementSizeBytes));
     if (rec && r == CUDA_SUCCESS)
-        on_alloc(dptr, (pPitch ? *pPitch : WidthInBytes) * Height, 0, PYOBMEM_ALLOC_PITCH);
+        on_alloc(dptr, (pPitch ? *pPitch : WidthInBytes) * Height, 0, PYOBMEM_ALLOC_PITCH, 0);
     return r;
 }
 
@@ -121,33 +111,31 @@ CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned 
     int rec = shim_begin();
     CUresult r = REAL(cuMemAllocManaged, (dptr, bytesize, flags));
     if (rec && r == CUDA_SUCCESS)
-        on_alloc(dptr, bytesize, 0, PYOBMEM_ALLOC_MANAGED);
+        on_alloc(dptr, bytesize, 0, PYOBMEM_ALLOC_MANAGED, 0);
     return r;
 }
 
-#define DEF_ALLOC_ASYNC(NAME)                                                       \
-    CUresult CUDAAPI NAME(CUdeviceptr *dptr, size_t bytesize, CUstream s)           \
-    {                                                                               \
-        int rec = shim_begin();                                                     \
-        CUresult r = REAL(NAME, (dptr, bytesize, s));                               \
-        if (rec && r == CUDA_SUCCESS)                                               \
-            on_alloc(dptr, bytesize, s, PYOBMEM_ALLOC_ASYNC);                       \
-        return r;                                                                   \
+/* Stream-ordered allocations: in swap mode a large one on a pool the shim serves is a swap block
+ * from the executor's cache (swap.c "the allocator"). */
+#define DEF_ALLOC_ORDERED(NAME, PARAMS, ARGS, POOL, KIND)                                                 \
+    CUresult CUDAAPI NAME PARAMS                                                                          \
+    {                                                                                                     \
+        int rec = shim_begin();                                                                           \
+        int served = rec && SHIM_UNLIKELY(g_shim.swap) &&                                                 \
+                     swap_alloc(dptr, bytesize, POOL, KIND, swap_norm_stream(s, per_thread_name(#NAME)));  \
+        CUresult r = served ? CUDA_SUCCESS : REAL(NAME, ARGS);                                            \
+        if (rec && r == CUDA_SUCCESS)                                                                     \
+            on_alloc(dptr, bytesize, s, PYOBMEM_ALLOC_ASYNC, served);                                     \
+        return r;                                                                                         \
     }
-DEF_ALLOC_ASYNC(cuMemAllocAsync)
-DEF_ALLOC_ASYNC(cuMemAllocAsync_ptsz)
-
-#define DEF_ALLOC_POOL(NAME)                                                                  \
-    CUresult CUDAAPI NAME(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s) \
-    {                                                                                         \
-        int rec = shim_begin();                                                               \
-        CUresult r = REAL(NAME, (dptr, bytesize, pool, s));                                   \
-        if (rec && r == CUDA_SUCCESS)                                                         \
-            on_alloc(dptr, bytesize, s, PYOBMEM_ALLOC_ASYNC);                                 \
-        return r;                                                                             \
-    }
-DEF_ALLOC_POOL(cuMemAllocFromPoolAsync)
-DEF_ALLOC_POOL(cuMemAllocFromPoolAsync_ptsz)
+DEF_ALLOC_ORDERED(cuMemAllocAsync, (CUdeviceptr *dptr, size_t bytesize, CUstream s), (dptr, bytesize, s), NULL,
+                  SWAP_ALLOC_ASYNC)
+DEF_ALLOC_ORDERED(cuMemAllocAsync_ptsz, (CUdeviceptr *dptr, size_t bytesize, CUstream s), (dptr, bytesize, s), NULL,
+                  SWAP_ALLOC_ASYNC)
+DEF_ALLOC_ORDERED(cuMemAllocFromPoolAsync, (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s),
+                  (dptr, bytesize, pool, s), pool, SWAP_ALLOC_FROM_POOL)
+DEF_ALLOC_ORDERED(cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s),
+                  (dptr, bytesize, pool, s), pool, SWAP_ALLOC_FROM_POOL)
 
 /* Before a free: which block (if any) starts at dptr. After a successful free: remove it, or
  * record the pointer as untracked. */
@@ -159,50 +147,71 @@ static void after_free(CUdeviceptr dptr, int known, const struct block *b, CUstr
         ring_write1(PYOBMEM_EV_UNTRACKED, 0, dptr, PYOBMEM_UNTRACKED_FREE, 0, 0, 0);
 }
 
-/* A VMM-backed block is freed by the swap executor (after its own last uses), not the driver. */
-static int swap_free_hook(int rec, CUdeviceptr dptr, CUresult *r)
-{
-    struct block b;
-    if (!rec || !g_shim.swap)
-        return 0;
-    int known = blocks_find_start(dptr, &b);
-    if (!swap_free(dptr, r))
-        return 0;
-    if (*r == CUDA_SUCCESS)
-        after_free(dptr, known, &b, 0);
-    return 1;
-}
+/* A block the executor serves is freed by it (cuMemFree: after its own last uses; cuMemFreeAsync:
+ * at its stream point), never by the driver. */
+#define DEF_FREE(NAME, PARAMS, ARGS, S, ORDERED)                                                          \
+    CUresult CUDAAPI NAME PARAMS                                                                          \
+    {                                                                                                     \
+        int rec = shim_begin();                                                                           \
+        struct block b;                                                                                   \
+        CUresult r = CUDA_SUCCESS;                                                                        \
+        int known = rec && blocks_find_start(dptr, &b);                                                   \
+        if (!(rec && SHIM_UNLIKELY(g_shim.swap) &&                                                        \
+              swap_free(dptr, swap_norm_stream(S, per_thread_name(#NAME)), ORDERED, &r)))                 \
+            r = REAL(NAME, ARGS);                                                                         \
+        if (rec && r == CUDA_SUCCESS)                                                                     \
+            after_free(dptr, known, &b, S);                                                               \
+        return r;                                                                                         \
+    }
+DEF_FREE(cuMemFree_v2, (CUdeviceptr dptr), (dptr), 0, 0)
+DEF_FREE(cuMemFreeAsync, (CUdeviceptr dptr, CUstream s), (dptr, s), s, 1)
+DEF_FREE(cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream s), (dptr, s), s, 1)
 
-CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
+/* ---- memory pools: the shim's blocks counted as the pool's (swap mode) ---- */
+
+CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
 {
     int rec = shim_begin();
-    struct block b;
-    CUresult r;
-    if (SHIM_UNLIKELY(g_shim.swap) && swap_free_hook(rec, dptr, &r))
-        return r;
-    int known = rec && blocks_find_start(dptr, &b);
-    r = REAL(cuMemFree_v2, (dptr));
-    if (rec && r == CUDA_SUCCESS)
-        after_free(dptr, known, &b, 0);
+    CUresult r = REAL(cuMemPoolCreate, (pool, poolProps));
+    if (rec && SHIM_UNLIKELY(g_shim.swap) && r == CUDA_SUCCESS && pool)
+        swap_pool_created(*pool, poolProps);
     return r;
 }
 
-#define DEF_FREE_ASYNC(NAME)                                 \
-    CUresult CUDAAPI NAME(CUdeviceptr dptr, CUstream s)      \
-    {                                                        \
-        int rec = shim_begin();                              \
-        struct block b;                                      \
-        CUresult r;                                          \
-        if (SHIM_UNLIKELY(g_shim.swap) && swap_free_hook(rec, dptr, &r)) \
-            return r;                                        \
-        int known = rec && blocks_find_start(dptr, &b);      \
-        r = REAL(NAME, (dptr, s));                           \
-        if (rec && r == CUDA_SUCCESS)                        \
-            after_free(dptr, known, &b, s);                  \
-        return r;                                            \
-    }
-DEF_FREE_ASYNC(cuMemFreeAsync)
-DEF_FREE_ASYNC(cuMemFreeAsync_ptsz)
+CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool)
+{
+    int rec = shim_begin();
+    if (rec && SHIM_UNLIKELY(g_shim.swap))
+        swap_pool_destroyed(pool); /* its cached blocks go first */
+    return REAL(cuMemPoolDestroy, (pool));
+}
+
+CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    int rec = shim_begin();
+    CUresult r = REAL(cuMemPoolGetAttribute, (pool, attr, value));
+    if (rec && SHIM_UNLIKELY(g_shim.swap) && r == CUDA_SUCCESS)
+        swap_pool_attr(pool, attr, value);
+    return r;
+}
+
+CUresult CUDAAPI cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    int rec = shim_begin();
+    CUresult r = REAL(cuMemPoolSetAttribute, (pool, attr, value));
+    if (rec && SHIM_UNLIKELY(g_shim.swap) && r == CUDA_SUCCESS)
+        swap_pool_reset_high(pool, attr); /* the only settable used/reserved attributes: high marks to 0 */
+    return r;
+}
+
+CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+    int rec = shim_begin();
+    CUresult r = REAL(cuMemPoolTrimTo, (pool, minBytesToKeep));
+    if (rec && SHIM_UNLIKELY(g_shim.swap) && r == CUDA_SUCCESS)
+        swap_pool_trim(pool, minBytesToKeep);
+    return r;
+}
 
 /* ---- virtual memory management: a mapping is a block ---- */
 

@@ -99,6 +99,12 @@ struct sblock {
     uint64_t stamp;             /* op stamp: the op being prepared touches it (never evicted for it) */
     uint64_t tried;             /* eviction round that already tried it */
     unsigned inflight;          /* ops between swap_op_begin and swap_op_end naming it: never out */
+    /* stream-ordered blocks (served for cuMemAllocAsync / cuMemAllocFromPoolAsync) */
+    int ordered;                /* 1: a stream-ordered block, cached at its free (a cuMemAlloc block: 0) */
+    CUmemoryPool pool;          /* the pool it was asked of (counted in that pool's queries) */
+    CUevent free_ev;            /* cached: recorded at the free's stream point, pending while free_live */
+    CUstream free_stream;
+    int free_live;
 };
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -117,7 +123,34 @@ static int g_fences_lost;   /* a fence could not be kept: no more swap-outs */
 static size_t g_gran[MAX_DEVICES];
 static uint64_t g_peers[MAX_DEVICES];
 static int g_peers_known[MAX_DEVICES];
-static int g_noted_nomem, g_noted_swapin;
+static int g_noted_nomem, g_noted_swapin, g_noted_nogrow, g_noted_budget, g_noted_capfree;
+
+/* ---- the block cache: free stream-ordered blocks by size class (reserved bytes), each with its
+ * reservation and usually its physical memory still mapped; and spare physical handles (memory
+ * unmapped at a swap-out, kept for the next block of its size while the budget has room). ---- */
+static struct sblock **g_cache; /* sorted by vsize */
+static size_t g_ncache, g_capcache;
+struct spare {
+    CUmemGenericAllocationHandle h;
+    uint64_t vsize;
+    int device;
+};
+#define MAX_SPARES 256
+static struct spare g_spares[MAX_SPARES];
+static size_t g_nspares;
+static uint64_t g_spare_bytes;
+
+/* ---- pools whose blocks the shim serves (default pools, and pools created device-located and
+ * not exportable), and what their queries add for the shim's blocks ---- */
+#define MAX_POOLS 32
+struct pool_acct {
+    CUmemoryPool pool;
+    int device;
+    int eligible;
+    uint64_t used, reserved, used_high, reserved_high; /* the shim's blocks of this pool, bytes */
+};
+static struct pool_acct g_pools[MAX_POOLS];
+static int g_npools;
 
 /* ---- plan state ---- */
 static struct {
@@ -248,7 +281,7 @@ static uint64_t resident_bytes(void)
 {
     uint64_t all = __atomic_load_n(&g_shim.device_bytes, __ATOMIC_RELAXED);
     uint64_t others = all > g_swap_bytes ? all - g_swap_bytes : 0;
-    return others + g_mapped - g_leaving;
+    return others + g_mapped + g_spare_bytes - g_leaving;
 }
 
 /* ---- the pinned host pool: chunks of cuMemHostAlloc, first fit ---- */
@@ -479,7 +512,28 @@ static CUresult grant(const struct sblock *b)
     return n ? real_cuMemSetAccess(b->addr, b->vsize, d, n) : CUDA_ERROR_INVALID_VALUE;
 }
 
-/* Create, map and grant access: all or nothing. */
+/* A spare handle of exactly vsize bytes on device, or 0. */
+static CUmemGenericAllocationHandle spare_take(uint64_t vsize, int device)
+{
+    for (size_t i = g_nspares; i-- > 0;)
+        if (g_spares[i].vsize == vsize && g_spares[i].device == device) {
+            CUmemGenericAllocationHandle h = g_spares[i].h;
+            g_spares[i] = g_spares[--g_nspares];
+            g_spare_bytes -= vsize;
+            return h;
+        }
+    return 0;
+}
+
+static void release_handle(CUmemGenericAllocationHandle h)
+{
+    if (real_cuMemRelease(h) != CUDA_SUCCESS && !g_noted_nomem) {
+        g_noted_nomem = 1;
+        ring_note("swap: cuMemRelease failed; device memory leaked");
+    }
+}
+
+/* Create (or take a spare), map and grant access: all or nothing. */
 static CUresult map_new(struct sblock *b)
 {
     CUmemAllocationProp prop;
@@ -487,8 +541,8 @@ static CUresult map_new(struct sblock *b)
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = b->device;
-    CUmemGenericAllocationHandle h = 0;
-    CUresult r = real_cuMemCreate(&h, b->vsize, &prop, 0);
+    CUmemGenericAllocationHandle h = spare_take(b->vsize, b->device);
+    CUresult r = h ? CUDA_SUCCESS : real_cuMemCreate(&h, b->vsize, &prop, 0);
     if (r != CUDA_SUCCESS)
         return r;
     r = real_cuMemMap(b->addr, b->vsize, 0, h, 0);
@@ -507,20 +561,27 @@ static CUresult map_new(struct sblock *b)
     return CUDA_SUCCESS;
 }
 
-/* Unmap exactly what was mapped, then release the handle. */
-static CUresult unmap_phys(struct sblock *b)
+/* Unmap exactly what was mapped, then release the handle, or keep it as a spare (keep = 1) when
+ * the budget has room for it: the next swap-in or block of its size maps it without a
+ * cuMemCreate. */
+static CUresult unmap_keep(struct sblock *b, int keep)
 {
     CUresult r = real_cuMemUnmap(b->addr, b->vsize);
     if (r != CUDA_SUCCESS)
         return r;
     g_mapped -= b->vsize;
-    if (real_cuMemRelease(b->handle) != CUDA_SUCCESS && !g_noted_nomem) {
-        g_noted_nomem = 1;
-        ring_note("swap: cuMemRelease failed; device memory leaked");
+    uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED);
+    if (keep && g_nspares < MAX_SPARES && (!budget || resident_bytes() + g_leaving + b->vsize <= budget)) {
+        g_spares[g_nspares++] = (struct spare){b->handle, b->vsize, b->device};
+        g_spare_bytes += b->vsize;
+    } else {
+        release_handle(b->handle);
     }
     b->handle = 0;
     return CUDA_SUCCESS;
 }
+
+static CUresult unmap_phys(struct sblock *b) { return unmap_keep(b, 0); }
 
 /* ---- the executor ---- */
 
@@ -594,7 +655,10 @@ static void poll_releases(void)
         CUresult q = real_cuEventQuery(b->copy_ev);
         if (q == CUDA_ERROR_NOT_READY)
             continue;
-        if (q != CUDA_SUCCESS || unmap_phys(b) != CUDA_SUCCESS) {
+        g_leaving -= b->vsize; /* unmap_keep weighs the spare against the budget without it */
+        CUresult u = q == CUDA_SUCCESS ? unmap_keep(b, 1) : q;
+        g_leaving += b->vsize;
+        if (u != CUDA_SUCCESS) {
             cancel_out(b); /* keep it resident; the host copy is dropped */
             continue;
         }
@@ -790,6 +854,7 @@ static CUresult finish_in(struct sblock *b, const struct swap_op *op, int demand
 }
 
 static void hold_budget(uint64_t need, uint64_t stamp);
+static uint64_t cache_trim(uint64_t want, CUmemoryPool pool);
 
 /* Make b usable by op. */
 static CUresult consume(struct sblock *b, const struct swap_op *op, uint64_t stamp)
@@ -1008,12 +1073,25 @@ static void evict_for_budget(uint64_t need, uint64_t stamp)
     uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED);
     if (!budget || resident_bytes() + need <= budget)
         return;
+    cache_trim(resident_bytes() + need - budget, NULL); /* free cached memory before live blocks */
     uint64_t round = ++g_tick;
     while (resident_bytes() + need > budget) {
         struct sblock *v = lru_victim(stamp, round);
         if (!v)
             break;
         swap_out(v);
+    }
+    if (resident_bytes() + need > budget && !g_noted_budget) {
+        uint64_t op = need; /* the op's own blocks: none of them can go out for it */
+        for (size_t i = 0; i < g_n; i++)
+            if (g_tab[i]->stamp == stamp)
+                op += g_tab[i]->vsize;
+        if (op > budget) {
+            g_noted_budget = 1;
+            ring_note("swap.warn=the budget (%llu bytes) is below what one op needs at once (%llu bytes of "
+                      "swappable blocks); the device goes over it there",
+                      (unsigned long long)budget, (unsigned long long)op);
+        }
     }
 }
 
@@ -1156,75 +1234,311 @@ void swap_op_end(struct swap_op *op, CUresult r)
     unrelax(relaxed, old);
 }
 
-int swap_alloc(CUdeviceptr *dptr, size_t size)
+/* ---- the allocator: cuMemAlloc_v2 and stream-ordered blocks ---- */
+
+static struct pool_acct *pool_find(CUmemoryPool pool)
 {
-    uint64_t min = __atomic_load_n(&g_ctl->min_swap_bytes, __ATOMIC_RELAXED);
-    CUcontext ctx = NULL;
-    CUdevice dev = 0;
-    if (!dptr || size == 0 || size < min || real_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx ||
-        !real_cuCtxGetDevice || real_cuCtxGetDevice(&dev) != CUDA_SUCCESS || dev < 0 || dev >= MAX_DEVICES)
+    for (int i = 0; i < g_npools; i++)
+        if (g_pools[i].pool == pool)
+            return &g_pools[i];
+    return NULL;
+}
+
+static struct pool_acct *pool_add(CUmemoryPool pool, int device, int eligible)
+{
+    struct pool_acct *p = pool_find(pool);
+    if (!p && g_npools < MAX_POOLS) {
+        p = &g_pools[g_npools++];
+        memset(p, 0, sizeof *p);
+        p->pool = pool;
+    }
+    if (p) {
+        p->device = device;
+        p->eligible = eligible;
+    }
+    return p;
+}
+
+/* The pool a stream-ordered allocation on device dev is served for, when the shim may serve it
+ * (the device's default pool, or one created device-located and not exportable), else NULL. */
+static struct pool_acct *pool_eligible(CUmemoryPool pool, int from_pool, int dev)
+{
+    if (!from_pool && (!real_cuDeviceGetMemPool || real_cuDeviceGetMemPool(&pool, dev) != CUDA_SUCCESS))
+        return NULL;
+    struct pool_acct *p = pool_find(pool);
+    if (p)
+        return p->eligible && p->device == dev ? p : NULL;
+    CUmemoryPool def = NULL;
+    if (!real_cuDeviceGetDefaultMemPool || real_cuDeviceGetDefaultMemPool(&def, dev) != CUDA_SUCCESS || def != pool)
+        return NULL;
+    return pool_add(pool, dev, 1);
+}
+
+static void pool_count(CUmemoryPool pool, int64_t used, int64_t reserved)
+{
+    struct pool_acct *p = pool ? pool_find(pool) : NULL;
+    if (!p)
+        return;
+    p->used += (uint64_t)used;
+    p->reserved += (uint64_t)reserved;
+    if (p->used > p->used_high)
+        p->used_high = p->used;
+    if (p->reserved > p->reserved_high)
+        p->reserved_high = p->reserved;
+}
+
+static size_t cache_lower(uint64_t vsize)
+{
+    size_t lo = 0, hi = g_ncache;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (g_cache[mid]->vsize < vsize)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static int cache_put(struct sblock *b)
+{
+    if (g_ncache == g_capcache) {
+        size_t cap = g_capcache ? g_capcache * 2 : 256;
+        struct sblock **t = realloc(g_cache, cap * sizeof *t);
+        if (!t)
+            return 0;
+        g_cache = t;
+        g_capcache = cap;
+    }
+    size_t i = cache_lower(b->vsize + 1); /* after its class: the newest last */
+    memmove(&g_cache[i + 1], &g_cache[i], (g_ncache - i) * sizeof *g_cache);
+    g_cache[i] = b;
+    g_ncache++;
+    return 1;
+}
+
+static void cache_drop(size_t i)
+{
+    memmove(&g_cache[i], &g_cache[i + 1], (g_ncache - i - 1) * sizeof *g_cache);
+    g_ncache--;
+}
+
+/* A cached block may be reused on stream s: in stream order on the stream that freed it, on any
+ * other only once the free's event has completed (C20). */
+static int cache_ready(struct sblock *c, CUstream s)
+{
+    if (!c->free_live || c->free_stream == s)
+        return 1;
+    if (real_cuEventQuery(c->free_ev) != CUDA_SUCCESS)
         return 0;
-    CUstreamCaptureMode old;
-    int relaxed = relax(&old);
-    pthread_mutex_lock(&g_mu);
-    int served = 0;
-    struct sblock *b = NULL;
-    if (g_ctx && g_ctx != ctx)
-        goto out;
-    if (!g_gran[dev]) {
+    c->free_live = 0;
+    return 1;
+}
+
+/* Take a cached block of vsize for pool on stream s: one still mapped first, else one with only
+ * its reservation. NULL when none is ready. */
+static struct sblock *cache_take(uint64_t vsize, int dev, CUmemoryPool pool, CUstream s)
+{
+    size_t unmapped = SIZE_MAX;
+    for (size_t i = cache_lower(vsize); i < g_ncache && g_cache[i]->vsize == vsize; i++) {
+        struct sblock *c = g_cache[i];
+        if (c->device != dev || c->pool != pool || !cache_ready(c, s))
+            continue;
+        if (c->handle) {
+            cache_drop(i);
+            return c;
+        }
+        if (unmapped == SIZE_MAX)
+            unmapped = i;
+    }
+    if (unmapped == SIZE_MAX)
+        return NULL;
+    struct sblock *c = g_cache[unmapped];
+    cache_drop(unmapped);
+    return c;
+}
+
+static void destroy_block(struct sblock *b)
+{
+    for (int i = 0; i < MAX_USES; i++)
+        if (b->uses[i].ev)
+            real_cuEventDestroy_v2(b->uses[i].ev);
+    if (b->copy_ev)
+        real_cuEventDestroy_v2(b->copy_ev);
+    if (b->mark_ev)
+        real_cuEventDestroy_v2(b->mark_ev);
+    if (b->free_ev)
+        real_cuEventDestroy_v2(b->free_ev);
+    free(b);
+}
+
+/* Give back cached physical memory until `want` bytes are released or none is idle: spare handles
+ * first, then cached blocks whose free has completed (their reservations stay cached). `pool`
+ * non-NULL: only that pool's blocks. Returns the bytes released. */
+static uint64_t cache_trim(uint64_t want, CUmemoryPool pool)
+{
+    uint64_t got = 0;
+    while (!pool && got < want && g_nspares) {
+        struct spare *sp = &g_spares[--g_nspares];
+        release_handle(sp->h);
+        g_spare_bytes -= sp->vsize;
+        got += sp->vsize;
+    }
+    for (size_t i = g_ncache; got < want && i-- > 0;) {
+        struct sblock *c = g_cache[i];
+        if (!c->handle || (pool && c->pool != pool) || (c->free_live && real_cuEventQuery(c->free_ev) != CUDA_SUCCESS))
+            continue;
+        c->free_live = 0;
+        if (unmap_phys(c) == CUDA_SUCCESS) {
+            pool_count(c->pool, 0, -(int64_t)c->vsize);
+            got += c->vsize;
+        }
+    }
+    return got;
+}
+
+/* The device and granularity of the current context, the shim stream made: 0 when the shim
+ * cannot serve blocks here (another context than the swap blocks', or a query failed). */
+static int alloc_setup(CUdevice *dev)
+{
+    CUcontext ctx = NULL;
+    if (real_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx || real_cuCtxGetDevice(dev) != CUDA_SUCCESS || *dev < 0 ||
+        *dev >= MAX_DEVICES || (g_ctx && g_ctx != ctx))
+        return 0;
+    if (!g_gran[*dev]) {
         CUmemAllocationProp prop;
         memset(&prop, 0, sizeof prop);
         prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
         prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        prop.location.id = dev;
+        prop.location.id = *dev;
         size_t g = 0;
         if (real_cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || !g)
-            goto out;
-        g_gran[dev] = g;
+            return 0;
+        g_gran[*dev] = g;
     }
     if (!g_stream) {
         CUstream s = NULL;
         if (real_cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS || !s)
-            goto out;
+            return 0;
         g_stream = s;
         g_ctx = ctx;
     }
+    return 1;
+}
+
+/* A cached block made live again for `size` bytes (g_mu held). Its access is the default again;
+ * a free still pending on s becomes its first use, so a swap-out of it waits for that too. */
+static void revive(struct sblock *b, uint64_t size, uint64_t stamp)
+{
+    uint64_t rw = (1ull << b->device) | g_peers[b->device];
+    b->size = size;
+    b->id = 0;
+    b->flags = 0;
+    b->state = SB_RESIDENT;
+    b->lru = stamp;
+    b->stamp = b->tried = 0;
+    b->inflight = 0;
+    b->marked = 0;
+    forget_uses(b);
+    if (b->free_live) {
+        CUevent e = b->uses[0].ev;
+        b->uses[0] = (struct use){b->free_stream, b->free_ev, 1};
+        b->free_ev = e;
+        b->free_live = 0;
+    }
+    if (b->handle && (b->rw != rw || b->ro)) {
+        b->rw = rw;
+        b->ro = 0;
+        grant(b);
+    }
+    b->rw = rw;
+    b->ro = 0;
+}
+
+/* Serve `size` bytes (g_mu held, setup done): a cached block of its class when one is ready on
+ * stream s (ordered blocks only), else a new reservation; physical memory from a spare handle or
+ * cuMemCreate, under the budget. NULL: the caller uses the driver's allocator. */
+static struct sblock *serve(uint64_t size, int dev, struct pool_acct *pool, CUstream s)
+{
     size_t gran = g_gran[dev];
     if (size > SIZE_MAX - gran)
-        goto out;
-    uint64_t vsize = (size + gran - 1) / gran * gran;
-    uint64_t stamp = ++g_tick;
+        return NULL;
+    uint64_t vsize = (size + gran - 1) / gran * gran, stamp = ++g_tick;
+    peers_of(dev);
+    struct sblock *b = pool ? cache_take(vsize, dev, pool->pool, s) : NULL;
+    if (b && b->handle) { /* already mapped and counted: the steady state */
+        revive(b, size, stamp);
+        pool_count(b->pool, (int64_t)size, 0);
+        if (!insert(b)) {
+            cache_put(b);
+            return NULL;
+        }
+        return b;
+    }
     hold_budget(vsize, stamp);
-    b = calloc(1, sizeof *b);
-    CUdeviceptr va = 0;
-    if (!b || real_cuMemAddressReserve(&va, vsize, gran, 0, 0) != CUDA_SUCCESS || !va)
-        goto out;
-    b->addr = va;
-    b->size = size;
-    b->vsize = vsize;
-    b->device = (int)dev;
-    b->lru = stamp;
-    peers_of((int)dev);
-    b->rw = (1ull << dev) | g_peers[dev];
+    CUdeviceptr va = b ? b->addr : 0;
+    if (!b) {
+        if (!(b = calloc(1, sizeof *b)))
+            return NULL;
+        if (real_cuMemAddressReserve(&va, vsize, gran, 0, 0) != CUDA_SUCCESS || !va) {
+            free(b);
+            return NULL;
+        }
+        b->addr = va;
+        b->vsize = vsize;
+        b->device = dev;
+        b->ordered = pool != NULL;
+        b->pool = pool ? pool->pool : NULL;
+    }
+    revive(b, size, stamp);
     CUresult r = map_new(b);
-    if (r == CUDA_ERROR_OUT_OF_MEMORY && g_out_pending) {
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+        cache_trim(UINT64_MAX, NULL);
         drain_outs();
         r = map_new(b);
     }
-    if (r != CUDA_SUCCESS || !insert(b)) {
-        if (r == CUDA_SUCCESS)
-            unmap_phys(b);
-        real_cuMemAddressFree(va, vsize);
-        goto out;
+    if (r == CUDA_SUCCESS && insert(b)) {
+        pool_count(b->pool, (int64_t)size, (int64_t)vsize);
+        return b;
     }
-    *dptr = va;
-    served = 1;
-out:
-    if (!served)
-        free(b);
+    if (r == CUDA_SUCCESS)
+        unmap_phys(b);
+    if (r != CUDA_SUCCESS && !g_noted_nogrow) {
+        g_noted_nogrow = 1;
+        ring_note("swap.warn=device memory for the shim's blocks cannot grow (CUresult %d at %llu bytes); "
+                  "new blocks go to the driver's allocator and cannot be swapped",
+                  (int)r, (unsigned long long)vsize);
+    }
+    if (b->ordered && cache_put(b))
+        return NULL; /* its reservation stays cached */
+    real_cuMemAddressFree(b->addr, b->vsize);
+    destroy_block(b);
+    return NULL;
+}
+
+int swap_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, int kind, CUstream s)
+{
+    uint64_t min = __atomic_load_n(&g_ctl->min_swap_bytes, __ATOMIC_RELAXED);
+    if (!dptr || size == 0 || size < min)
+        return 0;
+    int unknown = 0;
+    if (kind != SWAP_ALLOC_DRIVER && (capturing(s, &unknown) || unknown))
+        return 0; /* a graph's allocation node belongs to the driver's pool */
+    CUstreamCaptureMode old;
+    int relaxed = relax(&old);
+    pthread_mutex_lock(&g_mu);
+    CUdevice dev = 0;
+    struct sblock *b = NULL;
+    if (alloc_setup(&dev)) {
+        struct pool_acct *p = NULL;
+        if (kind == SWAP_ALLOC_DRIVER || (p = pool_eligible(pool, kind == SWAP_ALLOC_FROM_POOL, (int)dev)))
+            b = serve(size, (int)dev, p, s);
+    }
+    if (b)
+        *dptr = b->addr;
     pthread_mutex_unlock(&g_mu);
     unrelax(relaxed, old);
-    return served;
+    return b != NULL;
 }
 
 void swap_bind_id(uint64_t addr, uint32_t id)
@@ -1236,52 +1550,172 @@ void swap_bind_id(uint64_t addr, uint32_t id)
     pthread_mutex_unlock(&g_mu);
 }
 
-int swap_free(CUdeviceptr dptr, CUresult *rc)
+/* Everything of b back to the driver, as the real cuMemFree does. Returns 0 (b untouched) when
+ * its memory cannot be unmapped. */
+static int release_block(struct sblock *b, CUresult *rc)
 {
+    if (b->state != SB_OUT && (*rc = unmap_phys(b)) != CUDA_SUCCESS)
+        return 0;
+    *rc = real_cuMemAddressFree(b->addr, b->vsize);
+    destroy_block(b);
+    return 1;
+}
+
+int swap_free(CUdeviceptr dptr, CUstream s, int ordered, CUresult *rc)
+{
+    CUstreamCaptureMode old;
+    int relaxed = relax(&old);
     pthread_mutex_lock(&g_mu);
     struct sblock *b = find(dptr);
     if (!b || b->addr != dptr) {
         pthread_mutex_unlock(&g_mu);
+        unrelax(relaxed, old);
         return 0;
     }
-    erase(b);
-    if (b->state == SB_OUT_PENDING) {
-        g_out_pending--;
-        g_leaving -= b->vsize;
-    }
-    CUstreamCaptureMode old;
-    int relaxed = relax(&old);
     int pushed = ctx_enter();
-    /* Wait for what may still use it: its own last uses, opaque ops, our copy. Never a device
-     * or application-stream synchronisation (C16). */
-    slots_sync(b->uses, MAX_USES);
-    slots_sync(g_fences, MAX_FENCES);
-    /* a resident block may still have a copy queued: a cancelled swap-out reads its memory */
-    if (b->copy_ev && b->state != SB_OUT)
-        real_cuEventSynchronize(b->copy_ev);
+    int unknown = 0;
     CUresult r = CUDA_SUCCESS;
-    if (b->state != SB_OUT)
-        r = unmap_phys(b);
-    if (r == CUDA_SUCCESS) {
-        pool_free(b->host, b->size);
-        r = real_cuMemAddressFree(b->addr, b->vsize);
-        for (int i = 0; i < MAX_USES; i++)
-            if (b->uses[i].ev)
-                real_cuEventDestroy_v2(b->uses[i].ev);
-        if (b->copy_ev)
-            real_cuEventDestroy_v2(b->copy_ev);
-        if (b->mark_ev)
-            real_cuEventDestroy_v2(b->mark_ev);
-        free(b);
+    if (ordered && (capturing(s, &unknown) || unknown)) {
+        /* A free captured into a graph runs at each replay, which the shim cannot follow: the
+         * block stays allocated (and swappable) for the rest of the run. */
+        if (!g_noted_capfree) {
+            g_noted_capfree = 1;
+            ring_note("swap: a shim block freed inside a stream capture stays allocated");
+        }
+        goto out;
+    }
+    erase(b);
+    if (b->state == SB_OUT_PENDING)
+        cancel_out(b); /* its copy goes on; reuse is ordered after it below */
+    int copying = b->copy_ev && b->state != SB_OUT && real_cuEventQuery(b->copy_ev) == CUDA_ERROR_NOT_READY;
+    if (ordered && b->ordered && (b->free_ev || (b->free_ev = ev_new())) &&
+        (!copying || real_cuStreamWaitEvent(s, b->copy_ev, 0) == CUDA_SUCCESS) &&
+        real_cuEventRecord(b->free_ev, s) == CUDA_SUCCESS) {
+        /* free at its stream point: reusable on s at once, elsewhere once the event completes */
+        b->free_live = 1;
+        b->free_stream = s;
     } else {
-        insert(b); /* still mapped: keep it, resident (with its slot) */
+        /* Wait for what may still use it: its own last uses, opaque ops, our copy. Never a
+         * device or application-stream synchronisation (C16). */
+        slots_sync(b->uses, MAX_USES);
+        slots_sync(g_fences, MAX_FENCES);
+        if (copying)
+            real_cuEventSynchronize(b->copy_ev);
+        b->free_live = 0;
+    }
+    pool_free(b->host, b->size); /* later copies into the slot are ordered after its last one */
+    b->host = NULL;
+    forget_uses(b);
+    if (b->ordered) {
+        pool_count(b->pool, -(int64_t)b->size, b->state == SB_OUT ? -(int64_t)b->vsize : 0);
+        b->state = SB_RESIDENT;
+        if (!cache_put(b)) {
+            if (b->free_live)
+                real_cuEventSynchronize(b->free_ev);
+            b->free_live = 0;
+            if (!release_block(b, &r))
+                pool_count(b->pool, 0, -(int64_t)b->vsize); /* leaked: still mapped, out of every table */
+        }
+    } else if (!release_block(b, &r)) {
+        insert(b); /* still mapped: keep it, resident */
         b->state = SB_RESIDENT;
     }
+out:
     ctx_leave(pushed);
-    unrelax(relaxed, old);
     pthread_mutex_unlock(&g_mu);
+    unrelax(relaxed, old);
     *rc = r;
     return 1;
+}
+
+/* ---- pool queries ---- */
+
+void swap_pool_created(CUmemoryPool pool, const CUmemPoolProps *props)
+{
+    /* served by the shim: device memory no other process can import (XLA's own pool, a user's) */
+    int ok = props && props->allocType == CU_MEM_ALLOCATION_TYPE_PINNED &&
+             props->location.type == CU_MEM_LOCATION_TYPE_DEVICE && props->handleTypes == CU_MEM_HANDLE_TYPE_NONE &&
+             props->location.id >= 0 && props->location.id < MAX_DEVICES;
+    pthread_mutex_lock(&g_mu);
+    pool_add(pool, ok ? props->location.id : -1, ok);
+    pthread_mutex_unlock(&g_mu);
+}
+
+void swap_pool_destroyed(CUmemoryPool pool)
+{
+    CUstreamCaptureMode old;
+    int relaxed = relax(&old);
+    pthread_mutex_lock(&g_mu);
+    struct pool_acct *p = pool_find(pool);
+    if (p) {
+        p->eligible = 0;
+        int pushed = ctx_enter();
+        for (size_t i = g_ncache; i-- > 0;) {
+            struct sblock *c = g_cache[i];
+            if (c->pool != pool)
+                continue;
+            if (c->free_live)
+                real_cuEventSynchronize(c->free_ev);
+            c->free_live = 0;
+            CUresult r;
+            cache_drop(i);
+            if (!release_block(c, &r))
+                cache_put(c);
+        }
+        ctx_leave(pushed);
+    }
+    pthread_mutex_unlock(&g_mu);
+    unrelax(relaxed, old);
+}
+
+void swap_pool_attr(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    pthread_mutex_lock(&g_mu);
+    struct pool_acct *p = pool_find(pool);
+    cuuint64_t *v = value;
+    if (p && v) {
+        /* the shim's blocks counted as the pool's; a high mark is the sum of both marks (an upper
+         * bound: the two need not peak at once) */
+        if (attr == CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+            *v += p->used;
+        else if (attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH)
+            *v += p->used_high;
+        else if (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
+            *v += p->reserved;
+        else if (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
+            *v += p->reserved_high;
+    }
+    pthread_mutex_unlock(&g_mu);
+}
+
+void swap_pool_reset_high(CUmemoryPool pool, CUmemPool_attribute attr)
+{
+    pthread_mutex_lock(&g_mu);
+    struct pool_acct *p = pool_find(pool);
+    if (p && attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH)
+        p->used_high = p->used;
+    else if (p && attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
+        p->reserved_high = p->reserved;
+    pthread_mutex_unlock(&g_mu);
+}
+
+void swap_pool_trim(CUmemoryPool pool, size_t keep)
+{
+    CUstreamCaptureMode old;
+    int relaxed = relax(&old);
+    pthread_mutex_lock(&g_mu);
+    struct pool_acct *p = pool_find(pool);
+    uint64_t cached = 0;
+    for (size_t i = 0; p && i < g_ncache; i++)
+        if (g_cache[i]->pool == pool && g_cache[i]->handle)
+            cached += g_cache[i]->vsize;
+    if (p && p->reserved > keep && cached) {
+        int pushed = ctx_enter();
+        cache_trim(p->reserved - keep, pool);
+        ctx_leave(pushed);
+    }
+    pthread_mutex_unlock(&g_mu);
+    unrelax(relaxed, old);
 }
 
 int swap_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count, CUresult *rc)
