@@ -571,7 +571,7 @@ static CUresult unmap_keep(struct sblock *b, int keep)
         return r;
     g_mapped -= b->vsize;
     uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED);
-    if (keep && g_nspares < MAX_SPARES && (!budget || resident_bytes() + g_leaving + b->vsize <= budget)) {
+    if (keep && budget && g_nspares < MAX_SPARES && resident_bytes() + g_leaving + b->vsize <= budget) {
         g_spares[g_nspares++] = (struct spare){b->handle, b->vsize, b->device};
         g_spare_bytes += b->vsize;
     } else {
