@@ -90,7 +90,8 @@ struct sblock {
     CUmemGenericAllocationHandle handle; /* while mapped */
     uint64_t rw, ro;            /* devices with read-write / read-only access (bit = ordinal) */
     struct use uses[MAX_USES];
-    CUevent copy_ev;            /* last copy of this block on the shim stream */
+    CUevent copy_ev;            /* last copy of this block (on g_d2h or g_h2d) */
+    int copy_h2d;               /* that copy is a swap-in (it reads the host slot) */
     CUevent mark_ev;            /* the plan's MARK for its next prefetch (valid while marked) */
     int marked;
     void *host;                 /* its host slot, kept from the first swap-out until it is freed */
@@ -110,7 +111,11 @@ struct sblock {
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct pyobmem_control *g_ctl;
 static CUcontext g_ctx;   /* the context of the swap blocks */
-static CUstream g_stream; /* the shim's non-blocking stream in it */
+/* The shim's copy streams in it (non-blocking), one per copy engine: swap-outs on g_d2h,
+ * swap-ins and prefetches on g_h2d, so both directions run at once. g_h2d_ev: recorded after
+ * every swap-in, so that a swap-out into a host slot another copy may still read waits for it. */
+static CUstream g_d2h, g_h2d;
+static CUevent g_h2d_ev;
 static struct sblock **g_tab; /* sorted by addr */
 static size_t g_n, g_cap;
 static uint64_t g_tick;
@@ -220,7 +225,8 @@ static int swappable(const struct sblock *b)
 
 static void emit_swap(uint16_t type, uint16_t cause, const struct sblock *b, uint64_t dur)
 {
-    ring_write1(type, cause, b->id, b->size, dur, (uint64_t)(uintptr_t)g_stream, 0);
+    CUstream s = type == PYOBMEM_EV_SWAP_OUT ? g_d2h : g_h2d;
+    ring_write1(type, cause, b->id, b->size, dur, (uint64_t)(uintptr_t)s, 0);
 }
 
 /* ---- the block table ---- */
@@ -622,20 +628,25 @@ static void *host_slot(struct sblock *b)
 
 static int swap_out(struct sblock *b)
 {
-    if (b->state != SB_RESIDENT || !swappable(b) || g_fences_lost || !g_stream)
+    if (b->state != SB_RESIDENT || !swappable(b) || g_fences_lost || !g_d2h)
         return 0;
     void *h = b->host ? b->host : host_slot(b);
     if (!h)
         return 0;
-    int ok = (b->copy_ev || (b->copy_ev = ev_new())) && slots_wait(b->uses, MAX_USES, g_stream) &&
-             slots_wait(g_fences, MAX_FENCES, g_stream) &&
-             real_cuMemcpyDtoHAsync_v2(h, b->addr, b->size, g_stream) == CUDA_SUCCESS &&
-             real_cuEventRecord(b->copy_ev, g_stream) == CUDA_SUCCESS;
+    /* The host slot is written only after the last copy that reads it: the block's own swap-in
+     * for its kept slot, any swap-in for a slot new to it (swap-ins run in issue order on g_h2d). */
+    CUevent reader = b->host ? (b->copy_h2d ? b->copy_ev : NULL) : g_h2d_ev;
+    int ok = (b->copy_ev || (b->copy_ev = ev_new())) && slots_wait(b->uses, MAX_USES, g_d2h) &&
+             slots_wait(g_fences, MAX_FENCES, g_d2h) &&
+             (!reader || real_cuStreamWaitEvent(g_d2h, reader, 0) == CUDA_SUCCESS) &&
+             real_cuMemcpyDtoHAsync_v2(h, b->addr, b->size, g_d2h) == CUDA_SUCCESS &&
+             real_cuEventRecord(b->copy_ev, g_d2h) == CUDA_SUCCESS;
     if (!ok) {
         if (!b->host)
             pool_free(h, b->size); /* a copy already queued into it is ordered before any reuse */
         return 0;
     }
+    b->copy_h2d = 0;
     b->host = h;
     b->state = SB_OUT_PENDING;
     b->t_issue = shim_now_ns();
@@ -737,7 +748,7 @@ static void releaser_kick(void)
 /* Finish every swap-out in flight (synchronise the shim stream only) and release. */
 static void drain_outs(void)
 {
-    if (g_out_pending && real_cuStreamSynchronize(g_stream) == CUDA_SUCCESS)
+    if (g_out_pending && real_cuStreamSynchronize(g_d2h) == CUDA_SUCCESS)
         poll_releases();
 }
 
@@ -813,16 +824,19 @@ static CUresult swap_in(struct sblock *b, int planned, uint64_t stamp)
     }
     if (r != CUDA_SUCCESS)
         return r;
-    r = real_cuMemcpyHtoDAsync_v2(b->addr, b->host, b->size, g_stream);
+    r = real_cuMemcpyHtoDAsync_v2(b->addr, b->host, b->size, g_h2d);
     if (r == CUDA_SUCCESS) {
-        r = real_cuEventRecord(b->copy_ev, g_stream);
+        r = real_cuEventRecord(b->copy_ev, g_h2d);
+        if (r == CUDA_SUCCESS && real_cuEventRecord(g_h2d_ev, g_h2d) != CUDA_SUCCESS)
+            r = real_cuStreamSynchronize(g_h2d); /* no later slot writer could wait for it */
         if (r != CUDA_SUCCESS)
-            real_cuStreamSynchronize(g_stream); /* the copy is queued: let it finish before unmapping */
+            real_cuStreamSynchronize(g_h2d); /* the copy is queued: let it finish before unmapping */
     }
     if (r != CUDA_SUCCESS) {
         unmap_phys(b);
         return r; /* still OUT, host copy intact */
     }
+    b->copy_h2d = 1;
     b->state = SB_IN_PENDING;
     b->flags = planned ? (b->flags | SBF_PREFETCHED) : (b->flags & ~SBF_PREFETCHED);
     b->t_issue = shim_now_ns();
@@ -838,12 +852,12 @@ static CUresult finish_in(struct sblock *b, const struct swap_op *op, int demand
         cause = real_cuEventQuery(b->copy_ev) == CUDA_SUCCESS ? PYOBMEM_SWAP_IN_PREFETCH : PYOBMEM_SWAP_IN_LATE;
     if (op && !op->capturing) {
         if (real_cuStreamWaitEvent(op->stream, b->copy_ev, 0) != CUDA_SUCCESS) {
-            CUresult r = real_cuStreamSynchronize(g_stream);
+            CUresult r = real_cuStreamSynchronize(g_h2d);
             if (r != CUDA_SUCCESS)
                 return r;
         }
     } else if (op) {
-        CUresult r = real_cuStreamSynchronize(g_stream);
+        CUresult r = real_cuStreamSynchronize(g_h2d);
         if (r != CUDA_SUCCESS)
             return r;
     }
@@ -1416,13 +1430,16 @@ static int alloc_setup(CUdevice *dev)
             return 0;
         g_gran[*dev] = g;
     }
-    if (!g_stream) {
-        CUstream s = NULL;
-        if (real_cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS || !s)
-            return 0;
-        g_stream = s;
-        g_ctx = ctx;
-    }
+    /* the copy streams and the swap-in event, made once (kept across a failure to retry) */
+    if (!g_d2h && real_cuStreamCreate(&g_d2h, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+        g_d2h = NULL;
+    if (!g_h2d && real_cuStreamCreate(&g_h2d, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+        g_h2d = NULL;
+    if (!g_h2d_ev)
+        g_h2d_ev = ev_new();
+    if (!g_d2h || !g_h2d || !g_h2d_ev)
+        return 0;
+    g_ctx = ctx;
     return 1;
 }
 
