@@ -1,6 +1,6 @@
 /*
- * The block table: live device ranges [start, end) -> (block id, kind), a sorted array with
- * binary search. Writers (alloc, free, map, unmap) take the write lock; the launch path holds
+ * The block table: live device ranges [start, end) -> (block id, kind), a sorted interval table
+ * (intervals.h). Writers (alloc, free, map, unmap) take the write lock; the launch path holds
  * the read lock once per launch around all its lookups.
  *
  * Block ids come from a per-process counter starting at 1. An access word keeps 24 bits of
@@ -12,13 +12,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "intervals.h"
 #include "shim.h"
 
 #define BLOCK_ID_MAX 0xFFFFFFu
 
 static pthread_rwlock_t g_lock = PTHREAD_RWLOCK_INITIALIZER;
-static struct block *g_blocks;
-static size_t g_n, g_cap;
+static struct itable g_blocks = ITABLE_OF(struct block);
 
 static uint32_t next_block_id(void)
 {
@@ -26,28 +26,9 @@ static uint32_t next_block_id(void)
     return (n - 1) % BLOCK_ID_MAX + 1;
 }
 
-/* Index of the first block with start > addr. */
-static size_t upper_bound(uint64_t addr)
-{
-    size_t lo = 0, hi = g_n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (g_blocks[mid].start <= addr)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
+static struct block *at(size_t i) { return itable_at(&g_blocks, i); }
 
-const struct block *blocks_lookup(uint64_t addr)
-{
-    size_t i = upper_bound(addr);
-    if (i == 0)
-        return NULL;
-    const struct block *b = &g_blocks[i - 1];
-    return addr < b->end ? b : NULL;
-}
+const struct block *blocks_lookup(uint64_t addr) { return itable_find(&g_blocks, addr); }
 
 void blocks_read_lock(void) { pthread_rwlock_rdlock(&g_lock); }
 void blocks_read_unlock(void) { pthread_rwlock_unlock(&g_lock); }
@@ -77,23 +58,11 @@ static int on_device(const struct block *b) { return b->kind != PYOBMEM_ALLOC_MA
 static void erase(size_t i, size_t j, uint64_t stream)
 {
     for (size_t k = i; k < j; k++) {
-        emit_free(&g_blocks[k], stream);
-        if (on_device(&g_blocks[k]))
-            __atomic_sub_fetch(&g_shim.device_bytes, g_blocks[k].end - g_blocks[k].start, __ATOMIC_RELAXED);
+        emit_free(at(k), stream);
+        if (on_device(at(k)))
+            __atomic_sub_fetch(&g_shim.device_bytes, at(k)->end - at(k)->start, __ATOMIC_RELAXED);
     }
-    memmove(&g_blocks[i], &g_blocks[j], (g_n - j) * sizeof *g_blocks);
-    g_n -= j - i;
-}
-
-/* [i, j): the entries overlapping [start, end) (write or read lock held). */
-static void overlapping(uint64_t start, uint64_t end, size_t *i_out, size_t *j_out)
-{
-    size_t j = upper_bound(end - 1); /* first with start > end-1, i.e. start >= end */
-    size_t i = upper_bound(start);
-    if (i > 0 && g_blocks[i - 1].end > start)
-        i--;
-    *i_out = i;
-    *j_out = j < i ? i : j;
+    itable_erase(&g_blocks, i, j);
 }
 
 uint32_t blocks_add(uint64_t addr, uint64_t size, uint64_t stream, int kind, int device)
@@ -105,22 +74,13 @@ uint32_t blocks_add(uint64_t addr, uint64_t size, uint64_t stream, int kind, int
     pthread_rwlock_wrlock(&g_lock);
     nb.id = next_block_id();
     size_t i, j;
-    overlapping(nb.start, nb.end, &i, &j);
+    itable_overlapping(&g_blocks, nb.start, nb.end, &i, &j);
     if (j > i) /* stale ranges freed behind our back (an unhooked free): they are gone now */
         erase(i, j, 0);
-    if (g_n == g_cap) {
-        size_t cap = g_cap ? g_cap * 2 : 1024;
-        struct block *nbk = realloc(g_blocks, cap * sizeof *nbk);
-        if (!nbk) {
-            pthread_rwlock_unlock(&g_lock);
-            return 0;
-        }
-        g_blocks = nbk;
-        g_cap = cap;
+    if (!itable_insert(&g_blocks, &nb)) {
+        pthread_rwlock_unlock(&g_lock);
+        return 0;
     }
-    memmove(&g_blocks[i + 1], &g_blocks[i], (g_n - i) * sizeof *g_blocks);
-    g_blocks[i] = nb;
-    g_n++;
     if (on_device(&nb))
         __atomic_add_fetch(&g_shim.device_bytes, size, __ATOMIC_RELAXED);
     ring_write1(PYOBMEM_EV_ALLOC, nb.device, nb.id, addr, size, stream, (uint64_t)kind);
@@ -144,8 +104,8 @@ int blocks_find_start(uint64_t addr, struct block *out)
 void blocks_remove(uint64_t addr, uint32_t id, uint64_t stream)
 {
     pthread_rwlock_wrlock(&g_lock);
-    size_t i = upper_bound(addr);
-    if (i > 0 && g_blocks[i - 1].start == addr && g_blocks[i - 1].id == id)
+    size_t i = itable_upper(&g_blocks, addr);
+    if (i > 0 && at(i - 1)->start == addr && at(i - 1)->id == id)
         erase(i - 1, i, stream);
     pthread_rwlock_unlock(&g_lock);
 }
@@ -156,7 +116,7 @@ int blocks_remove_range(uint64_t start, uint64_t end, uint64_t stream)
         return 0;
     pthread_rwlock_wrlock(&g_lock);
     size_t i, j;
-    overlapping(start, end, &i, &j);
+    itable_overlapping(&g_blocks, start, end, &i, &j);
     if (j > i)
         erase(i, j, stream);
     pthread_rwlock_unlock(&g_lock);
@@ -171,7 +131,7 @@ void blocks_reset_after_fork(void)
     /* A child's CUDA context is not the parent's: its blocks start empty, ids from 1. */
     pthread_rwlock_t fresh = PTHREAD_RWLOCK_INITIALIZER;
     g_lock = fresh;
-    g_n = 0;
+    g_blocks.n = 0;
     g_shim.block_seq = 0;
     g_shim.device_bytes = 0;
 }
