@@ -30,7 +30,7 @@ static void on_alloc(CUdeviceptr *dptr, size_t size, CUstream s, int kind, int s
         swap_bind_id((uint64_t)*dptr, id);
 }
 
-/* ---- swap mode (swap.c): the op hooks test g_shim.swap once and take these paths ---- */
+/* ---- swap mode (swap*.c): what the op hooks hand the executor ---- */
 
 /* Candidate words of a copy: both ends of each device side. */
 static void copy_words(uint64_t w[4], int kind, uint64_t dst, uint64_t src, uint64_t n)
@@ -57,7 +57,7 @@ static void pin_pointer_table(const void *src, uint64_t n)
         blocks_read_lock();
         for (; i < n / 8 && nh < 16; i++) {
             const struct block *b = w[i] >= 4096 ? blocks_lookup(w[i]) : NULL;
-            if (b && b->kind == PYOBMEM_ALLOC_DRIVER)
+            if (b && (b->kind == PYOBMEM_ALLOC_DRIVER || b->kind == PYOBMEM_ALLOC_ASYNC)) /* the swappable kinds */
                 hits[nh++] = w[i];
         }
         blocks_read_unlock();
@@ -67,19 +67,31 @@ static void pin_pointer_table(const void *src, uint64_t n)
     }
 }
 
-/* Open a swap op around a copy or set; returns from the hook with the error when a touched
- * block cannot be brought back (the op is then not issued). */
-#define SWAP_BEGIN(NAME, KEY, S, W)                                                                    \
+/* The copy and set hooks' one shape: OP_OPEN (shim_begin; in swap mode the op's words -- WORDS
+ * fills w_[4] and may set key_ -- and swap_op_begin, returning from the hook with the error when
+ * a touched block cannot be brought back), the real call, the record, OP_CLOSE. */
+#define OP_OPEN(NAME, KEY, S, WORDS)                                                                   \
     struct swap_op op_;                                                                                \
-    int rec_ = shim_begin();                                                                           \
-    if (rec_) {                                                                                        \
-        CUresult f_ = swap_op_begin(&op_, (KEY), swap_norm_stream((S), per_thread_name(#NAME)), 0, (W), 4); \
+    op_.active = 0;                                                                                    \
+    int rec = shim_begin();                                                                            \
+    if (rec && SHIM_UNLIKELY(g_shim.swap)) {                                                           \
+        uint64_t w_[4], key_ = (KEY);                                                                  \
+        WORDS;                                                                                         \
+        CUresult f_ = swap_op_begin(&op_, key_, swap_norm_stream((S), per_thread_name(#NAME)), 0, w_, 4); \
         if (f_ != CUDA_SUCCESS)                                                                        \
             return f_;                                                                                 \
     }
-#define SWAP_END(R)                 \
-    if (rec_)                       \
+#define OP_CLOSE(R)            \
+    if (op_.active)            \
         swap_op_end(&op_, (R));
+
+/* A copy's words (both ends of each device side); a host-to-device one may be a pointer table. */
+static void copy_prep(uint64_t w[4], int kind, uint64_t dst, uint64_t src, uint64_t n)
+{
+    copy_words(w, kind, dst, src, n);
+    if (kind == PYOBMEM_COPY_HTOD)
+        pin_pointer_table((const void *)(uintptr_t)src, n);
+}
 
 /* ---- allocation and free ----
  *
@@ -328,47 +340,25 @@ static void emit_set(int async, uint64_t dst, uint64_t value, uint64_t bytes, CU
                 bytes, (uint64_t)(uintptr_t)s);
 }
 
-#define DEF_COPY(NAME, KIND, DT, ST, DARG, SARG)             \
-    CUresult CUDAAPI NAME(DT dst, ST src, size_t n)          \
-    {                                                        \
-        if (SHIM_UNLIKELY(g_shim.swap)) {                    \
-            uint64_t w[4];                                   \
-            copy_words(w, KIND, DARG, SARG, n);              \
-            if (KIND == PYOBMEM_COPY_HTOD)                   \
-                pin_pointer_table((const void *)(uintptr_t)SARG, n); \
-            SWAP_BEGIN(NAME, SWAP_KEY_COPY(KIND), 0, w)      \
-            CUresult r = REAL(NAME, (dst, src, n));          \
-            if (rec_ && r == CUDA_SUCCESS)                   \
-                emit_copy(KIND, 0, DARG, SARG, n, 0);        \
-            SWAP_END(r)                                      \
-            return r;                                        \
-        }                                                    \
-        int rec = shim_begin();                              \
-        CUresult r = REAL(NAME, (dst, src, n));              \
-        if (rec && r == CUDA_SUCCESS)                        \
-            emit_copy(KIND, 0, DARG, SARG, n, 0);            \
-        return r;                                            \
+#define DEF_COPY(NAME, KIND, DT, ST, DARG, SARG)                                        \
+    CUresult CUDAAPI NAME(DT dst, ST src, size_t n)                                     \
+    {                                                                                   \
+        OP_OPEN(NAME, SWAP_KEY_COPY(KIND), 0, copy_prep(w_, KIND, DARG, SARG, n))       \
+        CUresult r = REAL(NAME, (dst, src, n));                                         \
+        if (rec && r == CUDA_SUCCESS)                                                   \
+            emit_copy(KIND, 0, DARG, SARG, n, 0);                                       \
+        OP_CLOSE(r)                                                                     \
+        return r;                                                                       \
     }
-#define DEF_COPY_ASYNC(NAME, KIND, DT, ST, DARG, SARG)                \
-    CUresult CUDAAPI NAME(DT dst, ST src, size_t n, CUstream s)       \
-    {                                                                 \
-        if (SHIM_UNLIKELY(g_shim.swap)) {                             \
-            uint64_t w[4];                                            \
-            copy_words(w, KIND, DARG, SARG, n);                       \
-            if (KIND == PYOBMEM_COPY_HTOD)                            \
-                pin_pointer_table((const void *)(uintptr_t)SARG, n);  \
-            SWAP_BEGIN(NAME, SWAP_KEY_COPY(KIND), s, w)               \
-            CUresult r = REAL(NAME, (dst, src, n, s));                \
-            if (rec_ && r == CUDA_SUCCESS)                            \
-                emit_copy(KIND, 1, DARG, SARG, n, s);                 \
-            SWAP_END(r)                                               \
-            return r;                                                 \
-        }                                                             \
-        int rec = shim_begin();                                       \
-        CUresult r = REAL(NAME, (dst, src, n, s));                    \
-        if (rec && r == CUDA_SUCCESS)                                 \
-            emit_copy(KIND, 1, DARG, SARG, n, s);                     \
-        return r;                                                     \
+#define DEF_COPY_ASYNC(NAME, KIND, DT, ST, DARG, SARG)                                  \
+    CUresult CUDAAPI NAME(DT dst, ST src, size_t n, CUstream s)                         \
+    {                                                                                   \
+        OP_OPEN(NAME, SWAP_KEY_COPY(KIND), s, copy_prep(w_, KIND, DARG, SARG, n))       \
+        CUresult r = REAL(NAME, (dst, src, n, s));                                      \
+        if (rec && r == CUDA_SUCCESS)                                                   \
+            emit_copy(KIND, 1, DARG, SARG, n, s);                                       \
+        OP_CLOSE(r)                                                                     \
+        return r;                                                                       \
     }
 #define DPTR(x) ((uint64_t)(x))
 #define HPTR(x) ((uint64_t)(uintptr_t)(x))
@@ -392,40 +382,22 @@ DEF_COPY_ASYNC(cuMemcpyDtoDAsync_v2_ptsz, PYOBMEM_COPY_DTOD, CUdeviceptr, CUdevi
 #define DEF_PEER(NAME)                                                                                   \
     CUresult CUDAAPI NAME(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n)    \
     {                                                                                                    \
-        if (SHIM_UNLIKELY(g_shim.swap)) {                                                                \
-            uint64_t w[4];                                                                               \
-            copy_words(w, PYOBMEM_COPY_OTHER, dst, src, n);                                              \
-            SWAP_BEGIN(NAME, SWAP_KEY_COPY(PYOBMEM_COPY_OTHER), 0, w)                                    \
-            CUresult r = REAL(NAME, (dst, dctx, src, sctx, n));                                          \
-            if (rec_ && r == CUDA_SUCCESS)                                                               \
-                emit_copy(PYOBMEM_COPY_OTHER, 0, dst, src, n, 0);                                        \
-            SWAP_END(r)                                                                                  \
-            return r;                                                                                    \
-        }                                                                                                \
-        int rec = shim_begin();                                                                          \
+        OP_OPEN(NAME, SWAP_KEY_COPY(PYOBMEM_COPY_OTHER), 0, copy_words(w_, PYOBMEM_COPY_OTHER, dst, src, n)) \
         CUresult r = REAL(NAME, (dst, dctx, src, sctx, n));                                              \
         if (rec && r == CUDA_SUCCESS)                                                                    \
             emit_copy(PYOBMEM_COPY_OTHER, 0, dst, src, n, 0);                                            \
+        OP_CLOSE(r)                                                                                      \
         return r;                                                                                        \
     }
-#define DEF_PEER_ASYNC(NAME)                                                                                         \
-    CUresult CUDAAPI NAME(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n, CUstream s)    \
-    {                                                                                                                \
-        if (SHIM_UNLIKELY(g_shim.swap)) {                                                                            \
-            uint64_t w[4];                                                                                           \
-            copy_words(w, PYOBMEM_COPY_OTHER, dst, src, n);                                                          \
-            SWAP_BEGIN(NAME, SWAP_KEY_COPY(PYOBMEM_COPY_OTHER), s, w)                                                \
-            CUresult r = REAL(NAME, (dst, dctx, src, sctx, n, s));                                                   \
-            if (rec_ && r == CUDA_SUCCESS)                                                                           \
-                emit_copy(PYOBMEM_COPY_OTHER, 1, dst, src, n, s);                                                    \
-            SWAP_END(r)                                                                                              \
-            return r;                                                                                                \
-        }                                                                                                            \
-        int rec = shim_begin();                                                                                      \
-        CUresult r = REAL(NAME, (dst, dctx, src, sctx, n, s));                                                       \
-        if (rec && r == CUDA_SUCCESS)                                                                                \
-            emit_copy(PYOBMEM_COPY_OTHER, 1, dst, src, n, s);                                                        \
-        return r;                                                                                                    \
+#define DEF_PEER_ASYNC(NAME)                                                                                      \
+    CUresult CUDAAPI NAME(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n, CUstream s) \
+    {                                                                                                             \
+        OP_OPEN(NAME, SWAP_KEY_COPY(PYOBMEM_COPY_OTHER), s, copy_words(w_, PYOBMEM_COPY_OTHER, dst, src, n))      \
+        CUresult r = REAL(NAME, (dst, dctx, src, sctx, n, s));                                                    \
+        if (rec && r == CUDA_SUCCESS)                                                                             \
+            emit_copy(PYOBMEM_COPY_OTHER, 1, dst, src, n, s);                                                     \
+        OP_CLOSE(r)                                                                                               \
+        return r;                                                                                                 \
     }
 DEF_PEER(cuMemcpyPeer)
 DEF_PEER(cuMemcpyPeer_ptds)
@@ -513,43 +485,25 @@ static uint64_t nd_words3d(const CUDA_MEMCPY3D *p, uint64_t w[4])
 #define nd_words_CUDA_MEMCPY2D nd_words2d
 #define nd_words_CUDA_MEMCPY3D nd_words3d
 
-#define DEF_COPY_ND(NAME, T, EMIT)                           \
-    CUresult CUDAAPI NAME(const T *p)                        \
-    {                                                        \
-        if (SHIM_UNLIKELY(g_shim.swap)) {                    \
-            uint64_t w[4];                                   \
-            uint64_t key = nd_words_##T(p, w);               \
-            SWAP_BEGIN(NAME, key, 0, w)                      \
-            CUresult r = REAL(NAME, (p));                    \
-            if (rec_ && r == CUDA_SUCCESS)                   \
-                EMIT(p, 0, 0);                               \
-            SWAP_END(r)                                      \
-            return r;                                        \
-        }                                                    \
-        int rec = shim_begin();                              \
-        CUresult r = REAL(NAME, (p));                        \
-        if (rec && r == CUDA_SUCCESS)                        \
-            EMIT(p, 0, 0);                                   \
-        return r;                                            \
+#define DEF_COPY_ND(NAME, T, EMIT)                                                \
+    CUresult CUDAAPI NAME(const T *p)                                             \
+    {                                                                             \
+        OP_OPEN(NAME, 0, 0, key_ = nd_words_##T(p, w_))                           \
+        CUresult r = REAL(NAME, (p));                                             \
+        if (rec && r == CUDA_SUCCESS)                                             \
+            EMIT(p, 0, 0);                                                        \
+        OP_CLOSE(r)                                                               \
+        return r;                                                                 \
     }
-#define DEF_COPY_ND_ASYNC(NAME, T, EMIT)                     \
-    CUresult CUDAAPI NAME(const T *p, CUstream s)            \
-    {                                                        \
-        if (SHIM_UNLIKELY(g_shim.swap)) {                    \
-            uint64_t w[4];                                   \
-            uint64_t key = nd_words_##T(p, w);               \
-            SWAP_BEGIN(NAME, key, s, w)                      \
-            CUresult r = REAL(NAME, (p, s));                 \
-            if (rec_ && r == CUDA_SUCCESS)                   \
-                EMIT(p, 1, s);                               \
-            SWAP_END(r)                                      \
-            return r;                                        \
-        }                                                    \
-        int rec = shim_begin();                              \
-        CUresult r = REAL(NAME, (p, s));                     \
-        if (rec && r == CUDA_SUCCESS)                        \
-            EMIT(p, 1, s);                                   \
-        return r;                                            \
+#define DEF_COPY_ND_ASYNC(NAME, T, EMIT)                                          \
+    CUresult CUDAAPI NAME(const T *p, CUstream s)                                 \
+    {                                                                             \
+        OP_OPEN(NAME, 0, s, key_ = nd_words_##T(p, w_))                           \
+        CUresult r = REAL(NAME, (p, s));                                          \
+        if (rec && r == CUDA_SUCCESS)                                             \
+            EMIT(p, 1, s);                                                        \
+        OP_CLOSE(r)                                                               \
+        return r;                                                                 \
     }
 DEF_COPY_ND(cuMemcpy2D_v2, CUDA_MEMCPY2D, emit_copy2d)
 DEF_COPY_ND(cuMemcpy2D_v2_ptds, CUDA_MEMCPY2D, emit_copy2d)
@@ -788,60 +742,28 @@ static void set_words(uint64_t w[4], uint64_t dst, uint64_t extent)
     w[1] = extent ? dst + extent - 1 : dst;
     w[2] = w[3] = 0;
 }
-#define SET_OP(NAME, S, EXTENT, CALL, EMIT)                  \
-    if (SHIM_UNLIKELY(g_shim.swap)) {                        \
-        uint64_t sw_[4];                                     \
-        set_words(sw_, dst, (EXTENT));                       \
-        SWAP_BEGIN(NAME, SWAP_KEY_SET, S, sw_)               \
-        CUresult r = CALL;                                   \
-        if (rec_ && r == CUDA_SUCCESS)                       \
-            EMIT;                                            \
-        SWAP_END(r)                                          \
-        return r;                                            \
+#define DEF_SET_OP(NAME, PARAMS, ARGS, S, EXTENT, ASYNC, BYTES)                                  \
+    CUresult CUDAAPI NAME PARAMS                                                                  \
+    {                                                                                             \
+        OP_OPEN(NAME, SWAP_KEY_SET, S, set_words(w_, dst, (EXTENT)))                              \
+        CUresult r = REAL(NAME, ARGS);                                                            \
+        if (rec && r == CUDA_SUCCESS)                                                             \
+            emit_set(ASYNC, dst, v, (BYTES), S);                                                  \
+        OP_CLOSE(r)                                                                               \
+        return r;                                                                                 \
     }
-#define DEF_SET(NAME, VT, ESZ)                               \
-    CUresult CUDAAPI NAME(CUdeviceptr dst, VT v, size_t n)   \
-    {                                                        \
-        SET_OP(NAME, 0, (uint64_t)n * ESZ, REAL(NAME, (dst, v, n)), emit_set(0, dst, v, (uint64_t)n * ESZ, 0)) \
-        int rec = shim_begin();                              \
-        CUresult r = REAL(NAME, (dst, v, n));                \
-        if (rec && r == CUDA_SUCCESS)                        \
-            emit_set(0, dst, v, (uint64_t)n * ESZ, 0);       \
-        return r;                                            \
-    }
-#define DEF_SET_ASYNC(NAME, VT, ESZ)                                     \
-    CUresult CUDAAPI NAME(CUdeviceptr dst, VT v, size_t n, CUstream s)   \
-    {                                                                    \
-        SET_OP(NAME, s, (uint64_t)n * ESZ, REAL(NAME, (dst, v, n, s)), emit_set(1, dst, v, (uint64_t)n * ESZ, s)) \
-        int rec = shim_begin();                                          \
-        CUresult r = REAL(NAME, (dst, v, n, s));                         \
-        if (rec && r == CUDA_SUCCESS)                                    \
-            emit_set(1, dst, v, (uint64_t)n * ESZ, s);                   \
-        return r;                                                        \
-    }
+#define DEF_SET(NAME, VT, ESZ) \
+    DEF_SET_OP(NAME, (CUdeviceptr dst, VT v, size_t n), (dst, v, n), 0, (uint64_t)n * ESZ, 0, (uint64_t)n * ESZ)
+#define DEF_SET_ASYNC(NAME, VT, ESZ)                                                                      \
+    DEF_SET_OP(NAME, (CUdeviceptr dst, VT v, size_t n, CUstream s), (dst, v, n, s), s, (uint64_t)n * ESZ, 1, \
+               (uint64_t)n * ESZ)
 #define SET2D_EXTENT(pitch, w, h, ESZ) ((h) ? ((uint64_t)(h) - 1) * (pitch) + (uint64_t)(w) * (ESZ) : 0)
-#define DEF_SET2D(NAME, VT, ESZ)                                                          \
-    CUresult CUDAAPI NAME(CUdeviceptr dst, size_t pitch, VT v, size_t w, size_t h)        \
-    {                                                                                     \
-        SET_OP(NAME, 0, SET2D_EXTENT(pitch, w, h, ESZ), REAL(NAME, (dst, pitch, v, w, h)), \
-               emit_set(0, dst, v, (uint64_t)w * h * ESZ, 0))                             \
-        int rec = shim_begin();                                                           \
-        CUresult r = REAL(NAME, (dst, pitch, v, w, h));                                   \
-        if (rec && r == CUDA_SUCCESS)                                                     \
-            emit_set(0, dst, v, (uint64_t)w * h * ESZ, 0);                                \
-        return r;                                                                         \
-    }
-#define DEF_SET2D_ASYNC(NAME, VT, ESZ)                                                              \
-    CUresult CUDAAPI NAME(CUdeviceptr dst, size_t pitch, VT v, size_t w, size_t h, CUstream s)      \
-    {                                                                                               \
-        SET_OP(NAME, s, SET2D_EXTENT(pitch, w, h, ESZ), REAL(NAME, (dst, pitch, v, w, h, s)),       \
-               emit_set(1, dst, v, (uint64_t)w * h * ESZ, s))                                       \
-        int rec = shim_begin();                                                                     \
-        CUresult r = REAL(NAME, (dst, pitch, v, w, h, s));                                          \
-        if (rec && r == CUDA_SUCCESS)                                                               \
-            emit_set(1, dst, v, (uint64_t)w * h * ESZ, s);                                          \
-        return r;                                                                                   \
-    }
+#define DEF_SET2D(NAME, VT, ESZ)                                                                       \
+    DEF_SET_OP(NAME, (CUdeviceptr dst, size_t pitch, VT v, size_t w, size_t h), (dst, pitch, v, w, h), 0, \
+               SET2D_EXTENT(pitch, w, h, ESZ), 0, (uint64_t)w * h * ESZ)
+#define DEF_SET2D_ASYNC(NAME, VT, ESZ)                                                                 \
+    DEF_SET_OP(NAME, (CUdeviceptr dst, size_t pitch, VT v, size_t w, size_t h, CUstream s),            \
+               (dst, pitch, v, w, h, s), s, SET2D_EXTENT(pitch, w, h, ESZ), 1, (uint64_t)w * h * ESZ)
 DEF_SET(cuMemsetD8_v2, unsigned char, 1)
 DEF_SET(cuMemsetD8_v2_ptds, unsigned char, 1)
 DEF_SET(cuMemsetD16_v2, unsigned short, 2)

@@ -133,7 +133,7 @@ void params_atfork_prepare(void);
 void params_atfork_parent(void);
 void params_atfork_child(void);
 
-/* ---- swap.c: VMM backing and the swap executor (swap mode only) ---- */
+/* ---- swap*.c (swap_state.h): VMM backing, the allocator and the swap executor (swap mode only) ---- */
 #define SWAP_MAX_OP_BLOCKS 64
 /* One op (launch, graph launch, copy, set) as the executor sees it, from swap_op_begin to
  * swap_op_end (same thread). */
