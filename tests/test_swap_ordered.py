@@ -117,3 +117,18 @@ def test_stream_ordered_block_swapped_out_and_in_20_times_keeps_every_byte(fake,
     assert run.out["after_free_handles"] == 2 and run.out["after_free_reservations"] == 2
     assert run.of(Ev.FREE)["b"].tolist() == [a, b, run.out["t"]]
     no_misbehaviour(run)
+
+
+def test_pointer_table_pins_a_stream_ordered_block(fake, tmp_path):  # noqa: F811
+    """C09 on a cuMemAllocAsync block: a table copied to the device that points into it pins it
+    (it is swappable now, so a kernel could otherwise reach it out through the table): a is out
+    when the table is copied, comes back for it and stays in for the rest of the run, while b, c
+    and d take turns under the budget of three blocks."""
+    run = run_swap(fake, tmp_path, "ptrtable", "ptr", "sync", "ordered", budget=3 * GRAN)
+    assert run.out["a_out_before"] == 1 and run.out["table_rc"] == 0
+    assert run.out["a_in_after_table"] == 1 and run.out["a_in_after_rounds"] == 1
+    assert int(run.of(Ev.ALLOC)["e"][0]) == AllocKind.ASYNC
+    ida = run.block_id(run.out["a"])
+    assert [int(x) for x in run.swaps(Ev.SWAP_OUT)["a"]].count(ida) == 1  # evicted for d, never again
+    assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"], run.out["bad_table"]) == (0, 0, 0, 0)
+    no_misbehaviour(run)

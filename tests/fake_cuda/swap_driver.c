@@ -574,9 +574,11 @@ static int scenario_batch(const char *variant)
  * Last, every block is read back. */
 static uint64_t g_table[65536 / 8 + 2];
 
-static int scenario_ptrtable(const char *variant, const char *mode)
+/* ordered: a is a stream-ordered block (cuMemAllocAsync on S1) */
+static int scenario_ptrtable(const char *variant, const char *mode, int ordered)
 {
-    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB);
+    CUdeviceptr a = ordered ? must_alloc_ordered(2 * MIB, S1) : must_alloc(2 * MIB);
+    CUdeviceptr b = must_alloc(2 * MIB), c = must_alloc(2 * MIB);
     fill(a, 2 * MIB, 1);
     fill(b, 2 * MIB, 2);
     fill(c, 2 * MIB, 3);
@@ -1015,7 +1017,8 @@ int main(int argc, char **argv)
     else if (!strcmp(s, "batch"))
         rc = scenario_batch(argc > 2 ? argv[2] : "12080");
     else if (!strcmp(s, "ptrtable"))
-        rc = scenario_ptrtable(argc > 2 ? argv[2] : "ptr", argc > 3 ? argv[3] : "sync");
+        rc = scenario_ptrtable(argc > 2 ? argv[2] : "ptr", argc > 3 ? argv[3] : "sync",
+                               argc > 4 && !strcmp(argv[4], "ordered"));
     else if (!strcmp(s, "hold"))
         rc = scenario_hold();
     else if (!strcmp(s, "others"))
