@@ -36,7 +36,7 @@ struct pool_acct {
 };
 static struct pool_acct g_pools[MAX_POOLS];
 static int g_npools;
-static int g_noted_nogrow, g_noted_capfree;
+static int g_noted_nogrow, g_noted_capfree, g_noted_pool;
 
 static struct pool_acct *pool_find(CUmemoryPool pool)
 {
@@ -332,6 +332,11 @@ int swap_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, int kind, CUst
         struct pool_acct *p = NULL;
         if (kind == SWAP_ALLOC_DRIVER || (p = pool_eligible(pool, kind == SWAP_ALLOC_FROM_POOL, (int)dev)))
             b = serve(size, (int)dev, p, s);
+        else if (!g_noted_pool) {
+            g_noted_pool = 1;
+            ring_note("swap: large stream-ordered blocks of a pool the shim does not serve (exportable, host-located "
+                      "or not made by cuMemPoolCreate) stay the driver's: not swappable");
+        }
     }
     if (b)
         *dptr = b->addr;

@@ -47,13 +47,14 @@ static struct sblock *pick_victim(uint64_t stamp, uint64_t round)
     return v;
 }
 
-/* Free at least `need` bytes of device memory now: finish swap-outs in flight, then evict idle
- * blocks and wait for their copies (on the device-to-host stream). */
+/* Free at least `need` bytes of device memory now: cached memory first, finish swap-outs in
+ * flight, then evict idle blocks and wait for their copies (on the device-to-host stream). */
 void make_room(uint64_t need, uint64_t stamp)
 {
-    uint64_t before = g_mapped, round = ++g_tick;
+    uint64_t before = g_mapped + g_spare_bytes, round = ++g_tick;
+    cache_trim(need, NULL);
     drain_outs();
-    while (before - g_mapped + g_leaving < need) {
+    while (before - g_mapped - g_spare_bytes + g_leaving < need) {
         struct sblock *v = pick_victim(stamp, round);
         if (!v)
             break;

@@ -71,6 +71,8 @@ def test_captured_small_and_foreign_pool_allocations_go_to_the_driver(ordered):
     assert [served(run.out[f"pool{i}"]) for i in (1, 2, 3)] == [False] * 3
     assert run.out["pool0_used"] == POOL_USED + LEN
     assert run.out["default_used_with_pool0"] == POOL_USED  # counted in its own pool only
+    assert sum(n.startswith("swap: large stream-ordered blocks of a pool the shim does not serve") for n in
+               run.notes()) == 1
     no_misbehaviour(run)
 
 
