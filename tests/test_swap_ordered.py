@@ -134,3 +134,18 @@ def test_pointer_table_pins_a_stream_ordered_block(fake, tmp_path):  # noqa: F81
     assert [int(x) for x in run.swaps(Ev.SWAP_OUT)["a"]].count(ida) == 1  # evicted for d, never again
     assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"], run.out["bad_table"]) == (0, 0, 0, 0)
     no_misbehaviour(run)
+
+
+def test_a_host_slot_is_written_only_after_the_copy_that_reads_it(fake, tmp_path):  # noqa: F811
+    """Two copy streams (swap-outs device-to-host, swap-ins host-to-device): a's swap-in reads
+    the only host slot; b's swap-out then takes that slot. The fake runs the device-to-host stream
+    first when nothing orders them, so without the wait on the latest swap-in a would get b's
+    bytes."""
+    run = run_swap(fake, tmp_path, "slotreuse", budget=GRAN, env={"FAKE_HOST_BYTES": str(2 * MIB)})
+    assert run.out["a_out"] == 1
+    seq = [(int(r["type"]), int(r["a"])) for r in run.records if int(r["type"]) in (Ev.SWAP_OUT, Ev.SWAP_IN)]
+    ida, idb = run.block_id(run.out["a"]), run.block_id(run.out["b"])
+    assert seq[:3] == [(Ev.SWAP_OUT, ida), (Ev.SWAP_IN, ida), (Ev.SWAP_OUT, idb)], seq
+    assert run.out["bad_a"] == 0 and run.out["bad_b"] == 0
+    assert run.out["pinned_bytes"] == 2 * MIB
+    no_misbehaviour(run)

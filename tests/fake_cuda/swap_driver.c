@@ -719,6 +719,29 @@ static int scenario_others(const char *variant)
     return 0;
 }
 
+/* A host slot reused across the two copy streams (FAKE_HOST_BYTES: one 2 MiB slot; budget one
+ * block). b's allocation evicts a into the slot. The op on a brings it back: its swap-in copy
+ * reads the slot on the host-to-device stream (queued, not run: manual streams); then b is
+ * evicted for the budget and, the pool being full, takes a's slot: its swap-out must not write
+ * the slot before a's swap-in has read it. */
+static int scenario_slotreuse(void)
+{
+    CUdeviceptr a = must_alloc(2 * MIB);
+    fill(a, 2 * MIB, 1);
+    CUdeviceptr b = must_alloc(2 * MIB);
+    fill(b, 2 * MIB, 2);
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b);
+    printf("a_out=%d\n", fakeAccess(a) == -1);
+    op_a(a, 0, 0);
+    printf("b_leaving=%d\n", fakeAccess(b) != -1);
+    fakeAdvance(-1);
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 1, 0));
+    fakeAdvance(-1);
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
+    counters();
+    return 0;
+}
+
 typedef CUresult (*allocp_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
 typedef CUresult (*poolattr_fn)(CUmemoryPool, CUmemPool_attribute, void *);
 
@@ -1025,6 +1048,8 @@ int main(int argc, char **argv)
         rc = scenario_others(argc > 2 ? argv[2] : "small");
     else if (!strcmp(s, "ordered"))
         rc = scenario_ordered();
+    else if (!strcmp(s, "slotreuse"))
+        rc = scenario_slotreuse();
     else if (!strcmp(s, "ordered_full"))
         rc = scenario_ordered_full();
     printf("done=1\n");
