@@ -176,10 +176,10 @@ static void destroy_block(struct sblock *b)
 
 /* Give back cached physical memory until `want` bytes are released or none is idle: spare handles
  * first, then cached blocks whose free has completed (their reservations stay cached). `pool`
- * non-NULL: only that pool's blocks. Returns the bytes released. */
-uint64_t cache_trim(uint64_t want, CUmemoryPool pool)
+ * non-NULL: only that pool's blocks; keep: one spare handle of that size stays. Returns the bytes released. */
+static uint64_t trim(uint64_t want, CUmemoryPool pool, uint64_t keep)
 {
-    uint64_t got = pool ? 0 : spares_trim(want);
+    uint64_t got = pool ? 0 : spares_trim(want, keep);
     for (size_t i = g_ncache; got < want && i-- > 0;) {
         struct sblock *c = g_cache[i];
         if (!c->handle || (pool && c->pool != pool) || (c->free_live && real_cuEventQuery(c->free_ev) != CUDA_SUCCESS))
@@ -192,6 +192,10 @@ uint64_t cache_trim(uint64_t want, CUmemoryPool pool)
     }
     return got;
 }
+
+uint64_t cache_trim(uint64_t want, CUmemoryPool pool) { return trim(want, pool, 0); }
+
+uint64_t cache_trim_keeping(uint64_t want, uint64_t keep) { return trim(want, NULL, keep); }
 
 /* The device and granularity of the current context, the copy streams made: 0 when the shim
  * cannot serve blocks here (another context than the swap blocks', or a query failed). */

@@ -103,4 +103,8 @@ void hold_budget(uint64_t need, uint64_t stamp)
     uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED);
     if (budget && g_out_pending && resident_bytes() + g_leaving + need > budget)
         drain_outs();
+    /* spares the drained swap-outs kept: one of `need` bytes is the memory the caller maps next */
+    uint64_t keep = spare_bytes_of(need) ? need : 0, now = resident_bytes() - keep + need;
+    if (budget && now > budget)
+        cache_trim_keeping(now - budget, keep);
 }

@@ -135,8 +135,11 @@ CUresult map_block(struct sblock *b);
 /* Unmap and release (keep: or keep the handle as a spare while the budget has room). */
 CUresult unmap_block_keep(struct sblock *b, int keep);
 CUresult unmap_block(struct sblock *b);
-/* Release spare handles until `want` bytes are given back; returns the bytes. */
-uint64_t spares_trim(uint64_t want);
+/* Release spare handles until `want` bytes are given back, keeping one of `keep` bytes (0: none);
+ * returns the bytes released. */
+uint64_t spares_trim(uint64_t want, uint64_t keep);
+/* vsize when a spare handle of vsize bytes exists, else 0. */
+uint64_t spare_bytes_of(uint64_t vsize);
 
 /* ---- swap_copy.c ---- */
 void cancel_out(struct sblock *b);
@@ -167,5 +170,7 @@ uint32_t idle_for(const struct sblock *b, int64_t pos);
 
 /* ---- swap_alloc.c ---- */
 uint64_t cache_trim(uint64_t want, CUmemoryPool pool);
+/* cache_trim of every pool, keeping one spare handle of `keep` bytes (see hold_budget). */
+uint64_t cache_trim_keeping(uint64_t want, uint64_t keep);
 
 #endif

@@ -127,14 +127,26 @@ CUresult unmap_block_keep(struct sblock *b, int keep)
 
 CUresult unmap_block(struct sblock *b) { return unmap_block_keep(b, 0); }
 
-uint64_t spares_trim(uint64_t want)
+uint64_t spares_trim(uint64_t want, uint64_t keep)
 {
     uint64_t got = 0;
-    while (got < want && g_nspares) {
-        struct spare *sp = &g_spares[--g_nspares];
-        release_handle(sp->h);
-        g_spare_bytes -= sp->vsize;
-        got += sp->vsize;
+    for (size_t i = g_nspares; got < want && i-- > 0;) {
+        if (keep && g_spares[i].vsize == keep) {
+            keep = 0; /* the one spare of that size stays */
+            continue;
+        }
+        release_handle(g_spares[i].h);
+        g_spare_bytes -= g_spares[i].vsize;
+        got += g_spares[i].vsize;
+        g_spares[i] = g_spares[--g_nspares];
     }
     return got;
+}
+
+uint64_t spare_bytes_of(uint64_t vsize)
+{
+    for (size_t i = 0; i < g_nspares; i++)
+        if (g_spares[i].vsize == vsize)
+            return vsize;
+    return 0;
 }

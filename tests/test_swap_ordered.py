@@ -149,3 +149,18 @@ def test_a_host_slot_is_written_only_after_the_copy_that_reads_it(fake, tmp_path
     assert run.out["bad_a"] == 0 and run.out["bad_b"] == 0
     assert run.out["pinned_bytes"] == 2 * MIB
     no_misbehaviour(run)
+
+
+def test_cached_memory_counts_against_the_budget_and_goes_first(fake, tmp_path):  # noqa: F811
+    """Budget 4 granules: x's 3 cached granules and a new 2-granule cuMemAlloc block do not fit
+    together, so the cache gives x's memory back (not a live block) before y is mapped; z then
+    reuses x's cached reservation with new memory, y going out for it and its handle released (a
+    spare of 2 granules and z's 3 would pass the budget). The device never holds more than 3
+    granules."""
+    run = run_swap(fake, tmp_path, "ordered_budget", budget=4 * GRAN)
+    assert run.out["cached_handles"] == 1
+    assert run.out["handles_after_y"] == 1  # x's handle released, y's created
+    assert run.out["z_reused"] == 1 and run.out["bad_z"] == 0
+    assert run.out["device_peak"] == 3 * GRAN
+    assert [int(r["a"]) for r in run.swaps(Ev.SWAP_OUT)] == [run.block_id(run.out["y"])]
+    no_misbehaviour(run)

@@ -719,6 +719,25 @@ static int scenario_others(const char *variant)
     return 0;
 }
 
+/* Cached memory counts against the budget (4 granules here): x (3 granules) freed stays cached;
+ * y (2 granules, cuMemAlloc) would pass the budget with it, so the cache gives x's memory back. */
+static int scenario_ordered_budget(void)
+{
+    CUdeviceptr x = must_alloc_ordered(LEN, S1);
+    fill(x, LEN, 1);
+    ((freea_fn)get("cuMemFreeAsync"))(x, S1);
+    printf("cached_handles=%lld\n", fakeCounter("handles"));
+    CUdeviceptr y = must_alloc(4 * MIB);
+    printf("y=%" PRIu64 "\n", (uint64_t)y);
+    printf("handles_after_y=%lld\n", fakeCounter("handles"));
+    CUdeviceptr z = must_alloc_ordered(LEN, S1); /* the cached reservation, new memory, y out for it */
+    printf("z_reused=%d\n", z == x);
+    fill(z, LEN, 5);
+    printf("bad_z=%ld\n", check(z, LEN, 5, 0));
+    counters();
+    return 0;
+}
+
 /* A host slot reused across the two copy streams (FAKE_HOST_BYTES: one 2 MiB slot; budget one
  * block). b's allocation evicts a into the slot. The op on a brings it back: its swap-in copy
  * reads the slot on the host-to-device stream (queued, not run: manual streams); then b is
@@ -1048,6 +1067,8 @@ int main(int argc, char **argv)
         rc = scenario_others(argc > 2 ? argv[2] : "small");
     else if (!strcmp(s, "ordered"))
         rc = scenario_ordered();
+    else if (!strcmp(s, "ordered_budget"))
+        rc = scenario_ordered_budget();
     else if (!strcmp(s, "slotreuse"))
         rc = scenario_slotreuse();
     else if (!strcmp(s, "ordered_full"))
