@@ -265,7 +265,7 @@ int swap_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, s
 
 /* Bring b back now if it is out or leaving (g_mu held): room first, then synchronously on the
  * copy streams (no application stream to wait on). */
-static void bring_back(struct sblock *b)
+void bring_back(struct sblock *b)
 {
     if (b->state == SB_RESIDENT)
         return;

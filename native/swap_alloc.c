@@ -385,11 +385,15 @@ int swap_free(CUdeviceptr dptr, CUstream s, int ordered, CUresult *rc)
     CUresult r = CUDA_SUCCESS;
     if (ordered && (capturing(s, &unknown) || unknown)) {
         /* A free captured into a graph runs at each replay, which the shim cannot follow: the
-         * block stays allocated (and swappable) for the rest of the run. */
+         * block stays allocated, resident and never swapped (the trace forgets it: the graph's
+         * kernels that use it would not name it) for the rest of the run. */
         if (!g_noted_capfree) {
             g_noted_capfree = 1;
-            ring_note("swap: a shim block freed inside a stream capture stays allocated");
+            ring_note("swap: a shim block freed inside a stream capture stays allocated, never swapped");
         }
+        b->flags |= SBF_NEVER;
+        bring_back(b);
+        pool_count(b->pool, -(int64_t)b->size, 0); /* freed for the application, still reserved */
         goto out;
     }
     table_remove(b);

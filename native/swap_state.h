@@ -118,6 +118,8 @@ int uses_idle(struct use *u, int n);
 int uses_wait(struct use *u, int n, CUstream s);
 void uses_sync(struct use *u, int n);
 void forget_uses(struct sblock *b);
+/* Bring b back now if it is out or leaving, synchronously on the copy streams. */
+void bring_back(struct sblock *b);
 
 /* ---- swap_host.c ---- */
 void *host_alloc(size_t n);

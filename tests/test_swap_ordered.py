@@ -64,6 +64,9 @@ def test_captured_small_and_foreign_pool_allocations_go_to_the_driver(ordered):
     run = ordered
     assert run.out["cap_rc"] == 0 and 0 < run.out["cap"] < VMM_BASE and run.out["cap_free_rc"] == 0
     assert run.out["small_rc"] == 0 and 0 < run.out["small"] < VMM_BASE
+    # a shim block freed inside a capture (the graph would free it at each replay): kept, mapped
+    assert run.out["kept_free_rc"] == 0 and run.out["kept_mapped"] == 1 and run.out["kept_not_reused"] == 1
+    assert sum(n.startswith("swap: a shim block freed inside a stream capture") for n in run.notes()) == 1
     # pool 0: device-located, not exportable (served); 1: exportable; 2: host-located; 3: not
     # made through cuMemPoolCreate (unknown)
     assert [run.out[f"pool{i}_rc"] for i in range(4)] == [0] * 4
@@ -80,9 +83,10 @@ def test_trim_releases_cached_memory_and_keeps_reservations(ordered):
     run = ordered
     assert run.out["trim_pool0_handles"] == 1
     assert run.out["pool0_reserved_trimmed"] == POOL_RESERVED
-    # the default pool's cache: x's block and z's (both freed, their events complete)
-    assert run.out["trim_default_handles"] == 2
-    assert run.out["reserved_trimmed"] == POOL_RESERVED
+    # the default pool's cache: x's block, z's and k2's (freed, their events complete); k, freed
+    # inside a capture, stays
+    assert run.out["trim_default_handles"] == 3
+    assert run.out["reserved_trimmed"] == POOL_RESERVED + 4 * GRAN  # k's 8 MiB
     # the cached reservation is reused: one cuMemCreate and one map, no new reservation
     assert run.out["after_trim_reused"] == 1
     assert (run.out["after_trim_create"], run.out["after_trim_reserve"], run.out["after_trim_map"]) == (1, 0, 1)

@@ -852,6 +852,15 @@ static int scenario_ordered(void)
     ((endcap_fn)dlsym(lib, "cuStreamEndCapture"))(s3, &g);
     printf("cap=%" PRIu64 "\n", (uint64_t)c);
     printf("cap_free_rc=%d\n", (int)fa(c, s3));
+    /* a shim block freed inside a capture stays allocated: never handed out again */
+    CUdeviceptr k = 0, k2 = 0;
+    aa(&k, 8 * MIB, S1); /* a class of its own: the cache of LEN blocks is checked below */
+    ((capture_fn)dlsym(lib, "cuStreamBeginCapture_v2"))(s3, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    printf("kept_free_rc=%d\n", (int)fa(k, s3));
+    ((endcap_fn)dlsym(lib, "cuStreamEndCapture"))(s3, &g);
+    aa(&k2, 8 * MIB, S1);
+    printf("kept_mapped=%d\nkept_not_reused=%d\n", fakeAccess(k) != -1, k2 != k && k2 != 0);
+    fa(k2, S1);
     printf("small_rc=%d\n", (int)aa(&sm, MIB / 2, S1));
     printf("small=%" PRIu64 "\n", (uint64_t)sm);
     fa(sm, S1);
