@@ -20,11 +20,11 @@
 
 #include "swap_state.h"
 
-/* ---- the block cache: free stream-ordered blocks by size class (reserved bytes), each with its
- * reservation and usually its physical memory still mapped; and spare physical handles (memory
- * unmapped at a swap-out, kept for the next block of its size while the budget has room). ---- */
-static struct sblock **g_cache; /* sorted by vsize */
+/* The block cache: free stream-ordered blocks by size class (reserved bytes), each with its
+ * reservation and usually its physical memory still mapped (spare handles: swap_vmm.c). */
+static struct sblock **g_cache; /* sorted by vsize, the newest of a class last */
 static size_t g_ncache, g_capcache;
+
 /* ---- pools whose blocks the shim serves (default pools, and pools created device-located and
  * not exportable), and what their queries add for the shim's blocks ---- */
 #define MAX_POOLS 32
