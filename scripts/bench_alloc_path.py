@@ -35,7 +35,7 @@ from pathlib import Path
 
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import REPO, Nvml, child_env, compare_losses, die, fmt, gpu_present, launcher, NO_GPU  # noqa: E402
+from _bench import NO_GPU, REPO, BenchError, Nvml, child_env, compare_losses, die, fmt, gpu_present, launcher  # noqa: E402
 
 GPT_ARGS = ["--size", "medium", "--batch", "8", "--seq", "1024", "--deterministic", "--seed", "0"]
 TORCH_ASYNC = {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             doc["gpt"] = part_gpt(a.steps, work, a.timeout)
         if "loop" in parts:
             doc["loop"] = part_loop(a.loop_bytes, a.loop_pairs, a.loop_repeats, work, 60.0)
-    except (RuntimeError, subprocess.SubprocessError, OSError) as e:
+    except (BenchError, RuntimeError, subprocess.SubprocessError, OSError) as e:
         doc["error"] = str(e)
         log(f"error: {e}")
     finally:
