@@ -1,13 +1,11 @@
 /*
- * The block table: live ranges [start, end) (device and host blocks) -> (block id, kind), a sorted array with
- * binary search. Writers (alloc, free, map, unmap) take the write lock and make the sequence
- * count odd while they change the table. The hot paths (a launch's scan, a copy's or set's two
- * words, a free's lookup) read without writing shared memory: they note the count, look up, and
- * start again if a writer ran meanwhile (a seqlock); after a few such retries, or while a writer
- * holds the table, they take the read lock. Other readers hold the read lock.
- *
- * A lock-free reader may still be reading the array when a writer grows it, so a grown-out array
- * is never freed (kept on a list: less than the final array's size in all, since sizes double).
+ * The block table: live ranges [start, end) (device and host blocks) -> (block id, kind), a
+ * sorted interval table (intervals.h). Writers (alloc, free, map, unmap) take the write lock and
+ * make the sequence count odd while they change the table. The hot paths (a launch's scan, a
+ * copy's or set's two words, a free's lookup) read without writing shared memory: they note the
+ * count, look up, and start again if a writer ran meanwhile (a seqlock); after a few such
+ * retries, or while a writer holds the table, they take the read lock. Other readers hold the
+ * read lock. The table keeps the arrays it grew out of, which such a reader may still be in.
  *
  * Block ids come from a per-process counter starting at 1. An access word keeps 24 bits of
  * block id, so ids wrap after 16,777,215 blocks (back to 1, never 0): a process that makes
@@ -18,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "intervals.h"
 #include "shim.h"
 
 #define BLOCK_ID_MAX 0xFFFFFFu
@@ -25,13 +24,8 @@
 #define SEQ_TRIES 4 /* lock-free attempts before a reader takes the read lock */
 
 static pthread_rwlock_t g_lock = PTHREAD_RWLOCK_INITIALIZER;
-static struct block *g_blocks; /* atomic (acquire/release): lock-free readers load it */
-static size_t g_n, g_cap;      /* g_n atomic: stored after g_blocks when both change */
+static struct itable g_blocks = ITABLE_OF(struct block);
 static uint32_t g_seq;         /* atomic: odd while a writer changes the table */
-struct retired {
-    struct retired *next;
-};
-static struct retired *g_retired; /* grown-out arrays (write lock) */
 
 /* Writer side of the sequence count (write lock held). */
 static void write_begin(void)
@@ -47,43 +41,12 @@ static uint32_t next_block_id(void)
     return (n - 1) % BLOCK_ID_MAX + 1;
 }
 
-/* Index of the first block with start > addr in blocks[0, n). */
-static size_t upper_bound_in(const struct block *blocks, size_t n, uint64_t addr)
-{
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (blocks[mid].start <= addr)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
+static struct block *at(size_t i) { return itable_at(&g_blocks, i); }
 
-static size_t upper_bound(uint64_t addr) { return upper_bound_in(g_blocks, g_n, addr); }
-
-/* Lock-free readers load n before the array: a writer that grows the table publishes the new
- * array before the larger count, so blocks[0, n) is always inside the array read. */
-const struct block *blocks_lookup(uint64_t addr)
-{
-    size_t n = __atomic_load_n(&g_n, __ATOMIC_ACQUIRE);
-    const struct block *blocks = __atomic_load_n(&g_blocks, __ATOMIC_ACQUIRE);
-    size_t i = upper_bound_in(blocks, n, addr);
-    if (i == 0)
-        return NULL;
-    const struct block *b = &blocks[i - 1];
-    return addr < b->end ? b : NULL;
-}
+const struct block *blocks_lookup(uint64_t addr) { return itable_find(&g_blocks, addr); }
 
 /* Blocks are sorted and disjoint, so the last one ends highest. */
-void blocks_bounds(uint64_t *lo, uint64_t *hi)
-{
-    size_t n = __atomic_load_n(&g_n, __ATOMIC_ACQUIRE);
-    const struct block *blocks = __atomic_load_n(&g_blocks, __ATOMIC_ACQUIRE);
-    *lo = n ? blocks[0].start : 0;
-    *hi = n ? blocks[n - 1].end : 0;
-}
+void blocks_bounds(uint64_t *lo, uint64_t *hi) { itable_bounds(&g_blocks, lo, hi); }
 
 void blocks_read_lock(void) { pthread_rwlock_rdlock(&g_lock); }
 void blocks_read_unlock(void) { pthread_rwlock_unlock(&g_lock); }
@@ -139,45 +102,14 @@ static int on_device(const struct block *b)
 static void erase(size_t i, size_t j, uint64_t stream)
 {
     for (size_t k = i; k < j; k++) {
-        emit_free(&g_blocks[k], stream);
-        if (on_device(&g_blocks[k]))
-            __atomic_sub_fetch(&g_shim.device_bytes, g_blocks[k].end - g_blocks[k].start, __ATOMIC_RELAXED);
+        emit_free(at(k), stream);
+        if (on_device(at(k)))
+            __atomic_sub_fetch(&g_shim.device_bytes, at(k)->end - at(k)->start, __ATOMIC_RELAXED);
     }
-    memmove(&g_blocks[i], &g_blocks[j], (g_n - j) * sizeof *g_blocks);
-    __atomic_store_n(&g_n, g_n - (j - i), __ATOMIC_RELEASE);
+    itable_erase(&g_blocks, i, j);
 }
 
-/* Double the array (write lock held). The old one stays readable for lock-free readers. */
-static int grow(void)
-{
-    size_t cap = g_cap ? g_cap * 2 : 1024;
-    struct block *nbk = malloc(cap * sizeof *nbk);
-    if (!nbk)
-        return 0;
-    if (g_n)
-        memcpy(nbk, g_blocks, g_n * sizeof *nbk);
-    if (g_blocks) {
-        struct retired *r = (struct retired *)g_blocks; /* the old array's first bytes hold the link */
-        r->next = g_retired;
-        g_retired = r;
-    }
-    __atomic_store_n(&g_blocks, nbk, __ATOMIC_RELEASE);
-    g_cap = cap;
-    return 1;
-}
-
-/* [i, j): the entries overlapping [start, end) (write or read lock held). */
-static void overlapping(uint64_t start, uint64_t end, size_t *i_out, size_t *j_out)
-{
-    size_t j = upper_bound(end - 1); /* first with start > end-1, i.e. start >= end */
-    size_t i = upper_bound(start);
-    if (i > 0 && g_blocks[i - 1].end > start)
-        i--;
-    *i_out = i;
-    *j_out = j < i ? i : j;
-}
-
-void blocks_add(uint64_t addr, uint64_t size, uint64_t stream, int kind, int device)
+uint32_t blocks_add(uint64_t addr, uint64_t size, uint64_t stream, int kind, int device)
 {
     if (size == 0)
         size = 1; /* a zero-byte allocation still has an address worth naming */
@@ -187,22 +119,20 @@ void blocks_add(uint64_t addr, uint64_t size, uint64_t stream, int kind, int dev
     write_begin();
     nb.id = next_block_id();
     size_t i, j;
-    overlapping(nb.start, nb.end, &i, &j);
+    itable_overlapping(&g_blocks, nb.start, nb.end, &i, &j);
     if (j > i) /* stale ranges freed behind our back (an unhooked free): they are gone now */
         erase(i, j, 0);
-    if (g_n == g_cap && !grow()) {
+    if (!itable_insert(&g_blocks, &nb)) {
         write_end();
         pthread_rwlock_unlock(&g_lock);
-        return;
+        return 0;
     }
-    memmove(&g_blocks[i + 1], &g_blocks[i], (g_n - i) * sizeof *g_blocks);
-    g_blocks[i] = nb;
-    __atomic_store_n(&g_n, g_n + 1, __ATOMIC_RELEASE);
     write_end();
     if (on_device(&nb))
         __atomic_add_fetch(&g_shim.device_bytes, size, __ATOMIC_RELAXED);
     ring_write1(PYOBMEM_EV_ALLOC, nb.device, nb.id, addr, size, stream, (uint64_t)kind);
     pthread_rwlock_unlock(&g_lock);
+    return nb.id;
 }
 
 int blocks_find_start(uint64_t addr, struct block *out)
@@ -223,8 +153,8 @@ int blocks_find_start(uint64_t addr, struct block *out)
 void blocks_remove(uint64_t addr, uint32_t id, uint64_t stream)
 {
     pthread_rwlock_wrlock(&g_lock);
-    size_t i = upper_bound(addr);
-    if (i > 0 && g_blocks[i - 1].start == addr && g_blocks[i - 1].id == id) {
+    size_t i = itable_upper(&g_blocks, addr);
+    if (i > 0 && at(i - 1)->start == addr && at(i - 1)->id == id) {
         write_begin();
         erase(i - 1, i, stream);
         write_end();
@@ -238,7 +168,7 @@ int blocks_remove_range(uint64_t start, uint64_t end, uint64_t stream)
         return 0;
     pthread_rwlock_wrlock(&g_lock);
     size_t i, j;
-    overlapping(start, end, &i, &j);
+    itable_overlapping(&g_blocks, start, end, &i, &j);
     if (j > i) {
         write_begin();
         erase(i, j, stream);
@@ -256,7 +186,7 @@ void blocks_reset_after_fork(void)
     /* A child's CUDA context is not the parent's: its blocks start empty, ids from 1. */
     pthread_rwlock_t fresh = PTHREAD_RWLOCK_INITIALIZER;
     g_lock = fresh;
-    g_n = 0;
+    g_blocks.n = 0;
     g_shim.block_seq = 0;
     g_shim.device_bytes = 0;
 }

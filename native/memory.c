@@ -20,13 +20,18 @@ static int current_device(void)
     return (int)d;
 }
 
-static void on_alloc(CUdeviceptr *dptr, size_t size, CUstream s, int kind)
+/* After a successful allocation: the block into the table (and, when the swap executor serves
+ * it, its trace id into the executor's). */
+static void on_alloc(CUdeviceptr *dptr, size_t size, CUstream s, int kind, int served)
 {
-    if (dptr)
-        blocks_add((uint64_t)*dptr, size, (uint64_t)(uintptr_t)s, kind, current_device());
+    if (!dptr)
+        return;
+    uint32_t id = blocks_add((uint64_t)*dptr, size, (uint64_t)(uintptr_t)s, kind, current_device());
+    if (served)
+        swap_bind_id((uint64_t)*dptr, id);
 }
 
-/* ---- swap mode (swap.c): the op hooks test g_shim.swap once and take these paths ---- */
+/* ---- swap mode (swap*.c): what the op hooks hand the executor ---- */
 
 /* Candidate words of a copy: both ends of each device side. */
 static void copy_words(uint64_t w[4], int kind, uint64_t dst, uint64_t src, uint64_t n)
@@ -53,7 +58,7 @@ static void pin_pointer_table(const void *src, uint64_t n)
         blocks_read_lock();
         for (; i < n / 8 && nh < 16; i++) {
             const struct block *b = w[i] >= 4096 ? blocks_lookup(w[i]) : NULL;
-            if (b && b->kind == PYOBMEM_ALLOC_DRIVER)
+            if (b && (b->kind == PYOBMEM_ALLOC_DRIVER || b->kind == PYOBMEM_ALLOC_ASYNC)) /* the swappable kinds */
                 hits[nh++] = w[i];
         }
         blocks_read_unlock();
@@ -63,47 +68,44 @@ static void pin_pointer_table(const void *src, uint64_t n)
     }
 }
 
-/* Open a swap op around a copy or set; returns from the hook with the error when a touched
- * block cannot be brought back (the op is then not issued). */
-#define SWAP_BEGIN(NAME, KEY, S, W)                                                                    \
+/* The copy and set hooks' one shape: OP_OPEN (shim_begin; in swap mode the op's words -- WORDS
+ * fills w_[4] and may set key_ -- and swap_op_begin, returning from the hook with the error when
+ * a touched block cannot be brought back), the real call, the record, OP_CLOSE. */
+#define OP_OPEN(NAME, KEY, S, WORDS)                                                                   \
     struct swap_op op_;                                                                                \
-    int rec_ = shim_begin();                                                                           \
-    if (rec_) {                                                                                        \
-        CUresult f_ = swap_op_begin(&op_, (KEY), swap_norm_stream((S), per_thread_name(#NAME)), 0, (W), 4); \
+    op_.active = 0;                                                                                    \
+    int rec = shim_begin();                                                                            \
+    if (rec && SHIM_UNLIKELY(g_shim.swap)) {                                                           \
+        uint64_t w_[4], key_ = (KEY);                                                                  \
+        WORDS;                                                                                         \
+        CUresult f_ = swap_op_begin(&op_, key_, swap_norm_stream((S), per_thread_name(#NAME)), 0, w_, 4); \
         if (f_ != CUDA_SUCCESS)                                                                        \
             return f_;                                                                                 \
     }
-#define SWAP_END(R)                 \
-    if (rec_)                       \
+#define OP_CLOSE(R)            \
+    if (op_.active)            \
         swap_op_end(&op_, (R));
 
-static CUresult swap_alloc_hook(CUdeviceptr *dptr, size_t bytesize)
+/* A copy's words (both ends of each device side); a host-to-device one may be a pointer table. */
+static void copy_prep(uint64_t w[4], int kind, uint64_t dst, uint64_t src, uint64_t n)
 {
-    int rec = shim_begin();
-    if (rec && swap_alloc(dptr, bytesize)) {
-        on_alloc(dptr, bytesize, 0, PYOBMEM_ALLOC_DRIVER);
-        struct block b;
-        if (blocks_find_start(*dptr, &b))
-            swap_bind_id(*dptr, b.id);
-        return CUDA_SUCCESS;
-    }
-    /* not VMM-backed: the real allocator, its result unchanged */
-    CUresult r = REAL(cuMemAlloc_v2, (dptr, bytesize));
-    if (rec && r == CUDA_SUCCESS)
-        on_alloc(dptr, bytesize, 0, PYOBMEM_ALLOC_DRIVER);
-    return r;
+    copy_words(w, kind, dst, src, n);
+    if (kind == PYOBMEM_COPY_HTOD)
+        pin_pointer_table((const void *)(uintptr_t)src, n);
 }
 
-/* ---- allocation and free ---- */
+/* ---- allocation and free ----
+ *
+ * One shape for each: in swap mode the executor may serve the call itself (served = 1, then the
+ * driver is not called); otherwise the real function runs and its result passes through. */
 
 CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
-    if (SHIM_UNLIKELY(g_shim.swap))
-        return swap_alloc_hook(dptr, bytesize);
     int rec = shim_begin();
-    CUresult r = REAL(cuMemAlloc_v2, (dptr, bytesize));
+    int served = rec && SHIM_UNLIKELY(g_shim.swap) && swap_alloc(dptr, bytesize, NULL, SWAP_ALLOC_DRIVER, 0);
+    CUresult r = served ? CUDA_SUCCESS : REAL(cuMemAlloc_v2, (dptr, bytesize));
     if (rec && r == CUDA_SUCCESS)
-        on_alloc(dptr, bytesize, 0, PYOBMEM_ALLOC_DRIVER);
+        on_alloc(dptr, bytesize, 0, PYOBMEM_ALLOC_DRIVER, served);
     return r;
 }
 
@@ -113,7 +115,7 @@ CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t Wi
     int rec = shim_begin();
     CUresult r = REAL(cuMemAllocPitch_v2, (dptr, pPitch, WidthInBytes, Height, ElementSizeBytes));
     if (rec && r == CUDA_SUCCESS)
-        on_alloc(dptr, (pPitch ? *pPitch : WidthInBytes) * Height, 0, PYOBMEM_ALLOC_PITCH);
+        on_alloc(dptr, (pPitch ? *pPitch : WidthInBytes) * Height, 0, PYOBMEM_ALLOC_PITCH, 0);
     return r;
 }
 
@@ -122,33 +124,31 @@ CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned 
     int rec = shim_begin();
     CUresult r = REAL(cuMemAllocManaged, (dptr, bytesize, flags));
     if (rec && r == CUDA_SUCCESS)
-        on_alloc(dptr, bytesize, 0, PYOBMEM_ALLOC_MANAGED);
+        on_alloc(dptr, bytesize, 0, PYOBMEM_ALLOC_MANAGED, 0);
     return r;
 }
 
-#define DEF_ALLOC_ASYNC(NAME)                                                       \
-    CUresult CUDAAPI NAME(CUdeviceptr *dptr, size_t bytesize, CUstream s)           \
-    {                                                                               \
-        int rec = shim_begin();                                                     \
-        CUresult r = REAL(NAME, (dptr, bytesize, s));                               \
-        if (rec && r == CUDA_SUCCESS)                                               \
-            on_alloc(dptr, bytesize, s, PYOBMEM_ALLOC_ASYNC);                       \
-        return r;                                                                   \
+/* Stream-ordered allocations: in swap mode a large one on a pool the shim serves is a swap block
+ * from the executor's cache (swap.c "the allocator"). */
+#define DEF_ALLOC_ORDERED(NAME, PARAMS, ARGS, POOL, KIND)                                                 \
+    CUresult CUDAAPI NAME PARAMS                                                                          \
+    {                                                                                                     \
+        int rec = shim_begin();                                                                           \
+        int served = rec && SHIM_UNLIKELY(g_shim.swap) &&                                                 \
+                     swap_alloc(dptr, bytesize, POOL, KIND, swap_norm_stream(s, per_thread_name(#NAME)));  \
+        CUresult r = served ? CUDA_SUCCESS : REAL(NAME, ARGS);                                            \
+        if (rec && r == CUDA_SUCCESS)                                                                     \
+            on_alloc(dptr, bytesize, s, PYOBMEM_ALLOC_ASYNC, served);                                     \
+        return r;                                                                                         \
     }
-DEF_ALLOC_ASYNC(cuMemAllocAsync)
-DEF_ALLOC_ASYNC(cuMemAllocAsync_ptsz)
-
-#define DEF_ALLOC_POOL(NAME)                                                                  \
-    CUresult CUDAAPI NAME(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s) \
-    {                                                                                         \
-        int rec = shim_begin();                                                               \
-        CUresult r = REAL(NAME, (dptr, bytesize, pool, s));                                   \
-        if (rec && r == CUDA_SUCCESS)                                                         \
-            on_alloc(dptr, bytesize, s, PYOBMEM_ALLOC_ASYNC);                                 \
-        return r;                                                                             \
-    }
-DEF_ALLOC_POOL(cuMemAllocFromPoolAsync)
-DEF_ALLOC_POOL(cuMemAllocFromPoolAsync_ptsz)
+DEF_ALLOC_ORDERED(cuMemAllocAsync, (CUdeviceptr *dptr, size_t bytesize, CUstream s), (dptr, bytesize, s), NULL,
+                  SWAP_ALLOC_ASYNC)
+DEF_ALLOC_ORDERED(cuMemAllocAsync_ptsz, (CUdeviceptr *dptr, size_t bytesize, CUstream s), (dptr, bytesize, s), NULL,
+                  SWAP_ALLOC_ASYNC)
+DEF_ALLOC_ORDERED(cuMemAllocFromPoolAsync, (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s),
+                  (dptr, bytesize, pool, s), pool, SWAP_ALLOC_FROM_POOL)
+DEF_ALLOC_ORDERED(cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s),
+                  (dptr, bytesize, pool, s), pool, SWAP_ALLOC_FROM_POOL)
 
 /* Before a free: which block (if any) starts at dptr. After a successful free: remove it, or
  * record the pointer as untracked. */
@@ -160,50 +160,71 @@ static void after_free(CUdeviceptr dptr, int known, const struct block *b, CUstr
         ring_write1(PYOBMEM_EV_UNTRACKED, 0, dptr, PYOBMEM_UNTRACKED_FREE, 0, 0, 0);
 }
 
-/* A VMM-backed block is freed by the swap executor (after its own last uses), not the driver. */
-static int swap_free_hook(int rec, CUdeviceptr dptr, CUresult *r)
-{
-    struct block b;
-    if (!rec || !g_shim.swap)
-        return 0;
-    int known = blocks_find_start(dptr, &b);
-    if (!swap_free(dptr, r))
-        return 0;
-    if (*r == CUDA_SUCCESS)
-        after_free(dptr, known, &b, 0);
-    return 1;
-}
+/* A block the executor serves is freed by it (cuMemFree: after its own last uses; cuMemFreeAsync:
+ * at its stream point), never by the driver. */
+#define DEF_FREE(NAME, PARAMS, ARGS, S, ORDERED)                                                          \
+    CUresult CUDAAPI NAME PARAMS                                                                          \
+    {                                                                                                     \
+        int rec = shim_begin();                                                                           \
+        struct block b;                                                                                   \
+        CUresult r = CUDA_SUCCESS;                                                                        \
+        int known = rec && blocks_find_start(dptr, &b);                                                   \
+        if (!(rec && SHIM_UNLIKELY(g_shim.swap) &&                                                        \
+              swap_free(dptr, swap_norm_stream(S, per_thread_name(#NAME)), ORDERED, &r)))                 \
+            r = REAL(NAME, ARGS);                                                                         \
+        if (rec && r == CUDA_SUCCESS)                                                                     \
+            after_free(dptr, known, &b, S);                                                               \
+        return r;                                                                                         \
+    }
+DEF_FREE(cuMemFree_v2, (CUdeviceptr dptr), (dptr), 0, 0)
+DEF_FREE(cuMemFreeAsync, (CUdeviceptr dptr, CUstream s), (dptr, s), s, 1)
+DEF_FREE(cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream s), (dptr, s), s, 1)
 
-CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
+/* ---- memory pools: the shim's blocks counted as the pool's (swap mode) ---- */
+
+CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
 {
     int rec = shim_begin();
-    struct block b;
-    CUresult r;
-    if (SHIM_UNLIKELY(g_shim.swap) && swap_free_hook(rec, dptr, &r))
-        return r;
-    int known = rec && blocks_find_start(dptr, &b);
-    r = REAL(cuMemFree_v2, (dptr));
-    if (rec && r == CUDA_SUCCESS)
-        after_free(dptr, known, &b, 0);
+    CUresult r = REAL(cuMemPoolCreate, (pool, poolProps));
+    if (rec && SHIM_UNLIKELY(g_shim.swap) && r == CUDA_SUCCESS && pool)
+        swap_pool_created(*pool, poolProps);
     return r;
 }
 
-#define DEF_FREE_ASYNC(NAME)                                 \
-    CUresult CUDAAPI NAME(CUdeviceptr dptr, CUstream s)      \
-    {                                                        \
-        int rec = shim_begin();                              \
-        struct block b;                                      \
-        CUresult r;                                          \
-        if (SHIM_UNLIKELY(g_shim.swap) && swap_free_hook(rec, dptr, &r)) \
-            return r;                                        \
-        int known = rec && blocks_find_start(dptr, &b);      \
-        r = REAL(NAME, (dptr, s));                           \
-        if (rec && r == CUDA_SUCCESS)                        \
-            after_free(dptr, known, &b, s);                  \
-        return r;                                            \
-    }
-DEF_FREE_ASYNC(cuMemFreeAsync)
-DEF_FREE_ASYNC(cuMemFreeAsync_ptsz)
+CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool)
+{
+    int rec = shim_begin();
+    if (rec && SHIM_UNLIKELY(g_shim.swap))
+        swap_pool_destroyed(pool); /* its cached blocks go first */
+    return REAL(cuMemPoolDestroy, (pool));
+}
+
+CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    int rec = shim_begin();
+    CUresult r = REAL(cuMemPoolGetAttribute, (pool, attr, value));
+    if (rec && SHIM_UNLIKELY(g_shim.swap) && r == CUDA_SUCCESS)
+        swap_pool_attr(pool, attr, value);
+    return r;
+}
+
+CUresult CUDAAPI cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    int rec = shim_begin();
+    CUresult r = REAL(cuMemPoolSetAttribute, (pool, attr, value));
+    if (rec && SHIM_UNLIKELY(g_shim.swap) && r == CUDA_SUCCESS)
+        swap_pool_reset_high(pool, attr); /* the only settable used/reserved attributes: high marks to 0 */
+    return r;
+}
+
+CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+    int rec = shim_begin();
+    CUresult r = REAL(cuMemPoolTrimTo, (pool, minBytesToKeep));
+    if (rec && SHIM_UNLIKELY(g_shim.swap) && r == CUDA_SUCCESS)
+        swap_pool_trim(pool, minBytesToKeep);
+    return r;
+}
 
 /* ---- pinned and mapped host memory: host blocks (never swapped, not device memory) ----
  * A kernel may read pinned host memory through its host address (unified addressing) or through
@@ -463,51 +484,27 @@ static void emit_set(int async, uint64_t dst, uint64_t value, uint64_t bytes, CU
                 bytes, (uint64_t)(uintptr_t)s);
 }
 
-#define DEF_COPY(NAME, KIND, DT, ST, DARG, SARG)             \
-    CUresult CUDAAPI NAME(DT dst, ST src, size_t n)          \
-    {                                                        \
-        if (SHIM_UNLIKELY(g_shim.swap)) {                    \
-            uint64_t w[4];                                   \
-            copy_words(w, KIND, DARG, SARG, n);              \
-            if (KIND == PYOBMEM_COPY_HTOD)                   \
-                pin_pointer_table((const void *)(uintptr_t)SARG, n); \
-            SWAP_BEGIN(NAME, SWAP_KEY_COPY(KIND), 0, w)      \
-            CUresult r = REAL(NAME, (dst, src, n));          \
-            if (rec_ && r == CUDA_SUCCESS)                   \
-                emit_copy(KIND, 0, DARG, SARG, n, 0);        \
-            SWAP_END(r)                                      \
-            GPUCLOCK(NAME, 0, r);  \
-            return r;                                        \
-        }                                                    \
-        int rec = shim_begin();                              \
-        CUresult r = REAL(NAME, (dst, src, n));              \
-        if (rec && r == CUDA_SUCCESS)                        \
-            emit_copy(KIND, 0, DARG, SARG, n, 0);            \
-        GPUCLOCK(NAME, 0, r);  \
-        return r;                                            \
+#define DEF_COPY(NAME, KIND, DT, ST, DARG, SARG)                                        \
+    CUresult CUDAAPI NAME(DT dst, ST src, size_t n)                                     \
+    {                                                                                   \
+        OP_OPEN(NAME, SWAP_KEY_COPY(KIND), 0, copy_prep(w_, KIND, DARG, SARG, n))       \
+        CUresult r = REAL(NAME, (dst, src, n));                                         \
+        if (rec && r == CUDA_SUCCESS)                                                   \
+            emit_copy(KIND, 0, DARG, SARG, n, 0);                                       \
+        OP_CLOSE(r)                                                                     \
+        GPUCLOCK(NAME, 0, r);                                                           \
+        return r;                                                                       \
     }
-#define DEF_COPY_ASYNC(NAME, KIND, DT, ST, DARG, SARG)                \
-    CUresult CUDAAPI NAME(DT dst, ST src, size_t n, CUstream s)       \
-    {                                                                 \
-        if (SHIM_UNLIKELY(g_shim.swap)) {                             \
-            uint64_t w[4];                                            \
-            copy_words(w, KIND, DARG, SARG, n);                       \
-            if (KIND == PYOBMEM_COPY_HTOD)                            \
-                pin_pointer_table((const void *)(uintptr_t)SARG, n);  \
-            SWAP_BEGIN(NAME, SWAP_KEY_COPY(KIND), s, w)               \
-            CUresult r = REAL(NAME, (dst, src, n, s));                \
-            if (rec_ && r == CUDA_SUCCESS)                            \
-                emit_copy(KIND, 1, DARG, SARG, n, s);                 \
-            SWAP_END(r)                                               \
-            GPUCLOCK(NAME, s, r);  \
-            return r;                                                 \
-        }                                                             \
-        int rec = shim_begin();                                       \
-        CUresult r = REAL(NAME, (dst, src, n, s));                    \
-        if (rec && r == CUDA_SUCCESS)                                 \
-            emit_copy(KIND, 1, DARG, SARG, n, s);                     \
-        GPUCLOCK(NAME, s, r);  \
-        return r;                                                     \
+#define DEF_COPY_ASYNC(NAME, KIND, DT, ST, DARG, SARG)                                  \
+    CUresult CUDAAPI NAME(DT dst, ST src, size_t n, CUstream s)                         \
+    {                                                                                   \
+        OP_OPEN(NAME, SWAP_KEY_COPY(KIND), s, copy_prep(w_, KIND, DARG, SARG, n))       \
+        CUresult r = REAL(NAME, (dst, src, n, s));                                      \
+        if (rec && r == CUDA_SUCCESS)                                                   \
+            emit_copy(KIND, 1, DARG, SARG, n, s);                                       \
+        OP_CLOSE(r)                                                                     \
+        GPUCLOCK(NAME, s, r);                                                           \
+        return r;                                                                       \
     }
 #define DPTR(x) ((uint64_t)(x))
 #define HPTR(x) ((uint64_t)(uintptr_t)(x))
@@ -531,44 +528,24 @@ DEF_COPY_ASYNC(cuMemcpyDtoDAsync_v2_ptsz, PYOBMEM_COPY_DTOD, CUdeviceptr, CUdevi
 #define DEF_PEER(NAME)                                                                                   \
     CUresult CUDAAPI NAME(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n)    \
     {                                                                                                    \
-        if (SHIM_UNLIKELY(g_shim.swap)) {                                                                \
-            uint64_t w[4];                                                                               \
-            copy_words(w, PYOBMEM_COPY_OTHER, dst, src, n);                                              \
-            SWAP_BEGIN(NAME, SWAP_KEY_COPY(PYOBMEM_COPY_OTHER), 0, w)                                    \
-            CUresult r = REAL(NAME, (dst, dctx, src, sctx, n));                                          \
-            if (rec_ && r == CUDA_SUCCESS)                                                               \
-                emit_copy(PYOBMEM_COPY_OTHER, 0, dst, src, n, 0);                                        \
-            SWAP_END(r)                                                                                  \
-            GPUCLOCK(NAME, 0, r);  \
-            return r;                                                                                    \
-        }                                                                                                \
-        int rec = shim_begin();                                                                          \
+        OP_OPEN(NAME, SWAP_KEY_COPY(PYOBMEM_COPY_OTHER), 0, copy_words(w_, PYOBMEM_COPY_OTHER, dst, src, n)) \
         CUresult r = REAL(NAME, (dst, dctx, src, sctx, n));                                              \
         if (rec && r == CUDA_SUCCESS)                                                                    \
             emit_copy(PYOBMEM_COPY_OTHER, 0, dst, src, n, 0);                                            \
-        GPUCLOCK(NAME, 0, r);  \
+        OP_CLOSE(r)                                                                                      \
+        GPUCLOCK(NAME, 0, r);                                                                            \
         return r;                                                                                        \
     }
-#define DEF_PEER_ASYNC(NAME)                                                                                         \
-    CUresult CUDAAPI NAME(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n, CUstream s)    \
-    {                                                                                                                \
-        if (SHIM_UNLIKELY(g_shim.swap)) {                                                                            \
-            uint64_t w[4];                                                                                           \
-            copy_words(w, PYOBMEM_COPY_OTHER, dst, src, n);                                                          \
-            SWAP_BEGIN(NAME, SWAP_KEY_COPY(PYOBMEM_COPY_OTHER), s, w)                                                \
-            CUresult r = REAL(NAME, (dst, dctx, src, sctx, n, s));                                                   \
-            if (rec_ && r == CUDA_SUCCESS)                                                                           \
-                emit_copy(PYOBMEM_COPY_OTHER, 1, dst, src, n, s);                                                    \
-            SWAP_END(r)                                                                                              \
-            GPUCLOCK(NAME, s, r);  \
-            return r;                                                                                                \
-        }                                                                                                            \
-        int rec = shim_begin();                                                                                      \
-        CUresult r = REAL(NAME, (dst, dctx, src, sctx, n, s));                                                       \
-        if (rec && r == CUDA_SUCCESS)                                                                                \
-            emit_copy(PYOBMEM_COPY_OTHER, 1, dst, src, n, s);                                                        \
-        GPUCLOCK(NAME, s, r);  \
-        return r;                                                                                                    \
+#define DEF_PEER_ASYNC(NAME)                                                                                      \
+    CUresult CUDAAPI NAME(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n, CUstream s) \
+    {                                                                                                             \
+        OP_OPEN(NAME, SWAP_KEY_COPY(PYOBMEM_COPY_OTHER), s, copy_words(w_, PYOBMEM_COPY_OTHER, dst, src, n))      \
+        CUresult r = REAL(NAME, (dst, dctx, src, sctx, n, s));                                                    \
+        if (rec && r == CUDA_SUCCESS)                                                                             \
+            emit_copy(PYOBMEM_COPY_OTHER, 1, dst, src, n, s);                                                     \
+        OP_CLOSE(r)                                                                                               \
+        GPUCLOCK(NAME, s, r);                                                                                     \
+        return r;                                                                                                 \
     }
 DEF_PEER(cuMemcpyPeer)
 DEF_PEER(cuMemcpyPeer_ptds)
@@ -656,47 +633,27 @@ static uint64_t nd_words3d(const CUDA_MEMCPY3D *p, uint64_t w[4])
 #define nd_words_CUDA_MEMCPY2D nd_words2d
 #define nd_words_CUDA_MEMCPY3D nd_words3d
 
-#define DEF_COPY_ND(NAME, T, EMIT)                           \
-    CUresult CUDAAPI NAME(const T *p)                        \
-    {                                                        \
-        if (SHIM_UNLIKELY(g_shim.swap)) {                    \
-            uint64_t w[4];                                   \
-            uint64_t key = nd_words_##T(p, w);               \
-            SWAP_BEGIN(NAME, key, 0, w)                      \
-            CUresult r = REAL(NAME, (p));                    \
-            if (rec_ && r == CUDA_SUCCESS)                   \
-                EMIT(p, 0, 0);                               \
-            SWAP_END(r)                                      \
-            GPUCLOCK(NAME, 0, r);  \
-            return r;                                        \
-        }                                                    \
-        int rec = shim_begin();                              \
-        CUresult r = REAL(NAME, (p));                        \
-        if (rec && r == CUDA_SUCCESS)                        \
-            EMIT(p, 0, 0);                                   \
-        GPUCLOCK(NAME, 0, r);  \
-        return r;                                            \
+#define DEF_COPY_ND(NAME, T, EMIT)                                                \
+    CUresult CUDAAPI NAME(const T *p)                                             \
+    {                                                                             \
+        OP_OPEN(NAME, 0, 0, key_ = nd_words_##T(p, w_))                           \
+        CUresult r = REAL(NAME, (p));                                             \
+        if (rec && r == CUDA_SUCCESS)                                             \
+            EMIT(p, 0, 0);                                                        \
+        OP_CLOSE(r)                                                               \
+        GPUCLOCK(NAME, 0, r);                                                     \
+        return r;                                                                 \
     }
-#define DEF_COPY_ND_ASYNC(NAME, T, EMIT)                     \
-    CUresult CUDAAPI NAME(const T *p, CUstream s)            \
-    {                                                        \
-        if (SHIM_UNLIKELY(g_shim.swap)) {                    \
-            uint64_t w[4];                                   \
-            uint64_t key = nd_words_##T(p, w);               \
-            SWAP_BEGIN(NAME, key, s, w)                      \
-            CUresult r = REAL(NAME, (p, s));                 \
-            if (rec_ && r == CUDA_SUCCESS)                   \
-                EMIT(p, 1, s);                               \
-            SWAP_END(r)                                      \
-            GPUCLOCK(NAME, s, r);  \
-            return r;                                        \
-        }                                                    \
-        int rec = shim_begin();                              \
-        CUresult r = REAL(NAME, (p, s));                     \
-        if (rec && r == CUDA_SUCCESS)                        \
-            EMIT(p, 1, s);                                   \
-        GPUCLOCK(NAME, s, r);  \
-        return r;                                            \
+#define DEF_COPY_ND_ASYNC(NAME, T, EMIT)                                          \
+    CUresult CUDAAPI NAME(const T *p, CUstream s)                                 \
+    {                                                                             \
+        OP_OPEN(NAME, 0, s, key_ = nd_words_##T(p, w_))                           \
+        CUresult r = REAL(NAME, (p, s));                                          \
+        if (rec && r == CUDA_SUCCESS)                                             \
+            EMIT(p, 1, s);                                                        \
+        OP_CLOSE(r)                                                               \
+        GPUCLOCK(NAME, s, r);                                                     \
+        return r;                                                                 \
     }
 DEF_COPY_ND(cuMemcpy2D_v2, CUDA_MEMCPY2D, emit_copy2d)
 DEF_COPY_ND(cuMemcpy2D_v2_ptds, CUDA_MEMCPY2D, emit_copy2d)
@@ -936,65 +893,29 @@ static void set_words(uint64_t w[4], uint64_t dst, uint64_t extent)
     w[1] = extent ? dst + extent - 1 : dst;
     w[2] = w[3] = 0;
 }
-#define SET_OP(NAME, S, EXTENT, CALL, EMIT)                  \
-    if (SHIM_UNLIKELY(g_shim.swap)) {                        \
-        uint64_t sw_[4];                                     \
-        set_words(sw_, dst, (EXTENT));                       \
-        SWAP_BEGIN(NAME, SWAP_KEY_SET, S, sw_)               \
-        CUresult r = CALL;                                   \
-        if (rec_ && r == CUDA_SUCCESS)                       \
-            EMIT;                                            \
-        SWAP_END(r)                                          \
-        GPUCLOCK(NAME, S, r);  \
-        return r;                                            \
+#define DEF_SET_OP(NAME, PARAMS, ARGS, S, EXTENT, ASYNC, BYTES)                                  \
+    CUresult CUDAAPI NAME PARAMS                                                                  \
+    {                                                                                             \
+        OP_OPEN(NAME, SWAP_KEY_SET, S, set_words(w_, dst, (EXTENT)))                              \
+        CUresult r = REAL(NAME, ARGS);                                                            \
+        if (rec && r == CUDA_SUCCESS)                                                             \
+            emit_set(ASYNC, dst, v, (BYTES), S);                                                  \
+        OP_CLOSE(r)                                                                               \
+        GPUCLOCK(NAME, S, r);                                                                     \
+        return r;                                                                                 \
     }
-#define DEF_SET(NAME, VT, ESZ)                               \
-    CUresult CUDAAPI NAME(CUdeviceptr dst, VT v, size_t n)   \
-    {                                                        \
-        SET_OP(NAME, 0, (uint64_t)n * ESZ, REAL(NAME, (dst, v, n)), emit_set(0, dst, v, (uint64_t)n * ESZ, 0)) \
-        int rec = shim_begin();                              \
-        CUresult r = REAL(NAME, (dst, v, n));                \
-        if (rec && r == CUDA_SUCCESS)                        \
-            emit_set(0, dst, v, (uint64_t)n * ESZ, 0);       \
-        GPUCLOCK(NAME, 0, r);  \
-        return r;                                            \
-    }
-#define DEF_SET_ASYNC(NAME, VT, ESZ)                                     \
-    CUresult CUDAAPI NAME(CUdeviceptr dst, VT v, size_t n, CUstream s)   \
-    {                                                                    \
-        SET_OP(NAME, s, (uint64_t)n * ESZ, REAL(NAME, (dst, v, n, s)), emit_set(1, dst, v, (uint64_t)n * ESZ, s)) \
-        int rec = shim_begin();                                          \
-        CUresult r = REAL(NAME, (dst, v, n, s));                         \
-        if (rec && r == CUDA_SUCCESS)                                    \
-            emit_set(1, dst, v, (uint64_t)n * ESZ, s);                   \
-        GPUCLOCK(NAME, s, r);  \
-        return r;                                                        \
-    }
+#define DEF_SET(NAME, VT, ESZ) \
+    DEF_SET_OP(NAME, (CUdeviceptr dst, VT v, size_t n), (dst, v, n), 0, (uint64_t)n * ESZ, 0, (uint64_t)n * ESZ)
+#define DEF_SET_ASYNC(NAME, VT, ESZ)                                                                      \
+    DEF_SET_OP(NAME, (CUdeviceptr dst, VT v, size_t n, CUstream s), (dst, v, n, s), s, (uint64_t)n * ESZ, 1, \
+               (uint64_t)n * ESZ)
 #define SET2D_EXTENT(pitch, w, h, ESZ) ((h) ? ((uint64_t)(h) - 1) * (pitch) + (uint64_t)(w) * (ESZ) : 0)
-#define DEF_SET2D(NAME, VT, ESZ)                                                          \
-    CUresult CUDAAPI NAME(CUdeviceptr dst, size_t pitch, VT v, size_t w, size_t h)        \
-    {                                                                                     \
-        SET_OP(NAME, 0, SET2D_EXTENT(pitch, w, h, ESZ), REAL(NAME, (dst, pitch, v, w, h)), \
-               emit_set(0, dst, v, (uint64_t)w * h * ESZ, 0))                             \
-        int rec = shim_begin();                                                           \
-        CUresult r = REAL(NAME, (dst, pitch, v, w, h));                                   \
-        if (rec && r == CUDA_SUCCESS)                                                     \
-            emit_set(0, dst, v, (uint64_t)w * h * ESZ, 0);                                \
-        GPUCLOCK(NAME, 0, r);  \
-        return r;                                                                         \
-    }
-#define DEF_SET2D_ASYNC(NAME, VT, ESZ)                                                              \
-    CUresult CUDAAPI NAME(CUdeviceptr dst, size_t pitch, VT v, size_t w, size_t h, CUstream s)      \
-    {                                                                                               \
-        SET_OP(NAME, s, SET2D_EXTENT(pitch, w, h, ESZ), REAL(NAME, (dst, pitch, v, w, h, s)),       \
-               emit_set(1, dst, v, (uint64_t)w * h * ESZ, s))                                       \
-        int rec = shim_begin();                                                                     \
-        CUresult r = REAL(NAME, (dst, pitch, v, w, h, s));                                          \
-        if (rec && r == CUDA_SUCCESS)                                                               \
-            emit_set(1, dst, v, (uint64_t)w * h * ESZ, s);                                          \
-        GPUCLOCK(NAME, s, r);  \
-        return r;                                                                                   \
-    }
+#define DEF_SET2D(NAME, VT, ESZ)                                                                       \
+    DEF_SET_OP(NAME, (CUdeviceptr dst, size_t pitch, VT v, size_t w, size_t h), (dst, pitch, v, w, h), 0, \
+               SET2D_EXTENT(pitch, w, h, ESZ), 0, (uint64_t)w * h * ESZ)
+#define DEF_SET2D_ASYNC(NAME, VT, ESZ)                                                                 \
+    DEF_SET_OP(NAME, (CUdeviceptr dst, size_t pitch, VT v, size_t w, size_t h, CUstream s),            \
+               (dst, pitch, v, w, h, s), s, SET2D_EXTENT(pitch, w, h, ESZ), 1, (uint64_t)w * h * ESZ)
 DEF_SET(cuMemsetD8_v2, unsigned char, 1)
 DEF_SET(cuMemsetD8_v2_ptds, unsigned char, 1)
 DEF_SET(cuMemsetD16_v2, unsigned short, 2)

@@ -107,8 +107,9 @@ struct block {
     uint16_t device;
     uint64_t stream;
 };
-/* Insert a block (evicting any stale overlapping ones, which get a FREE record), emit ALLOC. */
-void blocks_add(uint64_t addr, uint64_t size, uint64_t stream, int kind, int device);
+/* Insert a block (evicting any stale overlapping ones, which get a FREE record), emit ALLOC.
+ * Returns its id (0: not inserted, out of memory). */
+uint32_t blocks_add(uint64_t addr, uint64_t size, uint64_t stream, int kind, int device);
 /* Look up the block starting exactly at addr. Returns 1 and fills *out when found. */
 int blocks_find_start(uint64_t addr, struct block *out);
 /* Remove the block starting at addr if it still has id `id`; emit FREE. */
@@ -169,7 +170,7 @@ void params_atfork_prepare(void);
 void params_atfork_parent(void);
 void params_atfork_child(void);
 
-/* ---- swap.c: VMM backing and the swap executor (swap mode only) ---- */
+/* ---- swap*.c (swap_state.h): VMM backing, the allocator and the swap executor (swap mode only) ---- */
 #define SWAP_MAX_OP_BLOCKS 64
 /* One op (launch, graph launch, copy, set) as the executor sees it, from swap_op_begin to
  * swap_op_end (same thread). */
@@ -204,12 +205,26 @@ static inline int per_thread_name(const char *name) { return strstr(name, "_pt")
 CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int how, const uint64_t *words, size_t n);
 /* After the real call: last-use events, planned swap-outs. */
 void swap_op_end(struct swap_op *op, CUresult r);
-/* cuMemAlloc_v2 in swap mode: returns 1 and *rc = CUDA_SUCCESS when the block is VMM-backed;
- * 0 when the caller must use the real allocator (too small, or any VMM failure). */
-int swap_alloc(CUdeviceptr *dptr, size_t size);
+/* An allocation in swap mode: returns 1 with *dptr set when the shim serves it from its own
+ * VMM-backed memory; 0 when the caller must use the real allocator (too small, a graph capture,
+ * a pool the shim does not serve, or any VMM failure). kind: SWAP_ALLOC_*; s: the normalised
+ * stream (ordered kinds); pool: the pool asked (FROM_POOL). */
+#define SWAP_ALLOC_DRIVER 0    /* cuMemAlloc_v2 */
+#define SWAP_ALLOC_ASYNC 1     /* cuMemAllocAsync: the device's current pool */
+#define SWAP_ALLOC_FROM_POOL 2 /* cuMemAllocFromPoolAsync */
+int swap_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, int kind, CUstream s);
 void swap_bind_id(uint64_t addr, uint32_t id);
-/* cuMemFree_v2/cuMemFreeAsync in swap mode: returns 1 and *rc when dptr is a VMM-backed block. */
-int swap_free(CUdeviceptr dptr, CUresult *rc);
+/* A free in swap mode: returns 1 and *rc when dptr is a block the shim serves. ordered: a
+ * cuMemFreeAsync on stream s (takes effect at its stream point); 0: cuMemFree (waits for the
+ * block's last uses, as the real free waits for the device). */
+int swap_free(CUdeviceptr dptr, CUstream s, int ordered, CUresult *rc);
+/* Pools: creation (whether the shim may serve it), destruction, and the queries that count the
+ * shim's blocks as the pool's (value: a cuuint64_t of the used/reserved attributes). */
+void swap_pool_created(CUmemoryPool pool, const CUmemPoolProps *props);
+void swap_pool_destroyed(CUmemoryPool pool);
+void swap_pool_attr(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
+void swap_pool_reset_high(CUmemoryPool pool, CUmemPool_attribute attr);
+void swap_pool_trim(CUmemoryPool pool, size_t keep);
 /* cuMemSetAccess on a VMM-backed block: returns 1 and *rc when handled. */
 int swap_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count, CUresult *rc);
 /* IPC-exported or named by NCCL: never swapped again; a block that is out comes back now

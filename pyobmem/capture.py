@@ -236,7 +236,7 @@ _META_TYPES = {
     "argv": list, "command": str, "executable": str, "cwd": str, "pyobmem_version": str,
     "start_time": (int, float), "start_time_iso": str, "start_monotonic_ns": int, "presets": dict,
     "env": dict, "hostname": str, "shim": str, "cupti": str, "ring_capacity": int, "launcher_pid": int,
-    "swap": dict, "copy_bandwidth": (int, float),
+    "swap": dict, "copy_bandwidth": (int, float), "blocks": str,
 }
 
 

@@ -58,6 +58,7 @@ FINAL_MAX_S = 10.0  # when finishing: stop even if producers keep writing
 TICK_S = 1.0  # swap mode: learn/plan at most this often ...
 TICK_CPU_SHARE = 0.25  # ... and spend at most this share of the time planning
 WINDOW_RECORDS = 1 << 20  # op and access records kept for learning (64 MiB)
+SHIM_WARNING = "swap.warn="  # a NOTE the shim writes for the user (native/swap.c), said on stderr
 _STATIC = (abi.Ev.PROCESS, abi.Ev.ALLOC, abi.Ev.FREE, abi.Ev.NOTE, abi.Ev.NCCL)  # NCCL: its blocks stay pinned
 # GPU_TIME: the planner times the iteration on the GPU clock when the samples are there
 _WINDOWED = (abi.Ev.LAUNCH, abi.Ev.ACCESS, abi.Ev.MEMCPY, abi.Ev.MEMSET, abi.Ev.GRAPH_LAUNCH, abi.Ev.GPU_TIME)
@@ -96,8 +97,12 @@ class SwapAgent:
         st = recs[np.isin(t, [int(x) for x in _STATIC])]
         if len(st):
             self.static.append(st)
-            if self.budget_bytes is None and np.any(st["type"] == abi.Ev.NOTE):
+            notes = st[st["type"] == abi.Ev.NOTE]
+            if self.budget_bytes is None and len(notes):
                 self._resolve_budget()
+            for _, text in _texts_sequential(notes) if len(notes) else ():
+                if text.startswith(SHIM_WARNING):  # the shim's own line for the user, once each
+                    self._warn(f"pyobmem: swap: {text[len(SHIM_WARNING):]}")
         win = recs[np.isin(t, [int(x) for x in _WINDOWED])]
         if len(win):
             self.window.append(win)

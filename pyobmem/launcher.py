@@ -55,6 +55,7 @@ class Options:
     swap: bool = False  # swap mode: keep device memory under ``budget`` (docs/swap.md)
     budget: object = None  # pyobmem.planner.Budget
     min_swap_bytes: int | None = None
+    tensor_blocks: bool = False  # trace mode: the per-tensor presets of swap mode (every tensor its own block)
 
 
 @dataclass
@@ -144,8 +145,45 @@ def default_output(command: list[str]) -> str:
     return f"pyobmem-{name}-{os.getpid()}.pyobmem"
 
 
-def child_environment(base: dict, shim: str, ring: str, cupti: bool, presets: bool) -> tuple[dict, dict]:
-    """The traced command's environment and the presets applied (name -> value)."""
+TORCH_CONF = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")  # the first set is the one torch reads
+TORCH_BACKEND = "cudaMallocAsync"
+
+
+def tensor_presets(base: dict) -> tuple[dict, list[str]]:
+    """The per-tensor allocation presets for environment ``base``: each framework allocates every
+    tensor with the driver's stream-ordered allocator (PyTorch ``backend:cudaMallocAsync``, JAX
+    ``cuda_async`` without preallocation, TensorFlow ``cuda_malloc_async``), so that each large
+    tensor is one block the shim serves and swaps (docs/swap.md). Returns the variables to set
+    (name -> value; a user's PyTorch configuration keeps its options, the backend is added to it)
+    and one line per user setting that keeps a framework from them (the user's choice wins)."""
+    applied, limited = {}, []
+    conf = next((k for k in TORCH_CONF if base.get(k, "").strip()), None)
+    if conf is None:
+        applied["PYTORCH_CUDA_ALLOC_CONF"] = f"backend:{TORCH_BACKEND}"
+    else:
+        opts = dict(o.partition(":")[::2] for o in base[conf].replace(" ", "").split(",") if o)
+        backend = opts.get("backend")
+        if backend is None:
+            applied[conf] = f"{base[conf].rstrip(',')},backend:{TORCH_BACKEND}"
+        elif backend != TORCH_BACKEND:
+            limited.append(f"{conf} sets backend:{backend}; PyTorch's blocks are its segments, and swapping is "
+                           "limited to what the driver sees of them")
+    wanted = {"XLA_PYTHON_CLIENT_ALLOCATOR": "cuda_async", "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+              "TF_GPU_ALLOCATOR": "cuda_malloc_async"}
+    for name, value in wanted.items():
+        if name not in base:
+            applied[name] = value
+        elif base[name] != value and name != "XLA_PYTHON_CLIENT_PREALLOCATE":
+            limited.append(f"{name}={base[name]} is kept; swapping is limited to what the driver sees of that "
+                           "framework's blocks")
+    return applied, limited
+
+
+def child_environment(base: dict, shim: str, ring: str, cupti: bool, presets: bool,
+                      tensor_blocks: bool = False) -> tuple[dict, dict]:
+    """The traced command's environment and the presets applied (name -> value). ``tensor_blocks``
+    (swap mode, or ``--tensor-blocks``): the per-tensor presets of :func:`tensor_presets`, else
+    today's trace presets (JAX's ``platform`` allocator, case C15)."""
     env = dict(base)
     preload = base.get("LD_PRELOAD", "").strip()
     entries = preload.replace(" ", ":").split(":")
@@ -163,7 +201,9 @@ def child_environment(base: dict, shim: str, ring: str, cupti: bool, presets: bo
     else:
         env[abi.ENV_CUPTI] = find_cupti() or "1"
     applied = {}
-    if presets:
+    if presets and tensor_blocks:
+        applied = tensor_presets(base)[0]
+    elif presets:
         # JAX reserves most of the card in one allocation unless told otherwise; any
         # XLA_PYTHON_CLIENT_* setting of the user's (allocator, preallocate, mem fraction) wins.
         if not any(k.startswith("XLA_PYTHON_CLIENT_") for k in base):
@@ -226,7 +266,14 @@ def launch(opts: Options) -> Outcome:
     daemon = None
     control = None
     try:
-        env, applied = child_environment(dict(os.environ), shim, ring.path, opts.cupti, opts.presets)
+        per_tensor = opts.swap or opts.tensor_blocks
+        env, applied = child_environment(dict(os.environ), shim, ring.path, opts.cupti, opts.presets, per_tensor)
+        if opts.presets and per_tensor and not opts.quiet:
+            for line in tensor_presets(dict(os.environ))[1]:
+                _say(f"pyobmem: {line}")
+            if any(k in applied for k in TORCH_CONF):
+                _say(f"pyobmem: preset backend:{TORCH_BACKEND} for PyTorch (every tensor its own block; PyTorch then "
+                     "refuses memory snapshots and CUDA-graph trees; --no-presets turns the presets off)")
         swap_meta = None
         if opts.swap:
             min_swap = DEFAULT_MIN_SWAP_BYTES if opts.min_swap_bytes is None else int(opts.min_swap_bytes)
@@ -249,6 +296,7 @@ def launch(opts: Options) -> Outcome:
             "start_time_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "start_monotonic_ns": time.monotonic_ns(),
             "presets": applied,
+            "blocks": "tensor" if per_tensor and opts.presets else "allocator",
             "env": recorded_environment(os.environ),
             "hostname": socket.gethostname(),
             "shim": shim,
@@ -383,3 +431,11 @@ def _stop_daemon(daemon: subprocess.Popen, status: int) -> str | None:
     if daemon.returncode != 0:
         return f"the capture daemon failed (status {daemon.returncode}); the capture may be incomplete"
     return None
+
+
+def _say(line: str) -> None:
+    """One line on stderr before the command starts (a closed stderr is not our failure)."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass

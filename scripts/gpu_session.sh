@@ -15,6 +15,8 @@
 #             analysis (done on the dev machine), and run the export tests that need torch
 #   swaptests tests/gpu/test_swap_*.py (and test_multigpu.py)         -> $OUT/gpu_tests.txt
 #   bench     scripts/bench_swap.py --parts $PARTS (default all three) -> bench/results/swap_*.json
+#   allocpath scripts/bench_alloc_path.py (GPT medium with and without swap mode's allocator, the
+#             allocation loop)                                    -> bench/results/alloc_path.json
 #   swapsmoke tiny GPT, GPT small, CNN without pyobmem and under --swap: scripts/swap_check.py -> $OUT/swap.txt
 #   collect   bench/results/*.json -> $OUT/results.tar.gz; captures under 4 MiB (with their
 #             workload JSON and stdout) -> $OUT/captures.tar.gz
@@ -170,6 +172,11 @@ step_bench() {
     step_collect
 }
 
+step_allocpath() {
+    run_step allocpath 300 "$OUT/alloc_path.txt" python3 scripts/bench_alloc_path.py ${ALLOC_ARGS:-}
+    step_collect
+}
+
 step_swapsmoke() {
     swap_pair tiny 500MiB 2MiB scripts/workloads/gpt.py --size tiny --steps 30 --deterministic --seed 0
     swap_pair small12 12GiB 4MiB scripts/workloads/gpt.py --size small --steps 30 --deterministic --seed 0
@@ -210,8 +217,8 @@ step_collect() {
 STEPS=("$@")
 (( ${#STEPS[@]} )) || STEPS=(build tests trace overhead)
 for s in "${STEPS[@]}"; do
-    case $s in build|tests|fixtures|trace|overhead|cost|captures|swapsmoke|swaptests|bench|collect) ;;
-        *) echo "gpu_session.sh: error: unknown step '$s' (build tests fixtures trace overhead cost captures collect)" >&2; exit 2 ;;
+    case $s in build|tests|fixtures|trace|overhead|cost|captures|swapsmoke|swaptests|bench|allocpath|collect) ;;
+        *) echo "gpu_session.sh: error: unknown step '$s' (build tests fixtures trace overhead cost captures swapsmoke swaptests bench allocpath collect)" >&2; exit 2 ;;
     esac
 done
 

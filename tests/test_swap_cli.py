@@ -196,3 +196,21 @@ def test_agent_writes_no_swap_that_lowers_nothing(tmp_path):
     assert len(said) == 1 and said[0].startswith("pyobmem: swap: no plan fits the budget 900.00 MiB")
     assert said[0].endswith("the shim keeps the budget by evicting on its own beyond it (slower)")
     ctl.close(unlink=True)
+
+
+def test_agent_says_the_shims_warnings_once_each(tmp_path):
+    """A NOTE the shim writes for the user ("swap.warn=...": the budget below one op, device memory
+    that cannot grow) is one line on stderr; other notes are not."""
+    from pyobmem.daemon import SwapAgent
+    from pyobmem.planner import parse_budget
+
+    t = Trace()
+    t.text(abi.Ev.NOTE, 0, "swap.warn=the budget (100 bytes) is below what one op needs at once (4194304 bytes "
+                           "of swappable blocks); the device goes over it there")
+    t.text(abi.Ev.NOTE, 0, "swap.pinned_bytes=4096")
+    ctl = Control.create(str(tmp_path / "c.ctl"), 100, MiB)
+    said = []
+    SwapAgent(ctl, parse_budget("100"), warn=said.append).feed(t.records())
+    assert said == ["pyobmem: swap: the budget (100 bytes) is below what one op needs at once (4194304 bytes of "
+                    "swappable blocks); the device goes over it there"]
+    ctl.close(unlink=True)

@@ -196,8 +196,9 @@ def test_block_swapped_out_and_in_20_times_keeps_every_byte(fake, tmp_path, cupt
         SwapInCause.DEMAND]
     # late consumers waited on the copy event (blocked), the final DtoH too
     assert run.out["blocked_waits"] >= 10
-    assert set(outs["d"].tolist()) == set(ins["d"].tolist())  # one shim stream
-    assert len(set(outs["d"].tolist())) == 1 and outs["d"][0] != 0
+    # one stream per copy engine: every swap-out on one, every swap-in on the other
+    assert len(set(outs["d"].tolist())) == 1 and len(set(ins["d"].tolist())) == 1
+    assert outs["d"][0] != 0 and ins["d"][0] != 0 and outs["d"][0] != ins["d"][0]
     no_misbehaviour(run)
     # plan adopted once (gen 1, 2 actions); the final read-back copies leave the template: one drop
     plan = run.of(Ev.PLAN)
@@ -649,7 +650,9 @@ def test_allocation_and_demand_swap_in_wait_for_swap_outs_in_flight(fake, tmp_pa
     # the plan was followed through iteration 2 (dropped only by the read-backs)
     assert [(int(r["a"]), int(r["b"]), int(r["flags"])) for r in run.of(Ev.PLAN)] == [(1, 1, 0), (1, 0, 1)]
     assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"]) == (0, 0, 0)
-    assert run.out["create_calls"] == 6  # a, b, c, d, a twice: nothing mapped and dropped
+    # a, b, c and one more: d and the swap-ins of a map the physical handles that the swap-outs
+    # unmapped (kept as spares while the budget has room), not new ones
+    assert run.out["create_calls"] == 4
     no_misbehaviour(run)
 
 

@@ -45,7 +45,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="the default, said explicitly: launches traced from the shim's hooks, CUPTI left alone")
     p.add_argument(
         "--no-presets", action="store_true",
-        help="do not set allocator presets (XLA_PYTHON_CLIENT_ALLOCATOR=platform for JAX)",
+        help="do not set allocator presets (trace mode: XLA_PYTHON_CLIENT_ALLOCATOR=platform for JAX; swap mode "
+             "and --tensor-blocks: the per-tensor ones)",
+    )
+    p.add_argument(
+        "--tensor-blocks", action="store_true",
+        help="blocks are tensors: the per-tensor presets of swap mode in a trace (PyTorch backend:cudaMallocAsync, "
+             "JAX cuda_async, TensorFlow cuda_malloc_async)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing after the run except errors")
     p.add_argument(
@@ -99,7 +105,7 @@ def run(args) -> int:
     opts = launcher.Options(
         command=command, output=args.output, force=args.force, capacity=args.capacity,
         cupti=args.cupti, presets=not args.no_presets, quiet=args.quiet,
-        swap=args.swap, budget=budget, min_swap_bytes=min_swap,
+        swap=args.swap, budget=budget, min_swap_bytes=min_swap, tensor_blocks=args.tensor_blocks,
     )
     outcome = launcher.launch(opts)
     try:

@@ -108,6 +108,7 @@ def summarize(cap: Capture) -> dict:
         "environment": {
             "notes": {str(pid): dict(sorted(n.items())) for pid, n in sorted(cap.notes.items())},
             "presets": cap.meta.get("presets", {}),
+            "blocks": cap.meta.get("blocks"),
             "env": cap.meta.get("env", {}),
             "cupti": cap.meta.get("cupti"),
             "hostname": cap.meta.get("hostname"),
@@ -486,6 +487,8 @@ def format_summary(s: dict) -> str:
                 rows.append([k, v])
     rows += [[k, v] for k, v in env["env"].items()]
     rows += [[k, f"{v} (preset)"] for k, v in env["presets"].items()]
+    if env.get("blocks") == "tensor":
+        rows.append(["blocks", "tensors (per-tensor allocation presets)"])
     if env["cupti"]:
         rows.append(["libcupti", "not used (launches traced from the shim's hooks; --cupti to use it)"
                      if env["cupti"] == "0" else env["cupti"]])

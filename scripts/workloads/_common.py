@@ -100,12 +100,15 @@ def import_torch(deterministic: bool):
 
 
 def torch_memory(torch) -> dict:
-    """The caching allocator's counters and the (address, size) of its segments now."""
+    """The allocator's counters and the (address, size) of its segments now; ``segments`` is None
+    under the cudaMallocAsync backend, which has no segments and refuses memory snapshots."""
     stats = torch.cuda.memory_stats()
-    segments = torch.cuda.memory._snapshot()["segments"]
+    backend = torch.cuda.get_allocator_backend()
+    segments = None if backend == "cudaMallocAsync" else torch.cuda.memory._snapshot()["segments"]
     return {
         "memory_stats": {k: int(stats.get(k, 0)) for k in TORCH_STAT_KEYS},
-        "segments": [[int(s["address"]), int(s["total_size"])] for s in segments],
+        "segments": None if segments is None else [[int(s["address"]), int(s["total_size"])] for s in segments],
+        "allocator_backend": backend,
         "device_name": torch.cuda.get_device_name(0),
         "torch_version": torch.__version__,
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),

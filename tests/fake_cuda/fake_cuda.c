@@ -354,6 +354,7 @@ static const struct sym syms[] = {
     S("cuMemAllocManaged", 6000, cuMemAllocManaged, NULL),
     S("cuMemAllocAsync", 11020, cuMemAllocAsync, (void *)cuMemAllocAsync_ptsz),
     S("cuMemFreeAsync", 11020, cuMemFreeAsync, (void *)cuMemFreeAsync_ptsz),
+    S("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync, (void *)cuMemAllocFromPoolAsync_ptsz),
     S("cuMemAddressReserve", 10020, cuMemAddressReserve, NULL),
     S("cuMemCreate", 10020, cuMemCreate, NULL),
     S("cuMemMap", 10020, cuMemMap, NULL),

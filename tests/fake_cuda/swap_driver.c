@@ -163,9 +163,22 @@ static void counters(void)
 /* Iterations of [op_b(T), op_a(A, LEN, B), op_b(T)]; the plan (written by the test) prefetches
  * A at 0 and swaps it out at 1. Odd iterations let the prefetch land before the consumer
  * (advance first), even ones do not (late). */
-static int scenario_roundtrip(int iters)
+static CUdeviceptr must_alloc_ordered(size_t n, CUstream s)
 {
-    CUdeviceptr a = must_alloc(LEN), b = must_alloc(LEN), t = must_alloc(2 * MIB);
+    CUdeviceptr p = 0;
+    CUresult r = ((alloca_fn)get("cuMemAllocAsync"))(&p, n, s);
+    if (r != CUDA_SUCCESS) {
+        printf("error=alloc_async %d\n", (int)r);
+        exit(4);
+    }
+    return p;
+}
+
+/* ordered = 1: a and b are stream-ordered (cuMemAllocAsync on S1, freed with cuMemFreeAsync). */
+static int scenario_roundtrip(int iters, int ordered)
+{
+    CUdeviceptr a = ordered ? must_alloc_ordered(LEN, S1) : must_alloc(LEN);
+    CUdeviceptr b = ordered ? must_alloc_ordered(LEN, S1) : must_alloc(LEN), t = must_alloc(2 * MIB);
     printf("a=%" PRIu64 "\nb=%" PRIu64 "\nt=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)t);
     fill(a, LEN, 3);
     sync_point(1); /* the test writes the plan now */
@@ -181,7 +194,9 @@ static int scenario_roundtrip(int iters)
     printf("bad_a=%ld\n", check(a, LEN, 3, 0));
     printf("bad_b=%ld\n", check(b, LEN, 3, 1));
     counters();
-    int fa = (int)p_free(a), fb = (int)p_free(b), ft = (int)p_free(t); /* in this order */
+    freea_fn fr = (freea_fn)get("cuMemFreeAsync");
+    int fa = (int)(ordered ? fr(a, S1) : p_free(a)), fb = (int)(ordered ? fr(b, S1) : p_free(b));
+    int ft = (int)p_free(t); /* in this order */
     printf("free_a_rc=%d\nfree_b_rc=%d\nfree_t_rc=%d\n", fa, fb, ft);
     printf("after_free_handles=%lld\nafter_free_reservations=%lld\n", fakeCounter("handles"),
            fakeCounter("reservations"));
@@ -559,9 +574,11 @@ static int scenario_batch(const char *variant)
  * Last, every block is read back. */
 static uint64_t g_table[65536 / 8 + 2];
 
-static int scenario_ptrtable(const char *variant, const char *mode)
+/* ordered: a is a stream-ordered block (cuMemAllocAsync on S1) */
+static int scenario_ptrtable(const char *variant, const char *mode, int ordered)
 {
-    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB);
+    CUdeviceptr a = ordered ? must_alloc_ordered(2 * MIB, S1) : must_alloc(2 * MIB);
+    CUdeviceptr b = must_alloc(2 * MIB), c = must_alloc(2 * MIB);
     fill(a, 2 * MIB, 1);
     fill(b, 2 * MIB, 2);
     fill(c, 2 * MIB, 3);
@@ -702,6 +719,204 @@ static int scenario_others(const char *variant)
     return 0;
 }
 
+/* Cached memory counts against the budget (4 granules here): x (3 granules) freed stays cached;
+ * y (2 granules, cuMemAlloc) would pass the budget with it, so the cache gives x's memory back. */
+static int scenario_ordered_budget(void)
+{
+    CUdeviceptr x = must_alloc_ordered(LEN, S1);
+    fill(x, LEN, 1);
+    ((freea_fn)get("cuMemFreeAsync"))(x, S1);
+    printf("cached_handles=%lld\n", fakeCounter("handles"));
+    CUdeviceptr y = must_alloc(4 * MIB);
+    printf("y=%" PRIu64 "\n", (uint64_t)y);
+    printf("handles_after_y=%lld\n", fakeCounter("handles"));
+    CUdeviceptr z = must_alloc_ordered(LEN, S1); /* the cached reservation, new memory, y out for it */
+    printf("z_reused=%d\n", z == x);
+    fill(z, LEN, 5);
+    printf("bad_z=%ld\n", check(z, LEN, 5, 0));
+    counters();
+    return 0;
+}
+
+/* A host slot reused across the two copy streams (FAKE_HOST_BYTES: one 2 MiB slot; budget one
+ * block). b's allocation evicts a into the slot. The op on a brings it back: its swap-in copy
+ * reads the slot on the host-to-device stream (queued, not run: manual streams); then b is
+ * evicted for the budget and, the pool being full, takes a's slot: its swap-out must not write
+ * the slot before a's swap-in has read it. */
+static int scenario_slotreuse(void)
+{
+    CUdeviceptr a = must_alloc(2 * MIB);
+    fill(a, 2 * MIB, 1);
+    CUdeviceptr b = must_alloc(2 * MIB);
+    fill(b, 2 * MIB, 2);
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b);
+    printf("a_out=%d\n", fakeAccess(a) == -1);
+    op_a(a, 0, 0);
+    printf("b_leaving=%d\n", fakeAccess(b) != -1);
+    fakeAdvance(-1);
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 1, 0));
+    fakeAdvance(-1);
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
+    counters();
+    return 0;
+}
+
+typedef CUresult (*allocp_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+typedef CUresult (*poolattr_fn)(CUmemoryPool, CUmemPool_attribute, void *);
+
+static long long pool_attr(CUmemoryPool p, CUmemPool_attribute a)
+{
+    cuuint64_t v = 0;
+    ((poolattr_fn)dlsym(lib, "cuMemPoolGetAttribute"))(p, a, &v);
+    return (long long)v;
+}
+
+static CUmemoryPool make_pool(CUmemLocationType where, CUmemAllocationHandleType handles)
+{
+    CUmemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.handleTypes = handles;
+    props.location.type = where;
+    props.location.id = 0;
+    CUmemoryPool p = NULL;
+    ((CUresult(*)(CUmemoryPool *, const CUmemPoolProps *))dlsym(lib, "cuMemPoolCreate"))(&p, &props);
+    return p;
+}
+
+static void print_calls(const char *tag, long long create, long long reserve, long long release, long long map)
+{
+    printf("%s_create=%lld\n%s_reserve=%lld\n%s_release=%lld\n%s_map=%lld\n", tag,
+           fakeCounter("create_calls") - create, tag, fakeCounter("reserve_calls") - reserve, tag,
+           fakeCounter("release_calls") - release, tag, fakeCounter("map_calls") - map);
+}
+
+/* Stream-ordered blocks served by the shim: the cache, the stream point of a free, captures,
+ * small blocks and pools, the pool queries, cuMemPoolTrimTo. */
+static int scenario_ordered(void)
+{
+    alloca_fn aa = (alloca_fn)get("cuMemAllocAsync");
+    freea_fn fa = (freea_fn)get("cuMemFreeAsync");
+    allocp_fn ap = (allocp_fn)dlsym(lib, "cuMemAllocFromPoolAsync");
+    CUstream s2 = (CUstream)0x99, s3 = (CUstream)0xAA;
+    CUmemoryPool def = NULL;
+    ((CUresult(*)(CUmemoryPool *, CUdevice))dlsym(lib, "cuDeviceGetDefaultMemPool"))(&def, 0);
+    CUdeviceptr x = 0, y = 0, z = 0, w = 0, v = 0;
+    printf("x_rc=%d\n", (int)aa(&x, LEN, S1));
+    printf("x=%" PRIu64 "\n", (uint64_t)x);
+    fill(x, LEN, 9);
+    printf("bad_x=%ld\n", check(x, LEN, 9, 0));
+    printf("used_live=%lld\nreserved_live=%lld\n", pool_attr(def, CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
+           pool_attr(def, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT));
+    /* the steady state: 20 rounds of allocate, use, free on one stream */
+    long long c0 = fakeCounter("create_calls"), r0 = fakeCounter("reserve_calls"), l0 = fakeCounter("release_calls"),
+              m0 = fakeCounter("map_calls");
+    fa(x, S1);
+    int same = 0;
+    for (int i = 0; i < 20; i++) {
+        aa(&y, LEN, S1);
+        same += y == x;
+        op_b(y);
+        fa(y, S1);
+    }
+    printf("steady_same=%d\n", same);
+    print_calls("steady", c0, r0, l0, m0);
+    printf("used_cached=%lld\nreserved_cached=%lld\n", pool_attr(def, CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
+           pool_attr(def, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT));
+    printf("used_high=%lld\n", pool_attr(def, CU_MEMPOOL_ATTR_USED_MEM_HIGH));
+    /* a free at its stream point: S1 blocked behind an event of a stream nobody advances */
+    CUevent ev = NULL;
+    CUstream m = NULL;
+    ((CUresult(*)(CUevent *, unsigned))dlsym(lib, "cuEventCreate"))(&ev, 0);
+    ((CUresult(*)(CUstream *, unsigned))dlsym(lib, "cuStreamCreate"))(&m, 0);
+    ((CUresult(*)(CUevent, CUstream))dlsym(lib, "cuEventRecord"))(ev, m);
+    ((CUresult(*)(CUstream, CUevent, unsigned))dlsym(lib, "cuStreamWaitEvent"))(S1, ev, 0);
+    aa(&y, LEN, S1);
+    printf("y_reused=%d\n", y == x);
+    fa(y, S1); /* queued behind the wait: not reached yet */
+    aa(&z, LEN, s2);
+    printf("z_other=%d\nz_served=%d\n", z != y, z >= 0x20000000000ull);
+    aa(&w, LEN, S1);
+    printf("w_same_stream=%d\n", w == y);
+    fa(w, S1);
+    fakeAdvance(-1); /* S1 runs on: the free's event completes */
+    aa(&v, LEN, s2);
+    printf("v_after_event=%d\n", v == y);
+    fa(v, s2);
+    fa(z, s2);
+    /* a graph capture, a small block: the driver's pool */
+    CUdeviceptr c = 0, sm = 0;
+    ((capture_fn)dlsym(lib, "cuStreamBeginCapture_v2"))(s3, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    printf("cap_rc=%d\n", (int)aa(&c, LEN, s3));
+    CUgraph g;
+    ((endcap_fn)dlsym(lib, "cuStreamEndCapture"))(s3, &g);
+    printf("cap=%" PRIu64 "\n", (uint64_t)c);
+    printf("cap_free_rc=%d\n", (int)fa(c, s3));
+    /* a shim block freed inside a capture stays allocated: never handed out again */
+    CUdeviceptr k = 0, k2 = 0;
+    aa(&k, 8 * MIB, S1); /* a class of its own: the cache of LEN blocks is checked below */
+    ((capture_fn)dlsym(lib, "cuStreamBeginCapture_v2"))(s3, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    printf("kept_free_rc=%d\n", (int)fa(k, s3));
+    ((endcap_fn)dlsym(lib, "cuStreamEndCapture"))(s3, &g);
+    aa(&k2, 8 * MIB, S1);
+    printf("kept_mapped=%d\nkept_not_reused=%d\n", fakeAccess(k) != -1, k2 != k && k2 != 0);
+    fa(k2, S1);
+    printf("small_rc=%d\n", (int)aa(&sm, MIB / 2, S1));
+    printf("small=%" PRIu64 "\n", (uint64_t)sm);
+    fa(sm, S1);
+    /* pools: device-located unexported (served), exportable or host-located or unknown (driver) */
+    CUmemoryPool pd = make_pool(CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_HANDLE_TYPE_NONE);
+    CUmemoryPool px = make_pool(CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    CUmemoryPool ph = make_pool(CU_MEM_LOCATION_TYPE_HOST, CU_MEM_HANDLE_TYPE_NONE);
+    CUdeviceptr q[4] = {0};
+    CUmemoryPool pools[4] = {pd, px, ph, (CUmemoryPool)0x1234};
+    for (int i = 0; i < 4; i++) {
+        int r = (int)ap(&q[i], LEN, pools[i], S1);
+        printf("pool%d_rc=%d\npool%d=%" PRIu64 "\n", i, r, i, (uint64_t)q[i]);
+    }
+    printf("pool0_used=%lld\ndefault_used_with_pool0=%lld\n", pool_attr(pd, CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
+           pool_attr(def, CU_MEMPOOL_ATTR_USED_MEM_CURRENT));
+    for (int i = 0; i < 4; i++)
+        fa(q[i], S1);
+    fakeAdvance(-1);
+    /* trims: the pool's cached physical memory goes, its reservations stay */
+    CUresult (*trim)(CUmemoryPool, size_t) = (CUresult(*)(CUmemoryPool, size_t))dlsym(lib, "cuMemPoolTrimTo");
+    long long h0 = fakeCounter("handles");
+    trim(pd, 0);
+    printf("trim_pool0_handles=%lld\n", h0 - fakeCounter("handles"));
+    printf("pool0_reserved_trimmed=%lld\n", pool_attr(pd, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT));
+    h0 = fakeCounter("handles");
+    trim(def, 0);
+    printf("trim_default_handles=%lld\n", h0 - fakeCounter("handles"));
+    printf("reserved_trimmed=%lld\n", pool_attr(def, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT));
+    /* after a trim the cached reservation comes back with new physical memory */
+    c0 = fakeCounter("create_calls"), r0 = fakeCounter("reserve_calls"), l0 = fakeCounter("release_calls"),
+    m0 = fakeCounter("map_calls");
+    aa(&y, LEN, S1);
+    printf("after_trim_reused=%d\n", y == x);
+    print_calls("after_trim", c0, r0, l0, m0);
+    fill(y, LEN, 4);
+    printf("bad_after_trim=%ld\n", check(y, LEN, 4, 0));
+    fa(y, S1);
+    counters();
+    return 0;
+}
+
+/* The device cannot hold more of the shim's memory (FAKE_DEVICE_BYTES): later stream-ordered
+ * blocks go to the driver's pool, noted once. */
+static int scenario_ordered_full(void)
+{
+    alloca_fn aa = (alloca_fn)get("cuMemAllocAsync");
+    CUdeviceptr x = 0, y = 0, z = 0;
+    printf("x_rc=%d\n", (int)aa(&x, LEN, S1));
+    printf("y_rc=%d\n", (int)aa(&y, 2 * MIB + 1, S1));
+    printf("y_free_rc=%d\n", (int)((freea_fn)get("cuMemFreeAsync"))(y, S1));
+    printf("z_rc=%d\n", (int)aa(&z, 2 * MIB + 1, S1));
+    printf("x=%" PRIu64 "\ny=%" PRIu64 "\nz=%" PRIu64 "\n", (uint64_t)x, (uint64_t)y, (uint64_t)z);
+    counters();
+    return 0;
+}
+
 /* Eviction under a plan (IDLE hints): a, b, c fill a budget of 3 blocks; the iteration is
  * [op_b(a), op_a(b, c)]. After it, a is the least recently used block but the next op needs it:
  * allocating d evicts b (idle the longest by the hints) under a plan that has them, a (LRU)
@@ -821,7 +1036,7 @@ int main(int argc, char **argv)
     const char *s = argv[1];
     int rc = 2;
     if (!strcmp(s, "roundtrip"))
-        rc = scenario_roundtrip(argc > 2 ? atoi(argv[2]) : 20);
+        rc = scenario_roundtrip(argc > 2 ? atoi(argv[2]) : 20, argc > 3 && !strcmp(argv[3], "ordered"));
     else if (!strcmp(s, "cancelfree"))
         rc = scenario_cancelfree();
     else if (!strcmp(s, "release"))
@@ -853,11 +1068,20 @@ int main(int argc, char **argv)
     else if (!strcmp(s, "batch"))
         rc = scenario_batch(argc > 2 ? argv[2] : "12080");
     else if (!strcmp(s, "ptrtable"))
-        rc = scenario_ptrtable(argc > 2 ? argv[2] : "ptr", argc > 3 ? argv[3] : "sync");
+        rc = scenario_ptrtable(argc > 2 ? argv[2] : "ptr", argc > 3 ? argv[3] : "sync",
+                               argc > 4 && !strcmp(argv[4], "ordered"));
     else if (!strcmp(s, "hold"))
         rc = scenario_hold();
     else if (!strcmp(s, "others"))
         rc = scenario_others(argc > 2 ? argv[2] : "small");
+    else if (!strcmp(s, "ordered"))
+        rc = scenario_ordered();
+    else if (!strcmp(s, "ordered_budget"))
+        rc = scenario_ordered_budget();
+    else if (!strcmp(s, "slotreuse"))
+        rc = scenario_slotreuse();
+    else if (!strcmp(s, "ordered_full"))
+        rc = scenario_ordered_full();
     printf("done=1\n");
     return rc;
 }

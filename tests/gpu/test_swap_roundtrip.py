@@ -6,7 +6,10 @@ copies every block back and checks every word (tests/gpu/progs/swap_cases.cu, mo
 What the executor promises (native/swap.c): blocks of at least --min-swap-bytes are VMM-backed;
 before a plan exists, a launch touching a block that is out brings it back first (SWAP_IN cause
 DEMAND) and evicts the least recently used idle blocks to keep the budget. With four blocks taken
-in turn and room for two, every touch of the loop finds its block out: 80 demand swap-ins."""
+in turn and room for two, every touch of the loop finds its block out: 80 demand swap-ins.
+
+The same test runs on stream-ordered blocks (``async``: cudaMallocAsync on the stream, freed with
+cudaFreeAsync), which swap mode serves from its own VMM blocks like cudaMalloc ones (kind ASYNC)."""
 
 import numpy as np
 import pytest
@@ -20,10 +23,15 @@ BUDGET = 160 * MiB
 NAMES = ["blk0", "blk1", "blk2", "blk3"]
 
 
-@pytest.fixture(scope="module")
-def roundtrip(shim, progs, tmp_path_factory):
-    d = tmp_path_factory.mktemp("swap_roundtrip")
-    return run_swap([build_swap_prog(progs), "roundtrip", ROUNDS], d, budget="160MiB", timeout=180)
+KIND = {"malloc": abi.AllocKind.DRIVER, "async": abi.AllocKind.ASYNC}
+
+
+@pytest.fixture(scope="module", params=["malloc", "async"])
+def roundtrip(request, shim, progs, tmp_path_factory):
+    d = tmp_path_factory.mktemp(f"swap_roundtrip_{request.param}")
+    run = run_swap([build_swap_prog(progs), "roundtrip", ROUNDS, request.param], d, budget="160MiB", timeout=180)
+    run.variant = request.param
+    return run
 
 
 @pytest.mark.gpu
@@ -46,7 +54,7 @@ def test_swap_roundtrip_swaps(roundtrip):
     assert cap.meta["swap"]["budget_bytes"] == BUDGET, cap.meta["swap"]
     rows = {name: one_block(cap, pid, ival(kv[name]), 64 * MiB) for name in NAMES}
     for name, r in rows.items():
-        assert int(cap.blocks["kind"][r]) == abi.AllocKind.DRIVER, (name, cap.blocks[r])
+        assert int(cap.blocks["kind"][r]) == KIND[run.variant], (name, cap.blocks[r])
     s = cap.swaps
     mine = swap_rows(cap, pid)
     # Only the four blocks move (the 8-byte error counter is far under --min-swap-bytes), whole.
@@ -61,7 +69,7 @@ def test_swap_roundtrip_swaps(roundtrip):
     adopted = cap.plans[(cap.plans["pid"] == pid) & ~cap.plans["dropped"]]
     per_block = {name: (len(swap_rows(cap, pid, r, 0)), len(swap_rows(cap, pid, r, 1))) for name, r in rows.items()}
     out_ms = s["duration_ns"][swap_rows(cap, pid, direction=0)] / 1e6
-    record_figure("swap_roundtrip", {
+    record_figure(f"swap_roundtrip_{run.variant}", {
         "swap_outs_in_loop": len(outs), "swap_ins_in_loop": len(ins), "demand_ins_in_loop": len(demand),
         "per_block_out_in": per_block, "plans_adopted": len(adopted),
         "swap_out_ms_median": float(np.median(out_ms)) if len(out_ms) else None,

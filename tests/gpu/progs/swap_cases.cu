@@ -1,6 +1,7 @@
 // Swap-mode test programs (tests/gpu/test_swap_*.py): one binary, one case per argv[1].
 //
-//   swap_cases roundtrip [ROUNDS]   4 blocks touched in turn ROUNDS times (default 20)
+//   swap_cases roundtrip [ROUNDS] [async]  4 blocks touched in turn ROUNDS times (default 20);
+//                                          async: cudaMallocAsync blocks (the shim serves them)
 //   swap_cases c08 struct|split     a block reached only through a device-side struct / a split pointer
 //   swap_cases c09                  blocks reached only through a pointer table copied by H2D
 //   swap_cases c10                  a captured graph touching 2 of 6 blocks, replayed between direct touches
@@ -191,7 +192,7 @@ extern "C" __global__ void spin(volatile int *f, unsigned long long timeout_ns)
 // ---------------------------------------------------------------------------- host side
 
 // The blocks of a case: device pointer, pattern id, current round, and how to free it.
-enum FreeKind { FREE_RT, FREE_NONE };
+enum FreeKind { FREE_RT, FREE_ASYNC, FREE_NONE };
 
 struct Blocks {
     cudaStream_t s = nullptr;
@@ -219,6 +220,14 @@ struct Blocks {
         uint32_t *q = nullptr;
         RK(cudaMalloc((void **)&q, b));
         return adopt(name, q, b, FREE_RT);
+    }
+
+    // A stream-ordered block of `b` bytes (cudaMallocAsync on s, freed with cudaFreeAsync on s).
+    int alloc_async(const char *name, size_t b = BLOCK_BYTES)
+    {
+        uint32_t *q = nullptr;
+        RK(cudaMallocAsync((void **)&q, b, s));
+        return adopt(name, q, b, FREE_ASYNC);
     }
 
     // A block allocated elsewhere (managed, app VMM, host-mapped).
@@ -314,6 +323,9 @@ struct Blocks {
         for (size_t i = 0; i < p.size(); i++)
             if (how[i] == FREE_RT)
                 RK(cudaFree(p[i]));
+            else if (how[i] == FREE_ASYNC)
+                RK(cudaFreeAsync(p[i], s));
+        RK(cudaStreamSynchronize(s));
         RK(cudaFree(err));
         RK(cudaStreamDestroy(s));
         RK(cudaDeviceSynchronize());
@@ -330,13 +342,14 @@ static void print_common(const Blocks &b)
 
 // ---------------------------------------------------------------------------- cases
 
-static int case_roundtrip(int rounds)
+static int case_roundtrip(int rounds, bool ordered)
 {
     Blocks b;
     b.init();
     const char *names[] = {"blk0", "blk1", "blk2", "blk3"};
     for (int i = 0; i < 4; i++)
-        b.alloc(names[i]);
+        ordered ? b.alloc_async(names[i]) : b.alloc(names[i]);
+    printf("@ ordered=%d\n", (int)ordered);
     print_common(b);
     b.fill_all();
     printf("@ t_loop_start=%llu\n", (unsigned long long)now_ns());
@@ -907,7 +920,7 @@ int main(int argc, char **argv)
     const char *mode = argv[1];
     printf("@ pid=%d\n@ mode=%s\n", (int)getpid(), mode);
     if (!strcmp(mode, "roundtrip"))
-        return case_roundtrip(argc > 2 ? atoi(argv[2]) : 20);
+        return case_roundtrip(argc > 2 ? atoi(argv[2]) : 20, argc > 3 && !strcmp(argv[3], "async"));
     if (!strcmp(mode, "c08"))
         return case_c08(argc > 2 ? argv[2] : "struct", argc > 3 ? atoi(argv[3]) : 6);
     if (!strcmp(mode, "c09"))

@@ -1,0 +1,78 @@
+/*
+ * A sorted table of disjoint address intervals [start, end), searched by binary search: the
+ * shim's block table (blocks.c) and the swap executor's table of its blocks (swap_state.h) are
+ * both one. Elements have a fixed size and begin with their bounds (struct interval); the
+ * caller does the locking. Lookups may also run without the lock, inside a seqlock read section
+ * (blocks.c): the count and the array are loaded atomically, and an array the table grew out of
+ * is kept, never freed, since such a reader may still be in it (sizes double, so what is kept is
+ * less than the final array).
+ */
+#ifndef PYOBMEM_INTERVALS_H
+#define PYOBMEM_INTERVALS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct interval {
+    uint64_t start, end; /* [start, end) */
+};
+
+struct itable {
+    char *v;        /* atomic: n elements of `size` bytes, sorted by start */
+    size_t n, cap;  /* n atomic, stored after v when both change */
+    size_t size;
+    void *retired;  /* the arrays grown out of, linked through their first bytes */
+};
+#define ITABLE_OF(type) {NULL, 0, 0, sizeof(type), NULL}
+
+static inline void *itable_at(const struct itable *t, size_t i) { return t->v + i * t->size; }
+
+/* Index in v[0, n) of the first element with start > addr (inline: the launch path looks up
+ * every argument word). The count is loaded before the array: a table that grows publishes the
+ * new array before the larger count, so v[0, n) is always inside the array read. */
+static inline size_t itable_upper_in(const char *v, size_t n, size_t size, uint64_t addr)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (((const struct interval *)(v + mid * size))->start <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+static inline size_t itable_upper(const struct itable *t, uint64_t addr)
+{
+    size_t n = __atomic_load_n(&t->n, __ATOMIC_ACQUIRE);
+    return itable_upper_in(__atomic_load_n(&t->v, __ATOMIC_ACQUIRE), n, t->size, addr);
+}
+
+/* The element holding addr, or NULL. */
+static inline void *itable_find(const struct itable *t, uint64_t addr)
+{
+    size_t n = __atomic_load_n(&t->n, __ATOMIC_ACQUIRE);
+    char *v = __atomic_load_n(&t->v, __ATOMIC_ACQUIRE);
+    size_t i = itable_upper_in(v, n, t->size, addr);
+    if (i == 0)
+        return NULL;
+    const struct interval *iv = (const struct interval *)(v + (i - 1) * t->size);
+    return addr < iv->end ? (void *)iv : NULL;
+}
+/* [*lo, *hi): from the first element's start to the last one's end; 0, 0 when empty. */
+static inline void itable_bounds(const struct itable *t, uint64_t *lo, uint64_t *hi)
+{
+    size_t n = __atomic_load_n(&t->n, __ATOMIC_ACQUIRE);
+    const char *v = __atomic_load_n(&t->v, __ATOMIC_ACQUIRE);
+    *lo = n ? ((const struct interval *)v)->start : 0;
+    *hi = n ? ((const struct interval *)(v + (n - 1) * t->size))->end : 0;
+}
+/* [*i, *j): the elements overlapping [start, end) (start < end). */
+void itable_overlapping(const struct itable *t, uint64_t start, uint64_t end, size_t *i, size_t *j);
+/* Insert a copy of elem at its place (the caller removed what it overlaps). Returns the stored
+ * element, or NULL when the table cannot grow (nothing inserted). */
+void *itable_insert(struct itable *t, const void *elem);
+/* Remove the elements [i, j). */
+void itable_erase(struct itable *t, size_t i, size_t j);
+
+#endif

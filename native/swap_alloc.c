@@ -1,0 +1,531 @@
+/*
+ * The allocator of swap mode (swap_state.h; docs/swap.md "Stream-ordered blocks"). cuMemAlloc_v2
+ * blocks and stream-ordered ones (cuMemAllocAsync, cuMemAllocFromPoolAsync on a pool the shim
+ * serves) of at least min_swap_bytes are swap blocks: a reservation, physical memory mapped at it.
+ *
+ * A stream-ordered block freed by cuMemFreeAsync stays cached by size class (its reserved bytes),
+ * its reservation and physical memory kept: reused on the stream that freed it at once (stream
+ * order), on another only once the event recorded at the free has completed (C20). The steady
+ * state of a training loop then makes no cuMemCreate, cuMemRelease, cuMemAddressReserve or
+ * cuMemMap. Cached memory counts against the budget, and is trimmed first (cache_trim) when the
+ * device would pass it, on cuMemPoolTrimTo of its pool, and when the device is out of memory.
+ * A cuMemAlloc block is given back whole at its free, as the real cuMemFree does.
+ *
+ * Pools: the default pool of a device and pools made by cuMemPoolCreate device-located and not
+ * exportable are served; the used/reserved attributes of such a pool count the shim's blocks as
+ * its own (torch.cuda.memory_allocated() under backend:cudaMallocAsync reads them).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "swap_state.h"
+
+/* The block cache: free stream-ordered blocks by size class (reserved bytes), each with its
+ * reservation and usually its physical memory still mapped (spare handles: swap_vmm.c). */
+static struct sblock **g_cache; /* sorted by vsize, the newest of a class last */
+static size_t g_ncache, g_capcache;
+
+/* ---- pools whose blocks the shim serves (default pools, and pools created device-located and
+ * not exportable), and what their queries add for the shim's blocks ---- */
+#define MAX_POOLS 32
+struct pool_acct {
+    CUmemoryPool pool;
+    int device;
+    int eligible;
+    uint64_t used, reserved, used_high, reserved_high; /* the shim's blocks of this pool, bytes */
+};
+static struct pool_acct g_pools[MAX_POOLS];
+static int g_npools;
+static int g_noted_nogrow, g_noted_capfree, g_noted_pool;
+
+static struct pool_acct *pool_find(CUmemoryPool pool)
+{
+    for (int i = 0; i < g_npools; i++)
+        if (g_pools[i].pool == pool)
+            return &g_pools[i];
+    return NULL;
+}
+
+static struct pool_acct *pool_add(CUmemoryPool pool, int device, int eligible)
+{
+    struct pool_acct *p = pool_find(pool);
+    if (!p && g_npools < MAX_POOLS) {
+        p = &g_pools[g_npools++];
+        memset(p, 0, sizeof *p);
+        p->pool = pool;
+    }
+    if (p) {
+        p->device = device;
+        p->eligible = eligible;
+    }
+    return p;
+}
+
+/* The pool a stream-ordered allocation on device dev is served for, when the shim may serve it
+ * (the device's default pool, or one created device-located and not exportable), else NULL. */
+static struct pool_acct *pool_eligible(CUmemoryPool pool, int from_pool, int dev)
+{
+    if (!from_pool && (!real_cuDeviceGetMemPool || real_cuDeviceGetMemPool(&pool, dev) != CUDA_SUCCESS))
+        return NULL;
+    struct pool_acct *p = pool_find(pool);
+    if (p)
+        return p->eligible && p->device == dev ? p : NULL;
+    CUmemoryPool def = NULL;
+    if (!real_cuDeviceGetDefaultMemPool || real_cuDeviceGetDefaultMemPool(&def, dev) != CUDA_SUCCESS || def != pool)
+        return NULL;
+    return pool_add(pool, dev, 1);
+}
+
+static void pool_count(CUmemoryPool pool, int64_t used, int64_t reserved)
+{
+    struct pool_acct *p = pool ? pool_find(pool) : NULL;
+    if (!p)
+        return;
+    p->used += (uint64_t)used;
+    p->reserved += (uint64_t)reserved;
+    if (p->used > p->used_high)
+        p->used_high = p->used;
+    if (p->reserved > p->reserved_high)
+        p->reserved_high = p->reserved;
+}
+
+static size_t cache_lower(uint64_t vsize)
+{
+    size_t lo = 0, hi = g_ncache;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (g_cache[mid]->vsize < vsize)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static int cache_put(struct sblock *b)
+{
+    if (g_ncache == g_capcache) {
+        size_t cap = g_capcache ? g_capcache * 2 : 256;
+        struct sblock **t = realloc(g_cache, cap * sizeof *t);
+        if (!t)
+            return 0;
+        g_cache = t;
+        g_capcache = cap;
+    }
+    size_t i = cache_lower(b->vsize + 1); /* after its class: the newest last */
+    memmove(&g_cache[i + 1], &g_cache[i], (g_ncache - i) * sizeof *g_cache);
+    g_cache[i] = b;
+    g_ncache++;
+    return 1;
+}
+
+static void cache_drop(size_t i)
+{
+    memmove(&g_cache[i], &g_cache[i + 1], (g_ncache - i - 1) * sizeof *g_cache);
+    g_ncache--;
+}
+
+/* A cached block may be reused on stream s: in stream order on the stream that freed it, on any
+ * other only once the free's event has completed (C20). */
+static int cache_ready(struct sblock *c, CUstream s)
+{
+    if (!c->free_live || c->free_stream == s)
+        return 1;
+    if (real_cuEventQuery(c->free_ev) != CUDA_SUCCESS)
+        return 0;
+    c->free_live = 0;
+    return 1;
+}
+
+/* Take a cached block of vsize for pool on stream s: one still mapped first, else one with only
+ * its reservation. NULL when none is ready. */
+static struct sblock *cache_take(uint64_t vsize, int dev, CUmemoryPool pool, CUstream s)
+{
+    size_t unmapped = SIZE_MAX;
+    for (size_t i = cache_lower(vsize); i < g_ncache && g_cache[i]->vsize == vsize; i++) {
+        struct sblock *c = g_cache[i];
+        if (c->device != dev || c->pool != pool || !cache_ready(c, s))
+            continue;
+        if (c->handle) {
+            cache_drop(i);
+            return c;
+        }
+        if (unmapped == SIZE_MAX)
+            unmapped = i;
+    }
+    if (unmapped == SIZE_MAX)
+        return NULL;
+    struct sblock *c = g_cache[unmapped];
+    cache_drop(unmapped);
+    return c;
+}
+
+static void destroy_block(struct sblock *b)
+{
+    for (int i = 0; i < MAX_USES; i++)
+        if (b->uses[i].ev)
+            real_cuEventDestroy_v2(b->uses[i].ev);
+    if (b->copy_ev)
+        real_cuEventDestroy_v2(b->copy_ev);
+    if (b->mark_ev)
+        real_cuEventDestroy_v2(b->mark_ev);
+    if (b->free_ev)
+        real_cuEventDestroy_v2(b->free_ev);
+    free(b);
+}
+
+/* Give back cached physical memory until `want` bytes are released or none is idle: spare handles
+ * first, then cached blocks whose free has completed (their reservations stay cached). `pool`
+ * non-NULL: only that pool's blocks; keep: one spare handle of that size stays. Returns the bytes released. */
+static uint64_t trim(uint64_t want, CUmemoryPool pool, uint64_t keep)
+{
+    uint64_t got = pool ? 0 : spares_trim(want, keep);
+    for (size_t i = g_ncache; got < want && i-- > 0;) {
+        struct sblock *c = g_cache[i];
+        if (!c->handle || (pool && c->pool != pool) || (c->free_live && real_cuEventQuery(c->free_ev) != CUDA_SUCCESS))
+            continue;
+        c->free_live = 0;
+        if (unmap_block(c) == CUDA_SUCCESS) {
+            pool_count(c->pool, 0, -(int64_t)c->vsize);
+            got += c->vsize;
+        }
+    }
+    return got;
+}
+
+uint64_t cache_trim(uint64_t want, CUmemoryPool pool) { return trim(want, pool, 0); }
+
+uint64_t cache_trim_keeping(uint64_t want, uint64_t keep) { return trim(want, NULL, keep); }
+
+/* The device and granularity of the current context, the copy streams made: 0 when the shim
+ * cannot serve blocks here (another context than the swap blocks', or a query failed). */
+static int alloc_setup(CUdevice *dev)
+{
+    CUcontext ctx = NULL;
+    if (real_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx || real_cuCtxGetDevice(dev) != CUDA_SUCCESS || *dev < 0 ||
+        *dev >= MAX_DEVICES || (g_ctx && g_ctx != ctx))
+        return 0;
+    if (!g_gran[*dev]) {
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof prop);
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = *dev;
+        size_t g = 0;
+        if (real_cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || !g)
+            return 0;
+        g_gran[*dev] = g;
+    }
+    /* the copy streams and the swap-in event, made once (kept across a failure to retry) */
+    if (!g_d2h && real_cuStreamCreate(&g_d2h, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+        g_d2h = NULL;
+    if (!g_h2d && real_cuStreamCreate(&g_h2d, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+        g_h2d = NULL;
+    if (!g_h2d_ev)
+        g_h2d_ev = ev_new();
+    if (!g_d2h || !g_h2d || !g_h2d_ev)
+        return 0;
+    g_ctx = ctx;
+    return 1;
+}
+
+/* A cached block made live again for `size` bytes (g_mu held). Its access is the default again;
+ * a free still pending on s becomes its first use, so a swap-out of it waits for that too. */
+static void revive(struct sblock *b, uint64_t size, uint64_t stamp)
+{
+    uint64_t rw = (1ull << b->device) | g_peers[b->device];
+    b->size = size;
+    b->id = 0;
+    b->flags = 0;
+    b->state = SB_RESIDENT;
+    b->lru = stamp;
+    b->stamp = b->tried = 0;
+    b->inflight = 0;
+    b->marked = 0;
+    forget_uses(b);
+    if (b->free_live) {
+        CUevent e = b->uses[0].ev;
+        b->uses[0] = (struct use){b->free_stream, b->free_ev, 1};
+        b->free_ev = e;
+        b->free_live = 0;
+    }
+    if (b->handle && (b->rw != rw || b->ro)) {
+        b->rw = rw;
+        b->ro = 0;
+        grant(b);
+    }
+    b->rw = rw;
+    b->ro = 0;
+}
+
+/* Serve `size` bytes (g_mu held, setup done): a cached block of its class when one is ready on
+ * stream s (ordered blocks only), else a new reservation; physical memory from a spare handle or
+ * cuMemCreate, under the budget. NULL: the caller uses the driver's allocator. */
+static struct sblock *serve(uint64_t size, int dev, struct pool_acct *pool, CUstream s)
+{
+    size_t gran = g_gran[dev];
+    if (size > SIZE_MAX - gran)
+        return NULL;
+    uint64_t vsize = (size + gran - 1) / gran * gran, stamp = ++g_tick;
+    peers_of(dev);
+    struct sblock *b = pool ? cache_take(vsize, dev, pool->pool, s) : NULL;
+    if (b && b->handle) { /* already mapped and counted: the steady state */
+        revive(b, size, stamp);
+        pool_count(b->pool, (int64_t)size, 0);
+        if (!table_add(b)) {
+            cache_put(b);
+            return NULL;
+        }
+        return b;
+    }
+    hold_budget(vsize, stamp);
+    CUdeviceptr va = b ? b->addr : 0;
+    if (!b) {
+        if (!(b = calloc(1, sizeof *b)))
+            return NULL;
+        if (real_cuMemAddressReserve(&va, vsize, gran, 0, 0) != CUDA_SUCCESS || !va) {
+            free(b);
+            return NULL;
+        }
+        b->addr = va;
+        b->vsize = vsize;
+        b->device = dev;
+        b->ordered = pool != NULL;
+        b->pool = pool ? pool->pool : NULL;
+    }
+    revive(b, size, stamp);
+    CUresult r = map_block(b);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+        cache_trim(UINT64_MAX, NULL);
+        drain_outs();
+        r = map_block(b);
+    }
+    if (r == CUDA_SUCCESS && table_add(b)) {
+        pool_count(b->pool, (int64_t)size, (int64_t)vsize);
+        return b;
+    }
+    if (r == CUDA_SUCCESS)
+        unmap_block(b);
+    if (r != CUDA_SUCCESS && !g_noted_nogrow) {
+        g_noted_nogrow = 1;
+        ring_note("swap.warn=device memory for the shim's blocks cannot grow (CUresult %d at %llu bytes); "
+                  "new blocks go to the driver's allocator and cannot be swapped",
+                  (int)r, (unsigned long long)vsize);
+    }
+    if (b->ordered && cache_put(b))
+        return NULL; /* its reservation stays cached */
+    real_cuMemAddressFree(b->addr, b->vsize);
+    destroy_block(b);
+    return NULL;
+}
+
+int swap_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, int kind, CUstream s)
+{
+    uint64_t min = __atomic_load_n(&g_ctl->min_swap_bytes, __ATOMIC_RELAXED);
+    if (!dptr || size == 0 || size < min)
+        return 0;
+    int unknown = 0;
+    if (kind != SWAP_ALLOC_DRIVER && (capturing(s, &unknown) || unknown))
+        return 0; /* a graph's allocation node belongs to the driver's pool */
+    CUstreamCaptureMode old;
+    int relaxed = relax(&old);
+    pthread_mutex_lock(&g_mu);
+    CUdevice dev = 0;
+    struct sblock *b = NULL;
+    if (alloc_setup(&dev)) {
+        struct pool_acct *p = NULL;
+        if (kind == SWAP_ALLOC_DRIVER || (p = pool_eligible(pool, kind == SWAP_ALLOC_FROM_POOL, (int)dev)))
+            b = serve(size, (int)dev, p, s);
+        else if (!g_noted_pool) {
+            g_noted_pool = 1;
+            ring_note("swap: large stream-ordered blocks of a pool the shim does not serve (exportable, host-located "
+                      "or not made by cuMemPoolCreate) stay the driver's: not swappable");
+        }
+    }
+    if (b)
+        *dptr = b->addr;
+    pthread_mutex_unlock(&g_mu);
+    unrelax(relaxed, old);
+    return b != NULL;
+}
+
+void swap_bind_id(uint64_t addr, uint32_t id)
+{
+    pthread_mutex_lock(&g_mu);
+    struct sblock *b = block_at(addr);
+    if (b && b->addr == addr)
+        b->id = id;
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* Everything of b back to the driver, as the real cuMemFree does. Returns 0 (b untouched) when
+ * its memory cannot be unmapped. */
+static int release_block(struct sblock *b, CUresult *rc)
+{
+    if (b->state != SB_OUT && (*rc = unmap_block(b)) != CUDA_SUCCESS)
+        return 0;
+    *rc = real_cuMemAddressFree(b->addr, b->vsize);
+    destroy_block(b);
+    return 1;
+}
+
+int swap_free(CUdeviceptr dptr, CUstream s, int ordered, CUresult *rc)
+{
+    CUstreamCaptureMode old;
+    int relaxed = relax(&old);
+    pthread_mutex_lock(&g_mu);
+    struct sblock *b = block_at(dptr);
+    if (!b || b->addr != dptr) {
+        pthread_mutex_unlock(&g_mu);
+        unrelax(relaxed, old);
+        return 0;
+    }
+    int pushed = ctx_enter();
+    int unknown = 0;
+    CUresult r = CUDA_SUCCESS;
+    if (ordered && (capturing(s, &unknown) || unknown)) {
+        /* A free captured into a graph runs at each replay, which the shim cannot follow: the
+         * block stays allocated, resident and never swapped (the trace forgets it: the graph's
+         * kernels that use it would not name it) for the rest of the run. */
+        if (!g_noted_capfree) {
+            g_noted_capfree = 1;
+            ring_note("swap: a shim block freed inside a stream capture stays allocated, never swapped");
+        }
+        b->flags |= SBF_NEVER;
+        bring_back(b);
+        pool_count(b->pool, -(int64_t)b->size, 0); /* freed for the application, still reserved */
+        goto out;
+    }
+    table_remove(b);
+    if (b->state == SB_OUT_PENDING)
+        cancel_out(b); /* its copy goes on; reuse is ordered after it below */
+    int copying = b->copy_ev && b->state != SB_OUT && real_cuEventQuery(b->copy_ev) == CUDA_ERROR_NOT_READY;
+    if (ordered && b->ordered && (b->free_ev || (b->free_ev = ev_new())) &&
+        (!copying || real_cuStreamWaitEvent(s, b->copy_ev, 0) == CUDA_SUCCESS) &&
+        real_cuEventRecord(b->free_ev, s) == CUDA_SUCCESS) {
+        /* free at its stream point: reusable on s at once, elsewhere once the event completes */
+        b->free_live = 1;
+        b->free_stream = s;
+    } else {
+        /* Wait for what may still use it: its own last uses, opaque ops, our copy. Never a
+         * device or application-stream synchronisation (C16). */
+        uses_sync(b->uses, MAX_USES);
+        uses_sync(g_fences, MAX_FENCES);
+        if (copying)
+            real_cuEventSynchronize(b->copy_ev);
+        b->free_live = 0;
+    }
+    host_free(b->host, b->size); /* later copies into the slot are ordered after its last one */
+    b->host = NULL;
+    forget_uses(b);
+    if (b->ordered) {
+        pool_count(b->pool, -(int64_t)b->size, b->state == SB_OUT ? -(int64_t)b->vsize : 0);
+        b->state = SB_RESIDENT;
+        if (!cache_put(b)) {
+            if (b->free_live)
+                real_cuEventSynchronize(b->free_ev);
+            b->free_live = 0;
+            if (!release_block(b, &r))
+                pool_count(b->pool, 0, -(int64_t)b->vsize); /* leaked: still mapped, out of every table */
+        }
+    } else if (!release_block(b, &r)) {
+        table_add(b); /* still mapped: keep it, resident */
+        b->state = SB_RESIDENT;
+    }
+out:
+    ctx_leave(pushed);
+    pthread_mutex_unlock(&g_mu);
+    unrelax(relaxed, old);
+    *rc = r;
+    return 1;
+}
+
+/* ---- pool queries ---- */
+
+void swap_pool_created(CUmemoryPool pool, const CUmemPoolProps *props)
+{
+    /* served by the shim: device memory no other process can import (XLA's own pool, a user's) */
+    int ok = props && props->allocType == CU_MEM_ALLOCATION_TYPE_PINNED &&
+             props->location.type == CU_MEM_LOCATION_TYPE_DEVICE && props->handleTypes == CU_MEM_HANDLE_TYPE_NONE &&
+             props->location.id >= 0 && props->location.id < MAX_DEVICES;
+    pthread_mutex_lock(&g_mu);
+    pool_add(pool, ok ? props->location.id : -1, ok);
+    pthread_mutex_unlock(&g_mu);
+}
+
+void swap_pool_destroyed(CUmemoryPool pool)
+{
+    CUstreamCaptureMode old;
+    int relaxed = relax(&old);
+    pthread_mutex_lock(&g_mu);
+    struct pool_acct *p = pool_find(pool);
+    if (p) {
+        p->eligible = 0;
+        int pushed = ctx_enter();
+        for (size_t i = g_ncache; i-- > 0;) {
+            struct sblock *c = g_cache[i];
+            if (c->pool != pool)
+                continue;
+            if (c->free_live)
+                real_cuEventSynchronize(c->free_ev);
+            c->free_live = 0;
+            CUresult r;
+            cache_drop(i);
+            if (!release_block(c, &r))
+                cache_put(c);
+        }
+        ctx_leave(pushed);
+    }
+    pthread_mutex_unlock(&g_mu);
+    unrelax(relaxed, old);
+}
+
+void swap_pool_attr(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    pthread_mutex_lock(&g_mu);
+    struct pool_acct *p = pool_find(pool);
+    cuuint64_t *v = value;
+    if (p && v) {
+        /* the shim's blocks counted as the pool's; a high mark is the sum of both marks (an upper
+         * bound: the two need not peak at once) */
+        if (attr == CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+            *v += p->used;
+        else if (attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH)
+            *v += p->used_high;
+        else if (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
+            *v += p->reserved;
+        else if (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
+            *v += p->reserved_high;
+    }
+    pthread_mutex_unlock(&g_mu);
+}
+
+void swap_pool_reset_high(CUmemoryPool pool, CUmemPool_attribute attr)
+{
+    pthread_mutex_lock(&g_mu);
+    struct pool_acct *p = pool_find(pool);
+    if (p && attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH)
+        p->used_high = p->used;
+    else if (p && attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
+        p->reserved_high = p->reserved;
+    pthread_mutex_unlock(&g_mu);
+}
+
+void swap_pool_trim(CUmemoryPool pool, size_t keep)
+{
+    CUstreamCaptureMode old;
+    int relaxed = relax(&old);
+    pthread_mutex_lock(&g_mu);
+    struct pool_acct *p = pool_find(pool);
+    uint64_t cached = 0;
+    for (size_t i = 0; p && i < g_ncache; i++)
+        if (g_cache[i]->pool == pool && g_cache[i]->handle)
+            cached += g_cache[i]->vsize;
+    if (p && p->reserved > keep && cached) {
+        int pushed = ctx_enter();
+        cache_trim(p->reserved - keep, pool);
+        ctx_leave(pushed);
+    }
+    pthread_mutex_unlock(&g_mu);
+    unrelax(relaxed, old);
+}

@@ -1,0 +1,110 @@
+/*
+ * The eviction policy and the budget of swap mode (swap_state.h): which block goes out when the
+ * device would pass the budget (Belady's choice by the plan's IDLE hints, else the least recently
+ * used), and the waits that keep physical memory under it.
+ */
+#include "swap_state.h"
+
+static int g_noted_budget;
+
+static struct sblock *pick_victim(uint64_t stamp, uint64_t round)
+{
+    struct sblock *v = NULL, *busy = NULL;
+    int64_t pos = plan_hint_position();
+    if (pos >= 0) {
+        /* Belady's choice on the learned iteration: the block idle the longest from here */
+        uint32_t best = 0;
+        for (size_t i = 0; i < g_tab.n; i++) {
+            struct sblock *b = block_of(i);
+            if (b->state != SB_RESIDENT || !swappable(b) || b->stamp == stamp || b->tried == round)
+                continue;
+            uint32_t d = idle_for(b, pos);
+            if (d > best) {
+                best = d;
+                v = b;
+            }
+        }
+        if (v) {
+            v->tried = round;
+            return v;
+        }
+    }
+    for (size_t i = 0; i < g_tab.n; i++) {
+        struct sblock *b = block_of(i);
+        if (b->state != SB_RESIDENT || !swappable(b) || b->stamp == stamp || b->tried == round)
+            continue;
+        if (v && b->lru >= v->lru)
+            continue;
+        if (uses_idle(b->uses, MAX_USES))
+            v = b;
+        else if (!busy || b->lru < busy->lru)
+            busy = b;
+    }
+    if (!v)
+        v = busy;
+    if (v)
+        v->tried = round;
+    return v;
+}
+
+/* Free at least `need` bytes of device memory now: cached memory first, finish swap-outs in
+ * flight, then evict idle blocks and wait for their copies (on the device-to-host stream). */
+void make_room(uint64_t need, uint64_t stamp)
+{
+    uint64_t before = g_mapped + g_spare_bytes, round = ++g_tick;
+    cache_trim(need, NULL);
+    drain_outs();
+    while (before - g_mapped - g_spare_bytes + g_leaving < need) {
+        struct sblock *v = pick_victim(stamp, round);
+        if (!v)
+            break;
+        swap_out(v);
+    }
+    drain_outs();
+}
+
+/* Keep mapped bytes (less those on their way out) plus `need` under the budget by swapping out
+ * the least recently used blocks: before a plan exists this is the whole policy; under a plan,
+ * the safety net for a plan whose swap-outs come later than predicted. */
+void evict_for_budget(uint64_t need, uint64_t stamp)
+{
+    uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED);
+    if (!budget || resident_bytes() + need <= budget)
+        return;
+    cache_trim(resident_bytes() + need - budget, NULL); /* free cached memory before live blocks */
+    uint64_t round = ++g_tick;
+    while (resident_bytes() + need > budget) {
+        struct sblock *v = pick_victim(stamp, round);
+        if (!v)
+            break;
+        swap_out(v);
+    }
+    if (resident_bytes() + need > budget && !g_noted_budget) {
+        uint64_t op = need; /* the op's own blocks: none of them can go out for it */
+        for (size_t i = 0; i < g_tab.n; i++)
+            if (block_of(i)->stamp == stamp)
+                op += block_of(i)->vsize;
+        if (op > budget) {
+            g_noted_budget = 1;
+            ring_note("swap.warn=the budget (%llu bytes) is below what one op needs at once (%llu bytes of "
+                      "swappable blocks); the device goes over it there",
+                      (unsigned long long)budget, (unsigned long long)op);
+        }
+    }
+}
+
+/* Before mapping `need` bytes: evict for the budget, and when the memory of the swap-outs still
+ * in flight would put the device over it, wait for them (the device-to-host stream only: they wait for
+ * their blocks' last uses, never for unrelated work). Physical memory then stays under the
+ * budget, not only the bytes the executor counts. */
+void hold_budget(uint64_t need, uint64_t stamp)
+{
+    evict_for_budget(need, stamp);
+    uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED);
+    if (budget && g_out_pending && resident_bytes() + g_leaving + need > budget)
+        drain_outs();
+    /* spares the drained swap-outs kept: one of `need` bytes is the memory the caller maps next */
+    uint64_t keep = spare_bytes_of(need) ? need : 0, now = resident_bytes() - keep + need;
+    if (budget && now > budget)
+        cache_trim_keeping(now - budget, keep);
+}

@@ -1,0 +1,118 @@
+/*
+ * The release thread of swap mode (swap_state.h): the physical memory of swap-outs whose copy
+ * has completed goes back (or stays as a spare handle) without waiting for the next op.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "swap_state.h"
+
+static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
+static int g_releaser;      /* 1: started; -1: off (PYOBMEM_RELEASER=0, or it could not start) */
+static int g_releaser_stop; /* set at exit: the thread makes no driver call after it */
+
+/* OUT_PENDING blocks whose copy has completed: release their physical memory. */
+void poll_releases(void)
+{
+    for (size_t i = 0; i < g_tab.n && g_out_pending; i++) {
+        struct sblock *b = block_of(i);
+        if (b->state != SB_OUT_PENDING)
+            continue;
+        CUresult q = real_cuEventQuery(b->copy_ev);
+        if (q == CUDA_ERROR_NOT_READY)
+            continue;
+        g_leaving -= b->vsize; /* unmap_block_keep weighs the spare against the budget without it */
+        CUresult u = q == CUDA_SUCCESS ? unmap_block_keep(b, 1) : q;
+        g_leaving += b->vsize;
+        if (u != CUDA_SUCCESS) {
+            cancel_out(b); /* keep it resident; the host copy is dropped */
+            continue;
+        }
+        b->state = SB_OUT;
+        g_out_pending--;
+        g_leaving -= b->vsize;
+        forget_uses(b);
+        emit_swap(PYOBMEM_EV_SWAP_OUT, 0, b, shim_now_ns() - b->t_issue);
+    }
+}
+
+/* The release thread: while swap-outs are in flight it polls their copy events every 100 us and
+ * releases the memory of those done. Without it a block is released at the first op the host
+ * issues after its copy ends, and a host waiting in loss.item() at the end of an iteration
+ * issues none: the memory of everything swapped out during the backward pass would stay mapped
+ * until the next iteration. It never waits in the driver (cuEventQuery only), runs with the
+ * RELAXED capture mode, and stops calling the driver at exit. */
+static void *releaser(void *arg)
+{
+    (void)arg;
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    real_cuThreadExchangeStreamCaptureMode(&mode);
+    struct timespec nap = {0, 100000};
+    pthread_mutex_lock(&g_mu);
+    int pushed = ctx_enter();
+    while (!g_releaser_stop) {
+        if (!g_out_pending) {
+            pthread_cond_wait(&g_cv, &g_mu);
+            continue;
+        }
+        poll_releases();
+        pthread_mutex_unlock(&g_mu);
+        nanosleep(&nap, NULL);
+        pthread_mutex_lock(&g_mu);
+    }
+    (void)pushed; /* the context stays current on this thread until the process ends */
+    pthread_mutex_unlock(&g_mu);
+    return NULL;
+}
+
+static void releaser_exit(void)
+{
+    if (g_releaser <= 0) /* a fork child inherits the handler, not the thread */
+        return;
+    pthread_mutex_lock(&g_mu);
+    g_releaser_stop = 1;
+    pthread_cond_signal(&g_cv);
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* Start the thread at the first swap-out (g_mu held); wake it at every one. */
+void releaser_kick(void)
+{
+    if (!g_releaser) {
+        const char *env = getenv(PYOBMEM_ENV_RELEASER);
+        pthread_t t;
+        pthread_attr_t attr;
+        g_releaser = -1;
+        if ((!env || strcmp(env, "0") != 0) && pthread_attr_init(&attr) == 0) {
+            sigset_t all, old;
+            sigfillset(&all);
+            pthread_sigmask(SIG_SETMASK, &all, &old); /* the application's signals never land on it */
+            pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+            if (pthread_create(&t, &attr, releaser, NULL) == 0) {
+                g_releaser = 1;
+                atexit(releaser_exit);
+            }
+            pthread_sigmask(SIG_SETMASK, &old, NULL);
+            pthread_attr_destroy(&attr);
+        }
+    }
+    if (g_releaser > 0)
+        pthread_cond_signal(&g_cv);
+}
+
+/* Finish every swap-out in flight (synchronise the device-to-host stream only) and release. */
+void drain_outs(void)
+{
+    if (g_out_pending && real_cuStreamSynchronize(g_d2h) == CUDA_SUCCESS)
+        poll_releases();
+}
+
+void releaser_atfork_child(void)
+{
+    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+    g_cv = cv;
+    g_releaser = -1; /* no thread in the child, and none to start */
+}

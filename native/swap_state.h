@@ -1,0 +1,178 @@
+/*
+ * The swap executor's shared state (swap mode; private to native/swap*.c). Who does what:
+ *
+ *   swap.c          the control file, the executor's lock and small helpers, the table of swap
+ *                   blocks (an interval table), last-use events and fences, the pointer-query,
+ *                   IPC and access entry points, fork
+ *   swap_alloc.c    the allocator: cuMemAlloc_v2 and stream-ordered blocks, the size-class
+ *                   cache of freed blocks, the pools the shim serves and their queries
+ *   swap_vmm.c      VMM mapping: reserve-free physical memory, access grants, spare handles
+ *   swap_copy.c     the executor: swap-outs and swap-ins on the two copy streams, ops begun
+ *                   and ended (swap_op_begin / swap_op_end)
+ *   swap_release.c  the release thread: physical memory of finished swap-outs given back
+ *   swap_evict.c    the eviction policy and the budget
+ *   swap_plan.c     plan following: adoption, positions, planned actions, IDLE hints
+ *   swap_host.c     the pinned host pool and host slots
+ *
+ * Everything below is guarded by g_mu unless it says otherwise.
+ */
+#ifndef PYOBMEM_SWAP_STATE_H
+#define PYOBMEM_SWAP_STATE_H
+
+#include <pthread.h>
+
+#include "intervals.h"
+#include "shim.h"
+
+enum { SB_RESIDENT, SB_OUT_PENDING, SB_OUT, SB_IN_PENDING };
+
+#define SBF_NEVER 1u      /* IPC-exported: never swapped */
+#define SBF_OPAQUE 2u     /* named by an opaque op: never swapped */
+#define SBF_LOST 4u       /* its uses could not be tracked: never swapped */
+#define SBF_PREFETCHED 8u /* IN_PENDING because of a planned prefetch */
+
+#define MAX_USES 8        /* streams tracked per block between two swaps */
+#define MAX_FENCES 32     /* streams with an opaque op in flight */
+#define MAX_DEVICES 64
+
+struct use {
+    CUstream stream;
+    CUevent ev;
+    int live;
+};
+
+struct sblock {
+    uint64_t addr, size, vsize; /* address given to the app, bytes asked, bytes reserved/mapped */
+    uint32_t id;                /* block id of the trace (ALLOC record) */
+    int device;
+    unsigned flags;
+    int state;
+    CUmemGenericAllocationHandle handle; /* while mapped */
+    uint64_t rw, ro;            /* devices with read-write / read-only access (bit = ordinal) */
+    struct use uses[MAX_USES];
+    CUevent copy_ev;            /* last copy of this block (on g_d2h or g_h2d) */
+    int copy_h2d;               /* that copy is a swap-in (it reads the host slot) */
+    CUevent mark_ev;            /* the plan's MARK for its next prefetch (valid while marked) */
+    int marked;
+    void *host;                 /* its host slot, kept from the first swap-out until it is freed */
+    uint64_t t_issue;           /* ns when the last copy was issued */
+    uint64_t lru;               /* op stamp of the last op touching it */
+    uint64_t stamp;             /* op stamp: the op being prepared touches it (never evicted for it) */
+    uint64_t tried;             /* eviction round that already tried it */
+    unsigned inflight;          /* ops between swap_op_begin and swap_op_end naming it: never out */
+    /* stream-ordered blocks (served for cuMemAllocAsync / cuMemAllocFromPoolAsync) */
+    int ordered;                /* 1: a stream-ordered block, cached at its free (a cuMemAlloc block: 0) */
+    CUmemoryPool pool;          /* the pool it was asked of (counted in that pool's queries) */
+    CUevent free_ev;            /* cached: recorded at the free's stream point, pending while free_live */
+    CUstream free_stream;
+    int free_live;
+};
+
+/* ---- swap.c: state and helpers ---- */
+extern pthread_mutex_t g_mu;
+extern struct pyobmem_control *g_ctl;
+extern CUcontext g_ctx;   /* the context of the swap blocks */
+/* The shim's copy streams in it (non-blocking), one per copy engine: swap-outs on g_d2h,
+ * swap-ins and prefetches on g_h2d, so both directions run at once. g_h2d_ev: recorded after
+ * every swap-in, so that a swap-out into a host slot another copy may still read waits for it. */
+extern CUstream g_d2h, g_h2d;
+extern CUevent g_h2d_ev;
+/* The live swap blocks: struct span elements, by address. */
+struct span {
+    uint64_t start, end; /* [addr, addr + vsize) */
+    struct sblock *b;
+};
+extern struct itable g_tab;
+static inline struct sblock *block_of(size_t i) { return ((struct span *)itable_at(&g_tab, i))->b; }
+extern uint64_t g_tick;          /* op stamps and eviction rounds */
+extern uint64_t g_mapped;        /* vsize of blocks with physical memory mapped (cached ones too) */
+extern uint64_t g_swap_bytes;    /* size of the blocks in g_tab */
+extern uint64_t g_leaving;       /* vsize of OUT_PENDING blocks */
+extern unsigned g_out_pending;
+extern struct use g_fences[MAX_FENCES];
+extern int g_fences_lost;        /* a fence could not be kept: no more swap-outs */
+extern size_t g_gran[MAX_DEVICES];
+/* Ops between swap_op_begin and swap_op_end that may touch any block (opaque or overflowing):
+ * while one is, nothing goes out (another thread's eviction could unmap what it is about to use). */
+extern unsigned g_inflight_all;
+
+CUevent ev_new(void);
+int ctx_enter(void);
+void ctx_leave(int pushed);
+/* This thread's capture mode -> RELAXED for the shim's own calls, restored after. */
+int relax(CUstreamCaptureMode *old);
+void unrelax(int did, CUstreamCaptureMode old);
+/* Whether s is capturing; *unknown when the driver cannot say (e.g. the legacy stream while
+ * another thread captures). */
+int capturing(CUstream s, int *unknown);
+int swappable(const struct sblock *b);
+void emit_swap(uint16_t type, uint16_t cause, const struct sblock *b, uint64_t dur);
+struct sblock *block_at(uint64_t addr);
+int table_add(struct sblock *b);
+void table_remove(struct sblock *b);
+/* Device bytes the budget sees now (see swap.c). */
+uint64_t resident_bytes(void);
+/* Last-use events (one slot per stream) and fences. */
+int uses_record(struct use *u, int n, CUstream s);
+int uses_idle(struct use *u, int n);
+int uses_wait(struct use *u, int n, CUstream s);
+void uses_sync(struct use *u, int n);
+void forget_uses(struct sblock *b);
+/* Bring b back now if it is out or leaving, synchronously on the copy streams. */
+void bring_back(struct sblock *b);
+
+/* ---- swap_host.c ---- */
+void *host_alloc(size_t n);
+void host_free(void *ptr, size_t n);
+/* b's host slot for a swap-out: a new one, or one taken from a resident block (its copy is stale). */
+void *host_slot(struct sblock *b);
+
+/* ---- swap_vmm.c ---- */
+extern uint64_t g_peers[MAX_DEVICES];
+extern uint64_t g_spare_bytes;   /* physical memory of the spare handles */
+void peers_of(int device);
+CUresult grant(const struct sblock *b);
+/* Create (or take a spare), map and grant access: all or nothing. */
+CUresult map_block(struct sblock *b);
+/* Unmap and release (keep: or keep the handle as a spare while the budget has room). */
+CUresult unmap_block_keep(struct sblock *b, int keep);
+CUresult unmap_block(struct sblock *b);
+/* Release spare handles until `want` bytes are given back, keeping one of `keep` bytes (0: none);
+ * returns the bytes released. */
+uint64_t spares_trim(uint64_t want, uint64_t keep);
+/* vsize when a spare handle of vsize bytes exists, else 0. */
+uint64_t spare_bytes_of(uint64_t vsize);
+
+/* ---- swap_copy.c ---- */
+void cancel_out(struct sblock *b);
+int swap_out(struct sblock *b);
+CUresult swap_in(struct sblock *b, int planned, uint64_t stamp);
+CUresult finish_in(struct sblock *b, const struct swap_op *op, int demand);
+/* Make b usable by op (NULL op: synchronously, no consumer stream). */
+CUresult make_usable(struct sblock *b, const struct swap_op *op, uint64_t stamp);
+
+/* ---- swap_release.c ---- */
+void poll_releases(void);
+void releaser_kick(void);
+void drain_outs(void);
+void releaser_atfork_child(void);
+
+/* ---- swap_evict.c ---- */
+void evict_for_budget(uint64_t need, uint64_t stamp);
+void hold_budget(uint64_t need, uint64_t stamp);
+void make_room(uint64_t need, uint64_t stamp);
+
+/* ---- swap_plan.c ---- */
+/* The position of the op with `key` in the followed plan, or -1. */
+int64_t plan_step(uint64_t key);
+void run_actions(int64_t pos, uint16_t kind, uint64_t stamp, CUstream s);
+/* The position IDLE hints are read at (the next op's), or -1 when there are none to follow. */
+int64_t plan_hint_position(void);
+uint32_t idle_for(const struct sblock *b, int64_t pos);
+
+/* ---- swap_alloc.c ---- */
+uint64_t cache_trim(uint64_t want, CUmemoryPool pool);
+/* cache_trim of every pool, keeping one spare handle of `keep` bytes (see hold_budget). */
+uint64_t cache_trim_keeping(uint64_t want, uint64_t keep);
+
+#endif

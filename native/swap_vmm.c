@@ -1,0 +1,152 @@
+/*
+ * VMM mapping for swap mode (swap_state.h): physical memory created (or taken from a spare
+ * handle), mapped at a block's reservation and its access granted again to every device that had
+ * it (C17); unmapped exactly as mapped. Spare handles: the physical memory of finished swap-outs,
+ * kept while the budget has room, so that swap-ins and new blocks of their size make no
+ * cuMemCreate.
+ */
+#include <string.h>
+
+#include "swap_state.h"
+
+#define MAX_SPARES 256
+
+uint64_t g_peers[MAX_DEVICES];
+static int g_peers_known[MAX_DEVICES];
+struct spare {
+    CUmemGenericAllocationHandle h;
+    uint64_t vsize;
+    int device;
+};
+static struct spare g_spares[MAX_SPARES];
+static size_t g_nspares;
+uint64_t g_spare_bytes;
+static int g_noted_nomem;
+
+void peers_of(int device)
+{
+    if (device < 0 || device >= MAX_DEVICES || g_peers_known[device])
+        return;
+    g_peers_known[device] = 1;
+    int n = 0;
+    if (!real_cuDeviceGetCount || real_cuDeviceGetCount(&n) != CUDA_SUCCESS)
+        return;
+    for (int p = 0; p < n && p < MAX_DEVICES; p++) {
+        int can = 0;
+        if (p != device && real_cuDeviceCanAccessPeer &&
+            real_cuDeviceCanAccessPeer(&can, (CUdevice)p, (CUdevice)device) == CUDA_SUCCESS && can)
+            g_peers[device] |= 1ull << p;
+    }
+}
+
+CUresult grant(const struct sblock *b)
+{
+    CUmemAccessDesc d[2 * MAX_DEVICES];
+    size_t n = 0;
+    for (int i = 0; i < MAX_DEVICES; i++) {
+        uint64_t bit = 1ull << i;
+        if (!((b->rw | b->ro) & bit))
+            continue;
+        memset(&d[n], 0, sizeof d[n]);
+        d[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        d[n].location.id = i;
+        d[n].flags = (b->rw & bit) ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ;
+        n++;
+    }
+    return n ? real_cuMemSetAccess(b->addr, b->vsize, d, n) : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* A spare handle of exactly vsize bytes on device, or 0. */
+static CUmemGenericAllocationHandle spare_take(uint64_t vsize, int device)
+{
+    for (size_t i = g_nspares; i-- > 0;)
+        if (g_spares[i].vsize == vsize && g_spares[i].device == device) {
+            CUmemGenericAllocationHandle h = g_spares[i].h;
+            g_spares[i] = g_spares[--g_nspares];
+            g_spare_bytes -= vsize;
+            return h;
+        }
+    return 0;
+}
+
+static void release_handle(CUmemGenericAllocationHandle h)
+{
+    if (real_cuMemRelease(h) != CUDA_SUCCESS && !g_noted_nomem) {
+        g_noted_nomem = 1;
+        ring_note("swap: cuMemRelease failed; device memory leaked");
+    }
+}
+
+/* Create (or take a spare), map and grant access: all or nothing. */
+CUresult map_block(struct sblock *b)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = b->device;
+    CUmemGenericAllocationHandle h = spare_take(b->vsize, b->device);
+    CUresult r = h ? CUDA_SUCCESS : real_cuMemCreate(&h, b->vsize, &prop, 0);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = real_cuMemMap(b->addr, b->vsize, 0, h, 0);
+    if (r != CUDA_SUCCESS) {
+        real_cuMemRelease(h);
+        return r;
+    }
+    r = grant(b);
+    if (r != CUDA_SUCCESS) {
+        real_cuMemUnmap(b->addr, b->vsize);
+        real_cuMemRelease(h);
+        return r;
+    }
+    b->handle = h;
+    g_mapped += b->vsize;
+    return CUDA_SUCCESS;
+}
+
+/* Unmap exactly what was mapped, then release the handle, or keep it as a spare (keep = 1) when
+ * the budget has room for it: the next swap-in or block of its size maps it without a
+ * cuMemCreate. */
+CUresult unmap_block_keep(struct sblock *b, int keep)
+{
+    CUresult r = real_cuMemUnmap(b->addr, b->vsize);
+    if (r != CUDA_SUCCESS)
+        return r;
+    g_mapped -= b->vsize;
+    uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED);
+    if (keep && budget && g_nspares < MAX_SPARES && resident_bytes() + g_leaving + b->vsize <= budget) {
+        g_spares[g_nspares++] = (struct spare){b->handle, b->vsize, b->device};
+        g_spare_bytes += b->vsize;
+    } else {
+        release_handle(b->handle);
+    }
+    b->handle = 0;
+    return CUDA_SUCCESS;
+}
+
+CUresult unmap_block(struct sblock *b) { return unmap_block_keep(b, 0); }
+
+uint64_t spares_trim(uint64_t want, uint64_t keep)
+{
+    uint64_t got = 0;
+    for (size_t i = g_nspares; got < want && i-- > 0;) {
+        if (keep && g_spares[i].vsize == keep) {
+            keep = 0; /* the one spare of that size stays */
+            continue;
+        }
+        release_handle(g_spares[i].h);
+        g_spare_bytes -= g_spares[i].vsize;
+        got += g_spares[i].vsize;
+        g_spares[i] = g_spares[--g_nspares];
+    }
+    return got;
+}
+
+uint64_t spare_bytes_of(uint64_t vsize)
+{
+    for (size_t i = 0; i < g_nspares; i++)
+        if (g_spares[i].vsize == vsize)
+            return vsize;
+    return 0;
+}

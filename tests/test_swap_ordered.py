@@ -1,0 +1,170 @@
+"""The shim as a stream-ordered allocator in swap mode (docs/swap.md "Stream-ordered blocks"), on the
+fake driver (tests/fake_cuda/fake_vmm.inc; scenarios in tests/fake_cuda/swap_driver.c).
+
+cuMemAllocAsync / cuMemAllocFromPoolAsync of at least min_swap_bytes (1 MiB here) on the default
+pool or on a pool created device-located and not exportable are served from the shim's VMM blocks,
+cached by size class after cuMemFreeAsync; the fake counts every cuMemCreate, cuMemRelease,
+cuMemAddressReserve and cuMemMap, and answers a pool's used/reserved attributes with
+FAKE_POOL_USED / FAKE_POOL_RESERVED so that what the shim adds is exact."""
+
+import pytest
+
+from pyobmem.abi import AllocKind, Ev, SwapInCause
+from test_swap_shim import GRAN, LEN, MIB, VMM_BASE, fake, no_misbehaviour, roundtrip_plan, run_swap  # noqa: F401
+
+POOL_USED, POOL_RESERVED = 1000, 5000
+VLEN = 3 * GRAN  # LEN reserved and mapped: three granules
+
+
+@pytest.fixture
+def ordered(fake, tmp_path):  # noqa: F811
+    return run_swap(fake, tmp_path, "ordered",
+                    env={"FAKE_POOL_USED": str(POOL_USED), "FAKE_POOL_RESERVED": str(POOL_RESERVED)})
+
+
+def served(addr):
+    return VMM_BASE <= addr < 0x30000000000
+
+
+def test_async_allocation_is_a_shim_block_counted_as_the_pools(ordered):
+    run = ordered
+    assert run.out["x_rc"] == 0 and served(run.out["x"])
+    assert run.out["bad_x"] == 0
+    # torch.cuda.memory_allocated() / memory_reserved() read these under cudaMallocAsync
+    assert run.out["used_live"] == POOL_USED + LEN
+    assert run.out["reserved_live"] == POOL_RESERVED + VLEN
+    allocs = run.of(Ev.ALLOC)
+    assert int(allocs["e"][0]) == AllocKind.ASYNC and int(allocs["b"][0]) == run.out["x"]
+    no_misbehaviour(run)
+
+
+def test_steady_state_reuses_the_cached_block_without_driver_vmm_calls(ordered):
+    run = ordered
+    assert run.out["steady_same"] == 20
+    for call in ("create", "reserve", "release", "map"):
+        assert run.out[f"steady_{call}"] == 0, call
+    # freed: no longer used, still reserved (cached, as the driver's pool keeps freed memory)
+    assert run.out["used_cached"] == POOL_USED
+    assert run.out["reserved_cached"] == POOL_RESERVED + VLEN
+    assert run.out["used_high"] == POOL_USED + LEN
+
+
+def test_free_takes_effect_at_its_stream_point(ordered):
+    """C20: a block freed on S1 behind work not yet run is reused on S1 at once (stream order),
+    never on another stream until the free's event has completed."""
+    run = ordered
+    assert run.out["y_reused"] == 1
+    assert run.out["z_other"] == 1 and run.out["z_served"] == 1
+    assert run.out["w_same_stream"] == 1
+    assert run.out["v_after_event"] == 1
+    no_misbehaviour(run)
+
+
+def test_captured_small_and_foreign_pool_allocations_go_to_the_driver(ordered):
+    run = ordered
+    assert run.out["cap_rc"] == 0 and 0 < run.out["cap"] < VMM_BASE and run.out["cap_free_rc"] == 0
+    assert run.out["small_rc"] == 0 and 0 < run.out["small"] < VMM_BASE
+    # a shim block freed inside a capture (the graph would free it at each replay): kept, mapped
+    assert run.out["kept_free_rc"] == 0 and run.out["kept_mapped"] == 1 and run.out["kept_not_reused"] == 1
+    assert sum(n.startswith("swap: a shim block freed inside a stream capture") for n in run.notes()) == 1
+    # pool 0: device-located, not exportable (served); 1: exportable; 2: host-located; 3: not
+    # made through cuMemPoolCreate (unknown)
+    assert [run.out[f"pool{i}_rc"] for i in range(4)] == [0] * 4
+    assert served(run.out["pool0"])
+    assert [served(run.out[f"pool{i}"]) for i in (1, 2, 3)] == [False] * 3
+    assert run.out["pool0_used"] == POOL_USED + LEN
+    assert run.out["default_used_with_pool0"] == POOL_USED  # counted in its own pool only
+    assert sum(n.startswith("swap: large stream-ordered blocks of a pool the shim does not serve") for n in
+               run.notes()) == 1
+    no_misbehaviour(run)
+
+
+def test_trim_releases_cached_memory_and_keeps_reservations(ordered):
+    run = ordered
+    assert run.out["trim_pool0_handles"] == 1
+    assert run.out["pool0_reserved_trimmed"] == POOL_RESERVED
+    # the default pool's cache: x's block, z's and k2's (freed, their events complete); k, freed
+    # inside a capture, stays
+    assert run.out["trim_default_handles"] == 3
+    assert run.out["reserved_trimmed"] == POOL_RESERVED + 4 * GRAN  # k's 8 MiB
+    # the cached reservation is reused: one cuMemCreate and one map, no new reservation
+    assert run.out["after_trim_reused"] == 1
+    assert (run.out["after_trim_create"], run.out["after_trim_reserve"], run.out["after_trim_map"]) == (1, 0, 1)
+    assert run.out["bad_after_trim"] == 0
+
+
+def test_device_full_falls_back_to_the_driver_once_noted(fake, tmp_path):  # noqa: F811
+    """9 MiB of device: x (6 MiB mapped) is served; y, then z (4 MiB mapped each) cannot be, and
+    go to the driver's allocator, which still has room for their 2 MiB + 1 bytes."""
+    run = run_swap(fake, tmp_path, "ordered_full", env={"FAKE_DEVICE_BYTES": str(9 * MIB)})
+    assert (run.out["x_rc"], run.out["y_rc"], run.out["y_free_rc"], run.out["z_rc"]) == (0, 0, 0, 0)
+    assert served(run.out["x"]) and not served(run.out["y"]) and not served(run.out["z"])
+    warn = [n for n in run.notes() if n.startswith("swap.warn=device memory for the shim's blocks cannot grow")]
+    assert len(warn) == 1, run.notes()
+    no_misbehaviour(run)
+
+
+def test_stream_ordered_block_swapped_out_and_in_20_times_keeps_every_byte(fake, tmp_path):  # noqa: F811
+    """The 20-round-trip test on blocks from cuMemAllocAsync: same bytes, same causes; freed with
+    cuMemFreeAsync they stay cached (reserved and mapped), unlike cuMemAlloc blocks."""
+    run = run_swap(fake, tmp_path, "roundtrip", 20, "ordered", plans={1: roundtrip_plan})
+    a, b = run.out["a"], run.out["b"]
+    assert served(a) and served(b)
+    allocs = run.of(Ev.ALLOC)
+    assert allocs["e"].tolist() == [AllocKind.ASYNC] * 2 + [AllocKind.DRIVER]
+    assert run.out["bad_a"] == 0 and run.out["bad_b"] == 0
+    ida = run.block_id(a)
+    assert run.swaps(Ev.SWAP_OUT)["a"].tolist() == [ida] * 20
+    ins = run.swaps(Ev.SWAP_IN)
+    assert ins["a"].tolist() == [ida] * 20
+    assert ins["flags"].tolist() == [SwapInCause.PREFETCH if i % 2 else SwapInCause.LATE for i in range(1, 20)] + [
+        SwapInCause.DEMAND]
+    assert (run.out["free_a_rc"], run.out["free_b_rc"], run.out["free_t_rc"]) == (0, 0, 0)
+    assert run.out["after_free_handles"] == 2 and run.out["after_free_reservations"] == 2
+    assert run.of(Ev.FREE)["b"].tolist() == [a, b, run.out["t"]]
+    no_misbehaviour(run)
+
+
+def test_pointer_table_pins_a_stream_ordered_block(fake, tmp_path):  # noqa: F811
+    """C09 on a cuMemAllocAsync block: a table copied to the device that points into it pins it
+    (it is swappable now, so a kernel could otherwise reach it out through the table): a is out
+    when the table is copied, comes back for it and stays in for the rest of the run, while b, c
+    and d take turns under the budget of three blocks."""
+    run = run_swap(fake, tmp_path, "ptrtable", "ptr", "sync", "ordered", budget=3 * GRAN)
+    assert run.out["a_out_before"] == 1 and run.out["table_rc"] == 0
+    assert run.out["a_in_after_table"] == 1 and run.out["a_in_after_rounds"] == 1
+    assert int(run.of(Ev.ALLOC)["e"][0]) == AllocKind.ASYNC
+    ida = run.block_id(run.out["a"])
+    assert [int(x) for x in run.swaps(Ev.SWAP_OUT)["a"]].count(ida) == 1  # evicted for d, never again
+    assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"], run.out["bad_table"]) == (0, 0, 0, 0)
+    no_misbehaviour(run)
+
+
+def test_a_host_slot_is_written_only_after_the_copy_that_reads_it(fake, tmp_path):  # noqa: F811
+    """Two copy streams (swap-outs device-to-host, swap-ins host-to-device): a's swap-in reads
+    the only host slot; b's swap-out then takes that slot. The fake runs the device-to-host stream
+    first when nothing orders them, so without the wait on the latest swap-in a would get b's
+    bytes."""
+    run = run_swap(fake, tmp_path, "slotreuse", budget=GRAN, env={"FAKE_HOST_BYTES": str(2 * MIB)})
+    assert run.out["a_out"] == 1
+    seq = [(int(r["type"]), int(r["a"])) for r in run.records if int(r["type"]) in (Ev.SWAP_OUT, Ev.SWAP_IN)]
+    ida, idb = run.block_id(run.out["a"]), run.block_id(run.out["b"])
+    assert seq[:3] == [(Ev.SWAP_OUT, ida), (Ev.SWAP_IN, ida), (Ev.SWAP_OUT, idb)], seq
+    assert run.out["bad_a"] == 0 and run.out["bad_b"] == 0
+    assert run.out["pinned_bytes"] == 2 * MIB
+    no_misbehaviour(run)
+
+
+def test_cached_memory_counts_against_the_budget_and_goes_first(fake, tmp_path):  # noqa: F811
+    """Budget 4 granules: x's 3 cached granules and a new 2-granule cuMemAlloc block do not fit
+    together, so the cache gives x's memory back (not a live block) before y is mapped; z then
+    reuses x's cached reservation with new memory, y going out for it and its handle released (a
+    spare of 2 granules and z's 3 would pass the budget). The device never holds more than 3
+    granules."""
+    run = run_swap(fake, tmp_path, "ordered_budget", budget=4 * GRAN)
+    assert run.out["cached_handles"] == 1
+    assert run.out["handles_after_y"] == 1  # x's handle released, y's created
+    assert run.out["z_reused"] == 1 and run.out["bad_z"] == 0
+    assert run.out["device_peak"] == 3 * GRAN
+    assert [int(r["a"]) for r in run.swaps(Ev.SWAP_OUT)] == [run.block_id(run.out["y"])]
+    no_misbehaviour(run)
