@@ -41,17 +41,20 @@ class BlockRow:
 @dataclass(frozen=True)
 class IterationFigures:
     """The main process's iterations (pyobmem.model.iterations): ``count`` found so far, ``pid``,
-    ``period_ops`` (ops each), ``last_ns`` (length of the last one), ``median_ns``, and what came
-    after the last one: ``after_ops`` (ops of the main sequence) over ``after_ns`` (to now): the
-    iteration in progress while the run goes on."""
+    ``period_ops`` (ops each), ``median_ns`` (their median length), ``last_ns`` (the length of the
+    last one that is over, i.e. followed by ops; None: none is), and the stretch since: ``tail_ops``
+    ops of the main sequence over ``tail_ns`` up to now, from the start of the last iteration when
+    it reaches the end of the stream (``tail_in_iteration``), else from its end. While the run goes
+    on, the tail is the iteration in progress; at the end of a run, the ops after the last."""
 
     count: int
     pid: int
     period_ops: int
-    last_ns: int
     median_ns: int
-    after_ops: int
-    after_ns: int
+    last_ns: int | None
+    tail_ops: int
+    tail_ns: int
+    tail_in_iteration: bool
 
 
 @dataclass(frozen=True)
@@ -143,12 +146,16 @@ def figures(cap, corrupt: int = 0) -> Figures:
 
 
 def _history(blocks, first: int, now: int) -> tuple:
+    """The highest live bytes in each of HISTORY_POINTS equal spans from ``first`` to ``now``."""
     times, values = live_bytes(blocks)
     if not len(times):
         return ()
-    grid = np.linspace(first, now, HISTORY_POINTS).astype(np.int64)
-    k = np.searchsorted(times, grid, side="right") - 1
-    return tuple(int(v) for v in np.where(k >= 0, values[np.maximum(k, 0)], 0))
+    edges = np.linspace(first, now, HISTORY_POINTS + 1)[:-1].astype(np.int64)
+    k = np.searchsorted(times, edges, side="right") - 1
+    top = np.where(k >= 0, values[np.maximum(k, 0)], 0)  # live at the start of each span
+    span = np.clip(np.searchsorted(edges, times, side="right") - 1, 0, HISTORY_POINTS - 1)
+    np.maximum.at(top, span, values)  # and every change inside it
+    return tuple(int(v) for v in top)
 
 
 def _out_now(cap) -> set:
@@ -188,15 +195,21 @@ def _iteration(it, now: int) -> IterationFigures | None:
     main = it.main_regime
     if main is None:
         return None
-    last = int(it.main_rows()[-1])
+    rows = it.main_rows()
+    last = int(rows[-1])
+    n_seq = len(it.seq_rows)
+    open_ended = int(it.end_seq[last]) >= n_seq  # its end is the last op read: it may go on
+    over = rows[:-1] if open_ended else rows
+    start_seq, t0 = (it.start_seq[last], it.t_start[last]) if open_ended else (it.end_seq[last], it.t_end[last])
     return IterationFigures(
         count=int(main.count),
         pid=int(it.pid),
         period_ops=int(main.period_ops),
-        last_ns=int(it.t_end[last] - it.t_start[last]),
         median_ns=int(round(it.iteration_ns)),
-        after_ops=int(len(it.seq_rows) - it.end_seq[last]),
-        after_ns=max(now - int(it.t_end[last]), 0),
+        last_ns=int(it.t_end[over[-1]] - it.t_start[over[-1]]) if len(over) else None,
+        tail_ops=int(n_seq - start_seq),
+        tail_ns=max(now - int(t0), 0),
+        tail_in_iteration=open_ended,
     )
 
 

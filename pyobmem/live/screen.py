@@ -47,9 +47,9 @@ class Status:
 QUIET_S = 5.0  # an incomplete capture with nothing new for this long may have been cut short
 
 
-def render(st: Status, f: Figures | None, console, log_lines: list[str] = (), fit: bool = True):
-    """The whole screen for ``console`` (a rich Console); with ``fit``, the list of blocks gives
-    way to the terminal's height."""
+def render(st: Status, f: Figures | None, console, log_lines: list[str] = (), interactive: bool = True):
+    """The whole screen for ``console`` (a rich Console). ``interactive``: the list of blocks gives
+    way to the terminal's height, and the keys are shown."""
     parts = [_header(st, f)]
     if f is not None:
         parts.append(_memory_and_iteration(f, side_by_side=console.width >= WIDE))
@@ -62,11 +62,16 @@ def render(st: Status, f: Figures | None, console, log_lines: list[str] = (), fi
         keys.append("   updating the figures…", style="dim")
     if f is not None:
         used = len(console.render_lines(Group(*parts), console.options, pad=False)) + 1
-        room = console.height - used - 4 if fit else len(f.largest)  # 4: borders and column headings
+        room = console.height - used - 4 if interactive else len(f.largest)  # 4: borders, column headings
         if room >= 1:
-            parts.insert(2, _largest(f, room))
-    parts.append(keys)
+            parts.insert(2, _largest(f, room, expand=console.width >= WIDE))
+    if interactive:
+        parts.append(keys)
     return Group(*parts)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def _grid() -> Table:
@@ -133,8 +138,8 @@ def _memory_and_iteration(f: Figures, side_by_side: bool):
         mem.add_row(Text(name, style=style), f"{count:,}", format_bytes(nbytes), _bar(nbytes, f.live_bytes, style))
     live = _grid()
     card = f" ({100 * f.live_bytes / f.card_bytes:.1f}% of the card's {format_bytes(f.card_bytes)})" if f.card_bytes else ""
-    live.add_row("live at the end" if f.complete else "live now",
-                 f"{format_bytes(f.live_bytes)} in {f.live_blocks:,} blocks{card}")
+    live.add_row("live at end" if f.complete else "live now",
+                 f"{format_bytes(f.live_bytes)} in {_count(f.live_blocks, 'block')}{card}")
     live.add_row("peak", format_bytes(f.peak_live_bytes))
     live.add_row("over time", _spark(f.history))
     left = Panel(Group(live, Text(""), mem), title="device memory (live blocks by class)", title_align="left")
@@ -145,12 +150,13 @@ def _memory_and_iteration(f: Figures, side_by_side: bool):
         right.add_row("iterations", Text("none repeats yet", style="dim"))
     else:
         so_far = "" if f.complete else " so far"
-        right.add_row("iterations", f"{it.count:,}{so_far} (pid {it.pid}, {it.period_ops:,} ops each)")
-        right.add_row("last", f"{format_duration(it.last_ns)} (median {format_duration(it.median_ns)})")
-        if f.complete:
-            right.add_row("after it", f"{it.after_ops:,} ops to the end of the run")
-        else:
-            right.add_row("current", f"{it.after_ops:,} of {it.period_ops:,} ops, {format_duration(it.after_ns)} so far")
+        right.add_row("iterations", f"{it.count:,}{so_far}, {it.period_ops:,} ops each")
+        right.add_row("process", f"pid {it.pid} (the most launches)")
+        right.add_row("length", f"median {format_duration(it.median_ns)}, the last {format_duration(it.last_ns)}")
+        if not f.complete:
+            right.add_row("current", f"{it.tail_ops:,} of {it.period_ops:,} ops, {format_duration(it.tail_ns)} so far")
+        elif not it.tail_in_iteration:
+            right.add_row("after it", f"{it.tail_ops:,} ops to the end of the run")
     right.add_row("", "")
     if f.dropped:
         right.add_row("drops", Text(f"{f.dropped:,} events lost ({f.drop_records:,} times the ring was full; "
@@ -169,8 +175,8 @@ def _memory_and_iteration(f: Figures, side_by_side: bool):
     return row
 
 
-def _largest(f: Figures, rows: int) -> Panel:
-    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+def _largest(f: Figures, rows: int, expand: bool) -> Panel:
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True, expand=expand)
     for name, just in (("block", "left"), ("size", "right"), ("class", "left"), ("kind", "left"),
                        ("age", "right"), ("idle", "right"), ("on", "left")):
         t.add_column(name, justify=just, no_wrap=True)

@@ -150,7 +150,7 @@ def _once(console: Console, path: str, log: str | None) -> int:
     while reader.tail.behind:
         reader.step(time.monotonic())
     reader.compute_now()
-    console.print(render(reader.status(time.monotonic()), reader.figures, console, reader.log_lines(), fit=False))
+    console.print(render(reader.status(time.monotonic()), reader.figures, console, reader.log_lines(), interactive=False))
     return 0
 
 
