@@ -139,7 +139,9 @@ def run(path: str, log: str | None = None) -> int:
                 if keys.quit(TICK_S):
                     break
     except KeyboardInterrupt:
-        pass
+        return 0
+    if log is not None and not (reader.figures is not None and reader.figures.complete):
+        print(f"pyobmem: the live view is closed; the run goes on (its output: {log})", file=sys.stderr, flush=True)
     return 0
 
 
