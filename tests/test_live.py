@@ -292,7 +292,7 @@ class Tmux:
         self.tmux("new-session", "-d", "-x", "120", "-y", "40", f"sh {script}")
 
     def screen(self) -> str:
-        return self.tmux("capture-pane", "-p")
+        return self.tmux("capture-pane", "-p", "-J")  # -J: a wrapped line as one
 
     def wait_for(self, *texts: str, deadline_s: float = 60.0) -> str:
         """The screen once it shows every one of ``texts`` (fails at the deadline)."""
@@ -360,14 +360,23 @@ def test_live_in_tmux_follows_a_growing_capture_and_quits_cleanly(tmp_path, quit
         term.close()
 
 
-@pytest.mark.skipif(not (CUDA_INCLUDE / "cuda.h").exists() or shutil.which("gcc") is None,
-                    reason="needs gcc and the CUDA headers")
-def test_run_live_in_tmux_on_the_fake_driver(tmp_path, build_fake_program):
+NEEDS_FAKE_DRIVER = pytest.mark.skipif(not (CUDA_INCLUDE / "cuda.h").exists() or shutil.which("gcc") is None,
+                                       reason="needs gcc and the CUDA headers")
+
+
+def _run_live_pane(tmp_path, build_fake_program, steps: int, ms: int) -> Tmux:
+    """`pyobmem-run --live -o r.pyobmem driver steps N MS` in a tmux pane, on the fake driver."""
     bindir = build_fake_program("driver", "-ldl", "-lpthread")
     env = _env({"LD_LIBRARY_PATH": str(bindir), "PYOBMEM_CUPTI": "0"})
     term = Tmux(tmp_path, env)
     run = f"{PY} -c 'import sys; from pyobmem.cli import run_main; sys.exit(run_main())'"
-    term.start(_script(tmp_path, f"{run} --live -o r.pyobmem {bindir / 'driver'} steps 30 20"))
+    term.start(_script(tmp_path, f"{run} --live -o r.pyobmem {bindir / 'driver'} steps {steps} {ms}"))
+    return term
+
+
+@NEEDS_FAKE_DRIVER
+def test_run_live_in_tmux_on_the_fake_driver(tmp_path, build_fake_program):
+    term = _run_live_pane(tmp_path, build_fake_program, 30, 20)
     try:
         screen = term.wait_for("finished: exit status 0", "step=29", "done=1")
         s = summarize(read_capture(str(tmp_path / "r.pyobmem")))
@@ -380,9 +389,34 @@ def test_run_live_in_tmux_on_the_fake_driver(tmp_path, build_fake_program):
         after = term.screen()
         assert f"pyobmem: the command's output is in {tmp_path / 'r.log'}" in after
         assert "pyobmem: iteration: 4 ops per iteration" in after and "(30 iterations" in after
+        assert "the live view is closed" not in after
         assert (tmp_path / "stty.after").read_text() == (tmp_path / "stty.before").read_text()
         log = (tmp_path / "r.log").read_text().splitlines()
         assert [line for line in log if line.startswith("step=")] == [f"step={i}" for i in range(30)]
         assert log[-1] == "done=1"
+    finally:
+        term.close()
+
+
+@NEEDS_FAKE_DRIVER
+@pytest.mark.parametrize("key, rc", [("q", 0), ("C-c", 130)])
+def test_run_live_quit_during_the_run(tmp_path, build_fake_program, key, rc):
+    """q closes the view and the run goes on to its end; Ctrl-C stops the run, as without --live."""
+    term = _run_live_pane(tmp_path, build_fake_program, 2000, 5)  # 10 s unless stopped
+    try:
+        term.wait_for("running: ", "current")
+        term.tmux("send-keys", key)
+        assert _wait_file(tmp_path / "rc") == f"{rc}\n"
+        cap = read_capture(str(tmp_path / "r.pyobmem"))
+        log = (tmp_path / "r.log").read_text().splitlines()
+        after = term.screen()
+        if key == "q":
+            assert f"pyobmem: the live view is closed; the run goes on (its output: {tmp_path / 'r.log'})" in after
+            assert cap.exit_status == 0 and log[-1] == "done=1" and "step=1999" in log
+        else:
+            assert cap.exit_status == -2 and "done=1" not in log  # killed by SIGINT
+            assert "the live view is closed" not in after
+        assert "capture complete" in after and "pyobmem live" not in after
+        assert (tmp_path / "stty.after").read_text() == (tmp_path / "stty.before").read_text()
     finally:
         term.close()
