@@ -1,4 +1,4 @@
-"""The live view's screen: ``render(status, figures, log_lines, height) -> rich renderable``.
+"""The live view's screen: ``render(status, figures, console, log_lines) -> rich renderable``.
 
 Panels, top to bottom: the capture and its state; device memory by block class beside the
 iteration and drops; the largest live blocks; in swap mode the budget line, swaps and stalls; the
@@ -23,6 +23,7 @@ CLASS_STYLE = {"persistent": "blue", "iteration-scoped": "green", "transient": "
 SPARK = "▁▂▃▄▅▆▇█"
 BAR_WIDTH = 20
 WIDE = 100  # columns from which memory and iteration stand side by side
+QUIET_S = 5.0  # an incomplete capture with nothing new for this long may have been cut short
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,6 @@ class Status:
     error: str | None = None
 
 
-QUIET_S = 5.0  # an incomplete capture with nothing new for this long may have been cut short
-
 
 def render(st: Status, f: Figures | None, console, log_lines: list[str] = (), interactive: bool = True):
     """The whole screen for ``console`` (a rich Console). ``interactive``: the list of blocks gives
@@ -57,15 +56,16 @@ def render(st: Status, f: Figures | None, console, log_lines: list[str] = (), in
             parts.append(_swap(f))
     if st.log is not None:
         parts.append(_log(st.log, log_lines))
-    keys = Text.assemble(("q", "bold"), " quit", style="dim")
-    if st.updating:
-        keys.append("   updating the figures…", style="dim")
     if f is not None:
-        used = len(console.render_lines(Group(*parts), console.options, pad=False)) + 1
-        room = console.height - used - 4 if interactive else len(f.largest)  # 4: borders, column headings
+        room = len(f.largest)
+        if interactive:  # what is left of the screen below the keys' line, less borders and headings
+            room = console.height - len(console.render_lines(Group(*parts), console.options, pad=False)) - 5
         if room >= 1:
             parts.insert(2, _largest(f, room, expand=console.width >= WIDE))
     if interactive:
+        keys = Text.assemble(("q", "bold"), " quit", style="dim")
+        if st.updating:
+            keys.append("   updating the figures…", style="dim")
         parts.append(keys)
     return Group(*parts)
 
