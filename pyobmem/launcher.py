@@ -382,6 +382,11 @@ def _run_child(executable: str, argv: list[str], env: dict, daemon: subprocess.P
     ``log_fd`` (--live): the command's stdout and stderr, its stdin /dev/null (the view has the
     terminal)."""
     waited = set(FORWARDED) | {signal.SIGCHLD}
+    # Blocked here, a signal can still land on another thread of ours (numpy's BLAS threads do
+    # not block it; seen with --live under load), where the default action or KeyboardInterrupt
+    # would end the launcher mid-run: a handler notes it for the loop instead.
+    taken: list = []
+    saved = {s: signal.signal(s, lambda signo, frame: taken.append(signo)) for s in FORWARDED}
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     daemon_failed = None
     try:
@@ -403,10 +408,11 @@ def _run_child(executable: str, argv: list[str], env: dict, daemon: subprocess.P
                 # Ctrl-C / Ctrl-\ at the terminal already reached the child (same process
                 # group): forward only what was sent to us alone, so the child gets it once.
                 if not (info.si_code == SI_KERNEL and info.si_signo in (signal.SIGINT, signal.SIGQUIT)):
-                    try:
-                        os.kill(pid, info.si_signo)
-                    except ProcessLookupError:
-                        pass
+                    _forward(pid, info.si_signo)
+            while taken:  # no sender known: SIGINT and SIGQUIT are taken for the terminal's
+                signo = taken.pop(0)
+                if signo not in (signal.SIGINT, signal.SIGQUIT):
+                    _forward(pid, signo)
             done, wstatus = os.waitpid(pid, os.WNOHANG)
             if done:
                 status = os.waitstatus_to_exitcode(wstatus)
@@ -421,6 +427,15 @@ def _run_child(executable: str, argv: list[str], env: dict, daemon: subprocess.P
         while signal.sigtimedwait(waited, 0) is not None:
             pass
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        for signo, handler in saved.items():
+            signal.signal(signo, handler)
+
+
+def _forward(pid: int, signo: int) -> None:
+    try:
+        os.kill(pid, signo)
+    except ProcessLookupError:
+        pass
 
 
 def _stop_daemon(daemon: subprocess.Popen, status: int) -> str | None:

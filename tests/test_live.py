@@ -247,7 +247,7 @@ def test_live_screen_in_swap_mode(tmp_path):
     out = pyobmem("live", "s.pyobmem", cwd=tmp_path).stdout
     assert "32.0 MiB resident of 80.0 MiB (budget 80MiB; peak 96.0 MiB, over it for" in out
     assert "3 out (192.0 MiB), 2 in (128.0 MiB): 0 prefetch hits" in out
-    assert "1 late prefetches, 1 swap-ins on demand" in out
+    assert "1 late prefetch, 1 swap-in on demand" in out
     assert "7:1" in out and "host" in out
 
 
@@ -414,7 +414,7 @@ def test_run_live_quit_during_the_run(tmp_path, build_fake_program, key, rc):
             assert f"pyobmem: the live view is closed; the run goes on (its output: {tmp_path / 'r.log'})" in after
             assert cap.exit_status == 0 and log[-1] == "done=1" and "step=1999" in log
         else:
-            assert cap.exit_status == -2 and "done=1" not in log  # killed by SIGINT
+            assert cap.exit_status == -2 and "done=1" not in log, after  # killed by SIGINT
             assert "the live view is closed" not in after
         assert "capture complete" in after and "pyobmem live" not in after
         assert (tmp_path / "stty.after").read_text() == (tmp_path / "stty.before").read_text()

@@ -70,8 +70,8 @@ def render(st: Status, f: Figures | None, console, log_lines: list[str] = (), in
     return Group(*parts)
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+def _count(n: int, noun: str, plural: str | None = None) -> str:
+    return f"{n:,} " + (noun if n == 1 else plural or noun + "s")
 
 
 def _grid() -> Table:
@@ -203,7 +203,8 @@ def _swap(f: Figures) -> Panel:
         t.add_row("budget", f"{budget} (its size in bytes is not known yet)")
     t.add_row("swaps", f"{w.out_count:,} out ({format_bytes(w.out_bytes)}), {w.in_count:,} in "
                        f"({format_bytes(w.in_bytes)}): {w.prefetch_hits:,} prefetch hits")
-    t.add_row("stalls", Text(f"{w.stalls:,} late prefetches, {w.demand:,} swap-ins on demand",
+    t.add_row("stalls", Text(f"{_count(w.stalls, 'late prefetch', 'late prefetches')}, "
+                             f"{_count(w.demand, 'swap-in')} on demand",
                              style="red" if w.stalls or w.demand else "green"))
     t.add_row("plans", f"{w.plans_adopted:,} adopted, {w.plans_dropped:,} dropped")
     return Panel(t, title="swap mode", title_align="left")
