@@ -56,6 +56,7 @@ class Options:
     budget: object = None  # pyobmem.planner.Budget
     min_swap_bytes: int | None = None
     tensor_blocks: bool = False  # trace mode: the per-tensor presets of swap mode (every tensor its own block)
+    live: bool = False  # watch the run with pyobmem live; the command's output goes to log_path(output)
 
 
 @dataclass
@@ -67,6 +68,7 @@ class Outcome:
     daemon_failed: str | None = None  # one line when the daemon stopped early
     rank_outputs: list = field(default_factory=list)  # (pyobmem.ranks.Rank, path): one capture per rank
     rank_error: str | None = None  # one line when the per-rank captures could not be written
+    log: str | None = None  # --live: the file that holds the command's output
 
     @property
     def exit_code(self) -> int:
@@ -219,6 +221,11 @@ def recorded_environment(env: dict) -> dict:
     }
 
 
+def log_path(output: str) -> str:
+    """Where --live puts the command's output: ``run.pyobmem`` -> ``run.log`` beside the capture."""
+    return (output[: -len(".pyobmem")] if output.endswith(".pyobmem") else output) + ".log"
+
+
 def check_output(output: str, force: bool, command: list[str]) -> None:
     """Refuse an output that is a directory or a file the command names, an existing output
     without ``force``, and an output in a missing directory."""
@@ -246,12 +253,16 @@ def launch(opts: Options) -> Outcome:
     executable = resolve_command(opts.command)
     output = default_output(opts.command) if opts.output is None else opts.output
     check_output(output, opts.force, opts.command)
+    log = log_path(output) if opts.live else None
+    if log is not None:
+        check_output(log, opts.force, opts.command)
     if opts.budget is not None and not opts.swap:
         raise PyobmemError("--budget needs --swap", 2)
     if opts.swap and opts.budget is None:
         raise PyobmemError("--swap needs --budget SIZE (e.g. 16GiB, or 0.75 / 75% of the card)", 2)
     shim = find_shim()
     output = os.path.abspath(output)
+    log = os.path.abspath(log) if log is not None else None
 
     ring_dir = os.environ.get(ENV_RING_DIR) or "/dev/shm"
     try:
@@ -265,7 +276,14 @@ def launch(opts: Options) -> Outcome:
         raise PyobmemError(f"cannot create the event ring in {ring_dir}: {e.strerror}{hint}") from None
     daemon = None
     control = None
+    view = None
+    log_fd = None
     try:
+        if log is not None:
+            try:
+                log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            except OSError as e:
+                raise PyobmemError(f"cannot write {log}: {e.strerror}") from None
         per_tensor = opts.swap or opts.tensor_blocks
         env, applied = child_environment(dict(os.environ), shim, ring.path, opts.cupti, opts.presets, per_tensor)
         if opts.presets and per_tensor and not opts.quiet:
@@ -306,13 +324,22 @@ def launch(opts: Options) -> Outcome:
         }
         if swap_meta is not None:
             meta["swap"] = swap_meta
-        daemon = _start_daemon(ring.path, output, opts.force, meta, swap_meta)
-        status, daemon_failed = _run_child(executable, opts.command, env, daemon)
+        daemon = _start_daemon(ring.path, output, opts.force, meta, swap_meta, stderr=log_fd)
+        if log is not None:
+            view = _start_view(output, log)
+        status, daemon_failed = _run_child(executable, opts.command, env, daemon, log_fd)
         daemon_failed = _stop_daemon(daemon, status) or daemon_failed
-        outcome = Outcome(status=status, output=output, daemon_failed=daemon_failed)
+        outcome = Outcome(status=status, output=output, daemon_failed=daemon_failed, log=log)
         _split_ranks(outcome, opts.force)
+        if view is not None:
+            _wait_view(view)
         return outcome
     finally:
+        if view is not None and view.poll() is None:
+            view.terminate()  # it restores the terminal and exits
+            _wait_view(view)
+        if log_fd is not None:
+            os.close(log_fd)
         if daemon is not None and daemon.poll() is None:
             daemon.kill()
             daemon.wait()
@@ -330,18 +357,42 @@ def _split_ranks(outcome: Outcome, force: bool) -> None:
         outcome.rank_error = str(e)
 
 
-def _start_daemon(ring_path: str, output: str, force: bool, meta: dict, swap: dict | None = None) -> subprocess.Popen:
-    """Start the daemon in its own session, hand it the metadata, wait for ``ready``."""
+def _package_env() -> dict:
+    """The environment for a Python process of ours (daemon, view): this package first on its path."""
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ)
     env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _start_view(output: str, log: str) -> subprocess.Popen:
+    """--live: ``pyobmem live`` on the capture in this terminal (in the foreground process group,
+    so it reads the keys; started before the run's signals are blocked)."""
+    return subprocess.Popen([sys.executable, "-m", "pyobmem", "live", output, "--log", log], env=_package_env())
+
+
+def _wait_view(view: subprocess.Popen) -> None:
+    """Wait until the view is quit; a Ctrl-C reaches it too and ends it (it exits 0)."""
+    while True:
+        try:
+            view.wait()
+            return
+        except KeyboardInterrupt:
+            continue
+
+
+def _start_daemon(ring_path: str, output: str, force: bool, meta: dict, swap: dict | None = None,
+                  stderr: int | None = None) -> subprocess.Popen:
+    """Start the daemon in its own session, hand it the metadata, wait for ``ready``. ``stderr``:
+    where its warnings go (--live: the log, not the view's screen)."""
+    env = _package_env()
     cmd = [sys.executable, "-m", "pyobmem.daemon", "--ring", ring_path, "--out", output]
     if force:
         cmd.append("--force")
     if swap is not None:
         cmd += ["--control", swap["control"], "--budget", swap["budget"]]
     daemon = subprocess.Popen(
-        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True, bufsize=0
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env, start_new_session=True, bufsize=0
     )
     try:
         daemon.stdin.write(json.dumps(meta).encode() + b"\n")
@@ -372,14 +423,25 @@ def _read_line(stream, timeout_s: float) -> bytes:
     return buf
 
 
-def _run_child(executable: str, argv: list[str], env: dict, daemon: subprocess.Popen) -> tuple[int, str | None]:
-    """Run the command, forwarding signals; returns (status, one line if the daemon died)."""
+def _run_child(executable: str, argv: list[str], env: dict, daemon: subprocess.Popen,
+               log_fd: int | None = None) -> tuple[int, str | None]:
+    """Run the command, forwarding signals; returns (status, one line if the daemon died).
+    ``log_fd`` (--live): the command's stdout and stderr, its stdin /dev/null (the view has the
+    terminal)."""
     waited = set(FORWARDED) | {signal.SIGCHLD}
+    # Blocked here, a signal can still land on another thread of ours (numpy's BLAS threads do
+    # not block it; seen with --live under load), where the default action or KeyboardInterrupt
+    # would end the launcher mid-run: a handler notes it for the loop instead.
+    taken: list = []
+    saved = {s: signal.signal(s, lambda signo, frame: taken.append(signo)) for s in FORWARDED}
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     daemon_failed = None
     try:
         # The child starts with an empty mask and the default dispositions Python changed.
         spawn = dict(setsigmask=(), setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+        if log_fd is not None:
+            spawn["file_actions"] = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                                     (os.POSIX_SPAWN_DUP2, log_fd, 1), (os.POSIX_SPAWN_DUP2, log_fd, 2)]
         try:
             pid = os.posix_spawn(executable, argv, env, **spawn)
         except OSError as e:
@@ -393,10 +455,11 @@ def _run_child(executable: str, argv: list[str], env: dict, daemon: subprocess.P
                 # Ctrl-C / Ctrl-\ at the terminal already reached the child (same process
                 # group): forward only what was sent to us alone, so the child gets it once.
                 if not (info.si_code == SI_KERNEL and info.si_signo in (signal.SIGINT, signal.SIGQUIT)):
-                    try:
-                        os.kill(pid, info.si_signo)
-                    except ProcessLookupError:
-                        pass
+                    _forward(pid, info.si_signo)
+            while taken:  # no sender known: SIGINT and SIGQUIT are taken for the terminal's
+                signo = taken.pop(0)
+                if signo not in (signal.SIGINT, signal.SIGQUIT):
+                    _forward(pid, signo)
             done, wstatus = os.waitpid(pid, os.WNOHANG)
             if done:
                 status = os.waitstatus_to_exitcode(wstatus)
@@ -411,6 +474,15 @@ def _run_child(executable: str, argv: list[str], env: dict, daemon: subprocess.P
         while signal.sigtimedwait(waited, 0) is not None:
             pass
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        for signo, handler in saved.items():
+            signal.signal(signo, handler)
+
+
+def _forward(pid: int, signo: int) -> None:
+    try:
+        os.kill(pid, signo)
+    except ProcessLookupError:
+        pass
 
 
 def _stop_daemon(daemon: subprocess.Popen, status: int) -> str | None:

@@ -6,6 +6,6 @@ returns it) and ``run(args) -> int`` (the exit code). User errors raise
 ``pyobmem.errors.PyobmemError``; the CLI turns them into one line and the exit code.
 """
 
-from . import export, patterns, plan, report, run, split, stats, summary
+from . import export, live, patterns, plan, report, run, split, stats, summary
 
-COMMANDS = [run, summary, stats, patterns, report, export, plan, split]
+COMMANDS = [run, summary, stats, patterns, report, export, plan, split, live]

@@ -11,7 +11,7 @@ import sys
 from .. import launcher
 from ..capture import read_capture
 from ..errors import PyobmemError
-from . import summary
+from . import live, summary
 from .common import budget_arg
 
 NAME = "run"
@@ -67,6 +67,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--min-swap-bytes", metavar="N",
         help="swap mode: blocks smaller than this are never VMM-backed nor swapped (default 4MiB)",
     )
+    p.add_argument(
+        "--live", action="store_true",
+        help="watch the run in this terminal with pyobmem live (q closes the view, the run goes on); "
+        "the command's output goes to FILE's .log beside it",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="cmd ...", help="the command to trace")
 
 
@@ -102,10 +107,12 @@ def run(args) -> int:
         raise PyobmemError("--min-swap-bytes needs --swap", 2)
     if args.swap and budget is None:
         raise PyobmemError("--swap needs --budget SIZE (e.g. 16GiB, or 0.75 / 75% of the card)", 2)
+    if args.live:
+        _check_live()
     opts = launcher.Options(
         command=command, output=args.output, force=args.force, capacity=args.capacity,
         cupti=args.cupti, presets=not args.no_presets, quiet=args.quiet,
-        swap=args.swap, budget=budget, min_swap_bytes=min_swap, tensor_blocks=args.tensor_blocks,
+        swap=args.swap, budget=budget, min_swap_bytes=min_swap, tensor_blocks=args.tensor_blocks, live=args.live,
     )
     outcome = launcher.launch(opts)
     try:
@@ -115,6 +122,8 @@ def run(args) -> int:
             _say(f"error: {outcome.rank_error}")
         if not opts.quiet:
             _report(outcome.output, [path for _, path in outcome.rank_outputs])
+            if outcome.log:
+                _say(f"the command's output is in {outcome.log}")
     except BrokenPipeError:
         # `pyobmem-run cmd 2>&1 | head`: the reader is gone. What we had to say is lost, the
         # command's exit code is not: quiet the stream so Python's exit flush does not fail too.
@@ -122,6 +131,13 @@ def run(args) -> int:
     if outcome.status < 0:
         _die_like(-outcome.status)
     return outcome.exit_code
+
+
+def _check_live() -> None:
+    """--live needs a terminal to draw in and read keys from, and rich (before anything runs)."""
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise PyobmemError("--live needs a terminal (stdin and stdout); watch from another one with: pyobmem live FILE", 2)
+    live.view()
 
 
 def _die_like(signo: int) -> None:

@@ -552,6 +552,29 @@ static int scenario_gpuclock_pool(int n)
     return 0;
 }
 
+/* A training loop for the live view: a persistent block, then per step an input copy, two
+ * launches and a copy back through a transient block, `ms` milliseconds apart. */
+static int scenario_steps(int steps, int ms)
+{
+    p_cuInit(0);
+    CUdeviceptr weights = must_alloc(8 << 20);
+    char host[64] = {0};
+    htod_fn htod = GET(htod_fn, "cuMemcpyHtoD");
+    dtoh_fn dtoh = GET(dtoh_fn, "cuMemcpyDtoH");
+    for (int i = 0; i < steps; i++) {
+        CUdeviceptr act = must_alloc(2 << 20);
+        htod(act, host, sizeof host);
+        launch_a(weights, i, act);
+        launch_a(act, i, weights);
+        dtoh(host, act, 8);
+        p_free(act);
+        printf("step=%d\n", i);
+        fflush(stdout);
+        usleep((useconds_t)ms * 1000);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
@@ -581,6 +604,8 @@ int main(int argc, char **argv)
         rc = scenario_flood(argc > 2 ? atoi(argv[2]) : 1000);
     else if (!strcmp(s, "hostmem"))
         rc = scenario_hostmem();
+    else if (!strcmp(s, "steps"))
+        rc = scenario_steps(argc > 2 ? atoi(argv[2]) : 10, argc > 3 ? atoi(argv[3]) : 0);
     else if (!strcmp(s, "threads"))
         rc = scenario_threads(argc > 2 ? atoi(argv[2]) : 8, argc > 3 ? atoi(argv[3]) : 10000);
     else if (!strcmp(s, "gpuclock"))
