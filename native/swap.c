@@ -187,7 +187,10 @@ static int swappable(const struct sblock *b)
 
 static void emit_swap(uint16_t type, uint16_t cause, const struct sblock *b, uint64_t dur)
 {
-    ring_write1(type, cause, b->id, b->size, dur, (uint64_t)(uintptr_t)g_stream, 0);
+    /* SWAP_OUT and SWAP_IN share their payload struct: .swap_out names both. */
+    ring_write(&(struct pyobmem_record){.type = type, .flags = cause,
+                                        .swap_out = {.block_id = b->id, .bytes = b->size, .duration_ns = dur,
+                                                     .stream = (uint64_t)(uintptr_t)g_stream}}, 1);
 }
 
 /* ---- the block table ---- */
@@ -919,7 +922,7 @@ static void maybe_adopt(void)
     g_plan.following = 1;
     g_adopted = gen;
     __atomic_store_n(&g_ctl->adopted, gen, __ATOMIC_RELEASE);
-    ring_write1(PYOBMEM_EV_PLAN, 0, gen, k, 0, 0, 0);
+    ring_write(&(struct pyobmem_record){.type = PYOBMEM_EV_PLAN, .plan = {.generation = gen, .value = k}}, 1);
 }
 
 /* The position of the op with `key` in the followed plan, or -1. */
@@ -937,7 +940,8 @@ static int64_t plan_step(uint64_t key)
     else if (g_plan.next < 0)
         return -1; /* waiting for the iteration to start */
     else {
-        ring_write1(PYOBMEM_EV_PLAN, 1, g_plan.gen, (uint64_t)g_plan.next, 0, 0, 0);
+        ring_write(&(struct pyobmem_record){.type = PYOBMEM_EV_PLAN, .flags = 1,
+                                            .plan = {.generation = g_plan.gen, .value = (uint64_t)g_plan.next}}, 1);
         __atomic_add_fetch(&g_ctl->plan_drops, 1, __ATOMIC_RELAXED);
         g_plan.following = 0;
         return -1;
