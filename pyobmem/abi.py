@@ -16,8 +16,12 @@ import enum
 import re
 from pathlib import Path
 
-import cffi
 import numpy as np
+
+try:
+    import cffi
+except ImportError:  # a user's one line, not a traceback (cffi is a dependency of the package)
+    raise SystemExit("pyobmem: the cffi package is missing (pip install cffi): pyobmem reads its ABI with it") from None
 
 HEADER = Path(__file__).resolve().parent / "include" / "pyobmem" / "abi.h"
 
