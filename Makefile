@@ -11,7 +11,7 @@ WERROR ?= -Werror
 CFLAGS ?= -O2 -g -Wall -Wextra $(WERROR) -fvisibility=hidden
 SHIM := pyobmem/libpyobmem.so
 SHIM_SRC := $(wildcard native/*.c)
-SHIM_HDR := $(wildcard native/*.h native/*.def native/include/pyobmem/*.h)
+SHIM_HDR := $(wildcard native/*.h native/*.def pyobmem/include/pyobmem/*.h)
 
 .PHONY: all native venv test demo clean
 
@@ -21,7 +21,7 @@ native: $(SHIM)
 
 $(SHIM): $(SHIM_SRC) $(SHIM_HDR)
 	@test -f $(CUDA_HOME)/include/cuda.h || { echo "error: CUDA headers not found in $(CUDA_HOME)/include (set CUDA_HOME)"; exit 1; }
-	$(CC) $(CFLAGS) -std=gnu11 -fPIC -shared -Inative/include -Inative -I$(CUDA_HOME)/include \
+	$(CC) $(CFLAGS) -std=gnu11 -fPIC -shared -Ipyobmem/include -Inative -I$(CUDA_HOME)/include \
 		-o $@ $(SHIM_SRC) -ldl -lpthread
 
 # The venv sees system site-packages so that a GPU machine's torch, jax and cupy are usable.

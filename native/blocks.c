@@ -89,7 +89,9 @@ uint64_t blocks_access_word(uint64_t addr)
 
 static void emit_free(const struct block *b, uint64_t stream)
 {
-    ring_write1(PYOBMEM_EV_FREE, b->device, b->id, b->start, b->end - b->start, stream, b->kind);
+    ring_write(&(struct pyobmem_record){.type = PYOBMEM_EV_FREE, .flags = b->device,
+                                        .free = {.block_id = b->id, .addr = b->start, .size = b->end - b->start,
+                                                 .stream = stream, .kind = b->kind}}, 1);
 }
 
 /* Remove entries [i, j) (write lock held), emitting FREE for each. */
@@ -130,7 +132,9 @@ uint32_t blocks_add(uint64_t addr, uint64_t size, uint64_t stream, int kind, int
     write_end();
     if (on_device(&nb))
         __atomic_add_fetch(&g_shim.device_bytes, size, __ATOMIC_RELAXED);
-    ring_write1(PYOBMEM_EV_ALLOC, nb.device, nb.id, addr, size, stream, (uint64_t)kind);
+    ring_write(&(struct pyobmem_record){.type = PYOBMEM_EV_ALLOC, .flags = nb.device,
+                                        .alloc = {.block_id = nb.id, .addr = addr, .size = size, .stream = stream,
+                                                  .kind = (uint64_t)kind}}, 1);
     pthread_rwlock_unlock(&g_lock);
     return nb.id;
 }

@@ -233,14 +233,14 @@ void cupti_start(void)
 {
     const char *env = getenv(PYOBMEM_ENV_CUPTI);
     if (!env || !*env || strcmp(env, "0") == 0) {
-        ring_note("cupti=off (the default; --cupti subscribes)");
+        ring_note(PYOBMEM_NOTE_CUPTI "=off (the default; --cupti subscribes)");
         return;
     }
     const char *why = "unknown";
     char buf[64], lib_text[256];
     void *lib = open_cupti(env, &why);
     if (!lib) {
-        ring_note("cupti=unavailable: %s", why);
+        ring_note(PYOBMEM_NOTE_CUPTI "=unavailable: %s", why);
         return;
     }
     describe(lib, lib_text, sizeof lib_text);
@@ -248,13 +248,13 @@ void cupti_start(void)
     enable_fn enable = (enable_fn)dlsym(lib, "cuptiEnableCallback");
     unsubscribe_fn unsub = (unsubscribe_fn)dlsym(lib, "cuptiUnsubscribe");
     if (!sub || !enable) {
-        ring_note("cupti=unavailable: %s: cuptiSubscribe/cuptiEnableCallback missing", lib_text);
+        ring_note(PYOBMEM_NOTE_CUPTI "=unavailable: %s: cuptiSubscribe/cuptiEnableCallback missing", lib_text);
         return;
     }
     CUpti_SubscriberHandle h = NULL;
     CUptiResult r = sub(&h, on_callback, NULL);
     if (r != CUPTI_SUCCESS) {
-        ring_note("cupti=unavailable: %s: cuptiSubscribe: %s", lib_text, result_name(lib, r, buf, sizeof buf));
+        ring_note(PYOBMEM_NOTE_CUPTI "=unavailable: %s: cuptiSubscribe: %s", lib_text, result_name(lib, r, buf, sizeof buf));
         return;
     }
     for (size_t i = 0; i < sizeof g_cbids / sizeof g_cbids[0]; i++) {
@@ -262,10 +262,10 @@ void cupti_start(void)
         if (r != CUPTI_SUCCESS) {
             if (unsub)
                 unsub(h);
-            ring_note("cupti=unavailable: %s: cuptiEnableCallback: %s", lib_text, result_name(lib, r, buf, sizeof buf));
+            ring_note(PYOBMEM_NOTE_CUPTI "=unavailable: %s: cuptiEnableCallback: %s", lib_text, result_name(lib, r, buf, sizeof buf));
             return;
         }
     }
     __atomic_store_n(&g_shim.cupti_active, 1, __ATOMIC_RELEASE);
-    ring_note("cupti=active: %s", lib_text);
+    ring_note(PYOBMEM_NOTE_CUPTI "=active: %s", lib_text);
 }

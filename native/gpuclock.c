@@ -150,7 +150,9 @@ static void emit_sample(struct gc_ctx *c, struct gc_slot *s)
         return;
     double ns = (double)ms * 1e6; /* rounded to the nearest ns without libm (the shim links none) */
     int64_t t = (int64_t)c->ref_host[s->ref] + (int64_t)(ns >= 0 ? ns + 0.5 : ns - 0.5);
-    if (ring_write1(PYOBMEM_EV_GPU_TIME, 0, s->seq, s->stream, (uint64_t)t, (uint64_t)(uintptr_t)c->ctx, 0))
+    if (ring_write(&(struct pyobmem_record){.type = PYOBMEM_EV_GPU_TIME,
+                                            .gpu_time = {.op = s->seq, .stream = s->stream, .t_gpu = t,
+                                                         .context = (uint64_t)(uintptr_t)c->ctx}}, 1))
         __atomic_add_fetch(&g_samples, 1, __ATOMIC_RELAXED);
 }
 
@@ -212,7 +214,7 @@ static void *poller(void *arg)
         nanosleep(&nap, NULL);
     }
     uint64_t n = __atomic_load_n(&g_samples, __ATOMIC_RELAXED), k = __atomic_load_n(&g_skipped, __ATOMIC_RELAXED);
-    ring_note("gpu_clock=every=%llu pool=%llu samples=%llu skipped=%llu", (unsigned long long)g_every,
+    ring_note(PYOBMEM_NOTE_GPU_CLOCK "=every=%llu pool=%llu samples=%llu skipped=%llu", (unsigned long long)g_every,
               (unsigned long long)g_pool, (unsigned long long)n, (unsigned long long)k);
     __atomic_store_n(&g_stopped, 1, __ATOMIC_RELEASE);
     return NULL;

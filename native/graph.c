@@ -221,9 +221,12 @@ static void record_graph_launch(CUgraphExec exec, CUstream s)
         flags |= PYOBMEM_LAUNCH_OPAQUE | PYOBMEM_LAUNCH_NO_LAYOUT;
     if (t.truncated)
         flags |= PYOBMEM_LAUNCH_TRUNCATED;
-    /* GRAPH_LAUNCH: d = kernel nodes, e = blocks touched (the high half is 0). */
-    emit_op_with_accesses(PYOBMEM_EV_GRAPH_LAUNCH, flags, shim_next_op(), (uint64_t)(uintptr_t)exec,
-                          (uint64_t)(uintptr_t)s, kernel_nodes, 0, &t);
+    uint64_t seq = shim_next_op();
+    struct pyobmem_record op = {.type = PYOBMEM_EV_GRAPH_LAUNCH, .flags = flags,
+                                .graph_launch = {.op = seq, .graph_exec = (uint64_t)(uintptr_t)exec,
+                                                 .stream = (uint64_t)(uintptr_t)s, .kernel_nodes = kernel_nodes,
+                                                 .n_touched = t.n}};
+    emit_op_with_accesses(&op, seq, &t);
 }
 
 /* Swap mode: the whole touched set of the graph is made resident before it launches (C10);

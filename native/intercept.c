@@ -155,32 +155,32 @@ static const struct {
     {PYOBMEM_RANK_PMI, "PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE"},
     {PYOBMEM_RANK_SLURM, "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS"},
 };
-#define RANK_UNKNOWN 0xFFFFFFFFu
 
-/* A decimal environment value below 2^32 - 1, else RANK_UNKNOWN. */
+/* A decimal environment value below 2^32 - 1, else PYOBMEM_RANK_UNKNOWN. */
 static uint32_t env_u32(const char *name)
 {
     const char *v = getenv(name);
     if (!v || *v < '0' || *v > '9')
-        return RANK_UNKNOWN;
+        return PYOBMEM_RANK_UNKNOWN;
     char *end;
     errno = 0;
     unsigned long long x = strtoull(v, &end, 10);
-    return (*end || errno || x >= RANK_UNKNOWN) ? RANK_UNKNOWN : (uint32_t)x;
+    return (*end || errno || x >= PYOBMEM_RANK_UNKNOWN) ? PYOBMEM_RANK_UNKNOWN : (uint32_t)x;
 }
 
-/* PROCESS d and e (abi.h). */
-static void process_rank(uint64_t *d, uint64_t *e)
+/* The rank fields of PROCESS (abi.h). */
+static void process_rank(struct pyobmem_ev_process *p)
 {
-    *d = ((uint64_t)RANK_UNKNOWN << 32) | RANK_UNKNOWN;
-    *e = 0;
+    p->rank = p->local_rank = PYOBMEM_RANK_UNKNOWN;
     for (size_t i = 0; i < sizeof g_rank_env / sizeof g_rank_env[0]; i++) {
         uint32_t rank = env_u32(g_rank_env[i].rank);
-        if (rank == RANK_UNKNOWN)
+        if (rank == PYOBMEM_RANK_UNKNOWN)
             continue;
         uint32_t size = env_u32(g_rank_env[i].world_size);
-        *d = ((uint64_t)env_u32(g_rank_env[i].local_rank) << 32) | rank;
-        *e = ((uint64_t)g_rank_env[i].source << 32) | (size == RANK_UNKNOWN ? 0 : size);
+        p->rank = rank;
+        p->local_rank = env_u32(g_rank_env[i].local_rank);
+        p->world_size = size == PYOBMEM_RANK_UNKNOWN ? 0 : size;
+        p->rank_source = (uint8_t)g_rank_env[i].source;
         return;
     }
 }
@@ -190,20 +190,22 @@ void shim_emit_process(void)
     if (!__atomic_exchange_n(&g_shim.need_process, 0, __ATOMIC_ACQ_REL))
         return;
     int src = __atomic_load_n(&g_shim.cupti_active, __ATOMIC_ACQUIRE) ? PYOBMEM_SOURCE_CUPTI : PYOBMEM_SOURCE_HOOKS;
-    uint64_t d, e;
-    process_rank(&d, &e);
-    ring_write1(PYOBMEM_EV_PROCESS, 0, g_shim.ppid, (uint64_t)(int64_t)g_shim.driver_version, (uint64_t)src, d, e);
+    struct pyobmem_record r = {.type = PYOBMEM_EV_PROCESS,
+                               .process = {.ppid = g_shim.ppid, .driver_version = (uint64_t)(int64_t)g_shim.driver_version,
+                                           .source = (uint64_t)src}};
+    process_rank(&r.process);
+    ring_write(&r, 1);
 }
 
 /* ---- cuInit: device notes and CUPTI, once per process after the first success ---- */
 
 static void notes_after_cuinit(void)
 {
-    ring_note("driver_version=%d", g_shim.driver_version);
+    ring_note(PYOBMEM_NOTE_DRIVER_VERSION "=%d", g_shim.driver_version);
     int n = 0;
     if (!real_cuDeviceGetCount || real_cuDeviceGetCount(&n) != CUDA_SUCCESS)
         n = 0;
-    ring_note("device_count=%d", n);
+    ring_note(PYOBMEM_NOTE_DEVICE_COUNT "=%d", n);
     for (int i = 0; i < n; i++) {
         CUdevice d;
         if (!real_cuDeviceGet || real_cuDeviceGet(&d, i) != CUDA_SUCCESS)
@@ -211,16 +213,16 @@ static void notes_after_cuinit(void)
         char name[256];
         if (real_cuDeviceGetName && real_cuDeviceGetName(name, (int)sizeof name, d) == CUDA_SUCCESS) {
             name[sizeof name - 1] = 0;
-            ring_note("device%d.name=%s", i, name);
+            ring_note(PYOBMEM_NOTE_DEVICE "%d.name=%s", i, name);
         }
         size_t bytes;
         if (real_cuDeviceTotalMem_v2 && real_cuDeviceTotalMem_v2(&bytes, d) == CUDA_SUCCESS)
-            ring_note("device%d.total_bytes=%zu", i, bytes);
+            ring_note(PYOBMEM_NOTE_DEVICE "%d.total_bytes=%zu", i, bytes);
         int major, minor;
         if (real_cuDeviceGetAttribute &&
             real_cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d) == CUDA_SUCCESS &&
             real_cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d) == CUDA_SUCCESS)
-            ring_note("device%d.cc=%d.%d", i, major, minor);
+            ring_note(PYOBMEM_NOTE_DEVICE "%d.cc=%d.%d", i, major, minor);
     }
 }
 
@@ -305,7 +307,7 @@ void note_unhooked(const char *name, int version)
         fresh = 0;
     pthread_mutex_unlock(&g_unhooked_mu);
     if (fresh)
-        ring_note("unhooked=%s@%d", name, version);
+        ring_note(PYOBMEM_NOTE_UNHOOKED "=%s@%d", name, version);
 }
 
 /* After the real cuGetProcAddress answered: swap in our wrapper if the answer is a hooked

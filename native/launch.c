@@ -96,7 +96,7 @@ static void ask_driver(struct scan *s, uintptr_t handle)
                          __ATOMIC_RELEASE);
         if (r == CUDA_SUCCESS) {
             s->unknown = 1;
-            ring_note("unknown_address.%#llx+%u=%s memory at %#llx, in no recorded block", (unsigned long long)handle,
+            ring_note(PYOBMEM_NOTE_UNKNOWN_ADDRESS ".%#llx+%u=%s memory at %#llx, in no recorded block", (unsigned long long)handle,
                       s->ask_slot[k] * 8, memory_type_name(type), (unsigned long long)s->ask_word[k]);
         }
     }
@@ -183,18 +183,11 @@ again:
     return words;
 }
 
-void emit_op_with_accesses(uint16_t type, uint16_t flags, uint64_t seq, uint64_t b, uint64_t c, uint64_t d,
-                           uint64_t e_high, const struct touched *t)
+void emit_op_with_accesses(const struct pyobmem_record *op, uint64_t seq, const struct touched *t)
 {
     /* Only the payload fields ring_write reads are filled: no memset of all 17 records. */
     struct pyobmem_record recs[1 + (SHIM_MAX_TOUCHED + 3) / 4];
-    recs[0].type = type;
-    recs[0].flags = flags;
-    recs[0].a = seq;
-    recs[0].b = b;
-    recs[0].c = c;
-    recs[0].d = d;
-    recs[0].e = (uint64_t)t->n | (e_high << 32);
+    recs[0] = *op;
     ring_write(recs, 1 + pack_accesses(recs + 1, seq, t->words, t->n));
 }
 
@@ -204,16 +197,21 @@ unsigned pack_accesses(struct pyobmem_record *recs, uint64_t seq, const uint64_t
     for (uint32_t i = 0; i < n; i += 4, r++) {
         recs[r].type = PYOBMEM_EV_ACCESS;
         recs[r].flags = 0;
-        recs[r].a = seq;
-        uint64_t w[4] = {0, 0, 0, 0};
-        for (uint32_t k = 0; k < 4 && i + k < n; k++)
-            w[k] = words[i + k];
-        recs[r].b = w[0];
-        recs[r].c = w[1];
-        recs[r].d = w[2];
-        recs[r].e = w[3];
+        recs[r].access.op = seq;
+        for (uint32_t k = 0; k < 4; k++)
+            recs[r].access.words[k] = i + k < n ? words[i + k] : 0;
     }
     return r;
+}
+
+static void emit_launch(uint16_t flags, uintptr_t handle, uint64_t stream, uint64_t grid, uint32_t words,
+                        const struct touched *t)
+{
+    uint64_t seq = shim_next_op();
+    struct pyobmem_record op = {.type = PYOBMEM_EV_LAUNCH, .flags = flags,
+                                .launch = {.op = seq, .function = handle, .stream = stream, .grid = grid,
+                                           .n_touched = t->n, .n_words = words}};
+    emit_op_with_accesses(&op, seq, t);
 }
 
 void record_launch(uintptr_t handle, uint64_t stream, uint64_t grid, void **kernelParams, void **extra,
@@ -223,7 +221,7 @@ void record_launch(uintptr_t handle, uint64_t stream, uint64_t grid, void **kern
     t.n = 0;
     t.truncated = 0;
     uint32_t words = scan_launch_args(handle, kernelParams, extra, &t, &flags);
-    emit_op_with_accesses(PYOBMEM_EV_LAUNCH, flags, shim_next_op(), handle, stream, grid, words, &t);
+    emit_launch(flags, handle, stream, grid, words, &t);
 }
 
 CUresult launch_swap_begin(struct launch_swap *ls, uintptr_t handle, CUstream run_stream, void **kernelParams,
@@ -242,7 +240,7 @@ CUresult launch_swap_begin(struct launch_swap *ls, uintptr_t handle, CUstream ru
 void launch_swap_end(struct launch_swap *ls, uintptr_t handle, uint64_t stream, uint64_t grid, CUresult r)
 {
     if (r == CUDA_SUCCESS)
-        emit_op_with_accesses(PYOBMEM_EV_LAUNCH, ls->flags, shim_next_op(), handle, stream, grid, ls->words, &ls->t);
+        emit_launch(ls->flags, handle, stream, grid, ls->words, &ls->t);
     swap_op_end(&ls->op, r);
 }
 

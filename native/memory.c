@@ -157,7 +157,8 @@ static void after_free(CUdeviceptr dptr, int known, const struct block *b, CUstr
     if (known)
         blocks_remove(b->start, b->id, (uint64_t)(uintptr_t)s);
     else if (dptr)
-        ring_write1(PYOBMEM_EV_UNTRACKED, 0, dptr, PYOBMEM_UNTRACKED_FREE, 0, 0, 0);
+        ring_write(&(struct pyobmem_record){.type = PYOBMEM_EV_UNTRACKED,
+                                            .untracked = {.addr = dptr, .kind = PYOBMEM_UNTRACKED_FREE}}, 1);
 }
 
 /* A block the executor serves is freed by it (cuMemFree: after its own last uses; cuMemFreeAsync:
@@ -464,7 +465,8 @@ CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size)
     int rec = shim_begin();
     CUresult r = REAL(cuMemUnmap, (ptr, size));
     if (rec && r == CUDA_SUCCESS && blocks_remove_range(ptr, ptr + size, 0) == 0)
-        ring_write1(PYOBMEM_EV_UNTRACKED, 0, ptr, PYOBMEM_UNTRACKED_UNMAP, 0, 0, 0);
+        ring_write(&(struct pyobmem_record){.type = PYOBMEM_EV_UNTRACKED,
+                                            .untracked = {.addr = ptr, .kind = PYOBMEM_UNTRACKED_UNMAP}}, 1);
     return r;
 }
 
@@ -474,14 +476,16 @@ static void emit_copy(int kind, int async, uint64_t dst, uint64_t src, uint64_t 
 {
     uint64_t dw = kind == PYOBMEM_COPY_DTOH ? 0 : blocks_access_word(dst);
     uint64_t sw = kind == PYOBMEM_COPY_HTOD ? 0 : blocks_access_word(src);
-    ring_write1(PYOBMEM_EV_MEMCPY, (uint16_t)(kind | (async ? PYOBMEM_COPY_ASYNC : 0)), shim_next_op(), dw, sw,
-                bytes, (uint64_t)(uintptr_t)s);
+    ring_write(&(struct pyobmem_record){.type = PYOBMEM_EV_MEMCPY, .flags = (uint16_t)(kind | (async ? PYOBMEM_COPY_ASYNC : 0)),
+                                        .memcpy = {.op = shim_next_op(), .dst = dw, .src = sw, .bytes = bytes,
+                                                   .stream = (uint64_t)(uintptr_t)s}}, 1);
 }
 
 static void emit_set(int async, uint64_t dst, uint64_t value, uint64_t bytes, CUstream s)
 {
-    ring_write1(PYOBMEM_EV_MEMSET, async ? PYOBMEM_COPY_ASYNC : 0, shim_next_op(), blocks_access_word(dst), value,
-                bytes, (uint64_t)(uintptr_t)s);
+    ring_write(&(struct pyobmem_record){.type = PYOBMEM_EV_MEMSET, .flags = async ? PYOBMEM_COPY_ASYNC : 0,
+                                        .memset = {.op = shim_next_op(), .dst = blocks_access_word(dst), .value = value,
+                                                   .bytes = bytes, .stream = (uint64_t)(uintptr_t)s}}, 1);
 }
 
 #define DEF_COPY(NAME, KIND, DT, ST, DARG, SARG)                                        \
@@ -572,8 +576,9 @@ static void emit_copy_nd(CUmemorytype st, uint64_t src, CUmemorytype dt, uint64_
     int kind = nd_kind(st, dt);
     uint64_t dw = side_is_device(dt) ? blocks_access_word(dst) : 0;
     uint64_t sw = side_is_device(st) ? blocks_access_word(src) : 0;
-    ring_write1(PYOBMEM_EV_MEMCPY, (uint16_t)(kind | (async ? PYOBMEM_COPY_ASYNC : 0)), shim_next_op(), dw, sw,
-                bytes, (uint64_t)(uintptr_t)s);
+    ring_write(&(struct pyobmem_record){.type = PYOBMEM_EV_MEMCPY, .flags = (uint16_t)(kind | (async ? PYOBMEM_COPY_ASYNC : 0)),
+                                        .memcpy = {.op = shim_next_op(), .dst = dw, .src = sw, .bytes = bytes,
+                                                   .stream = (uint64_t)(uintptr_t)s}}, 1);
 }
 
 static void emit_copy2d(const CUDA_MEMCPY2D *p, int async, CUstream s)
@@ -768,11 +773,11 @@ static void emit_batch(uint64_t b, uint64_t c, uint64_t bytes, CUstream s, const
     uint64_t seq = shim_next_op();
     recs[0].type = PYOBMEM_EV_MEMCPY;
     recs[0].flags = PYOBMEM_COPY_OTHER | PYOBMEM_COPY_ASYNC;
-    recs[0].a = seq;
-    recs[0].b = b;
-    recs[0].c = c;
-    recs[0].d = bytes;
-    recs[0].e = (uint64_t)(uintptr_t)s;
+    recs[0].memcpy.op = seq;
+    recs[0].memcpy.dst = b;
+    recs[0].memcpy.src = c;
+    recs[0].memcpy.bytes = bytes;
+    recs[0].memcpy.stream = (uint64_t)(uintptr_t)s;
     ring_write(recs, 1 + pack_accesses(recs + 1, seq, t->words + n0, t->n > n0 ? t->n - n0 : 0));
     if (t->truncated && !__atomic_exchange_n(&noted, 1, __ATOMIC_RELAXED))
         ring_note("batch copy touched more than %d blocks: the others are not recorded", SHIM_MAX_TOUCHED);

@@ -200,7 +200,7 @@ static uint32_t comm_index(ncclComm_t comm)
         g_comms[n] = comm;
         __atomic_store_n(&g_ncomms, n + 1, __ATOMIC_RELEASE);
         idx = n;
-        ring_note("nccl.comm%u=rank=%d nranks=%d device=%d", n, comm_int(IDX_ncclCommUserRank, comm),
+        ring_note(PYOBMEM_NOTE_NCCL_COMM "%u=rank=%d nranks=%d device=%d", n, comm_int(IDX_ncclCommUserRank, comm),
                   comm_int(IDX_ncclCommCount, comm), comm_int(IDX_ncclCommCuDevice, comm));
     }
     pthread_mutex_unlock(&g_comm_mu);
@@ -247,9 +247,11 @@ static void nccl_after(const struct nccl_call *c, int rec, ncclResult_t r)
     g_depth--;
     if (!rec || (r != NCCL_SUCCESS && r != NCCL_IN_PROGRESS))
         return;
-    uint64_t e = ((uint64_t)comm_index(c->comm) << 32) | (uint32_t)c->peer;
-    ring_write1(PYOBMEM_EV_NCCL, c->kind, blocks_access_word(c->send), blocks_access_word(c->recv), c->bytes,
-                (uint64_t)(uintptr_t)c->stream, e);
+    ring_write(&(struct pyobmem_record){.type = PYOBMEM_EV_NCCL, .flags = c->kind,
+                                        .nccl = {.send = blocks_access_word(c->send),
+                                                 .recv = blocks_access_word(c->recv), .bytes = c->bytes,
+                                                 .stream = (uint64_t)(uintptr_t)c->stream,
+                                                 .peer = (uint32_t)c->peer, .comm = comm_index(c->comm)}}, 1);
 }
 
 /* ---- the wrappers ---- */

@@ -1,5 +1,5 @@
 /*
- * Producer side of the shared-memory event ring (protocol in include/pyobmem/abi.h).
+ * Producer side of the shared-memory event ring (protocol in pyobmem/include/pyobmem/abi.h).
  *
  * A group of n records (a launch and its ACCESS records, the chunks of one text) is reserved
  * as n consecutive slots with one CAS on head, so a group is written whole or dropped whole.
@@ -25,7 +25,6 @@
  * far larger than the caches, so each slot's line was last touched a lap ago: without the
  * prefetch the next op's reserve and publish wait for memory. A launch writes 2 slots typically. */
 #define RING_PREFETCH 4
-#define TEXT_CHUNK 32
 #define TEXT_MAX_CHUNKS 8
 
 static struct pyobmem_ring_header *g_hdr;
@@ -111,11 +110,7 @@ static void publish(uint64_t pos, const struct pyobmem_record *recs, unsigned n,
         slot->flags = recs[i].flags;
         slot->pid = g_shim.pid;
         slot->ts_ns = ts;
-        slot->a = recs[i].a;
-        slot->b = recs[i].b;
-        slot->c = recs[i].c;
-        slot->d = recs[i].d;
-        slot->e = recs[i].e;
+        slot->words = recs[i].words;
         /* Publish only if the slot is still ours: a consumer that gave up on it (we were stopped
          * or preempted between reserve and publish for longer than its stuck timeout) moved its
          * seq on to the next lap, pos + cap. A plain store would set it back to pos + 1 and no
@@ -133,7 +128,7 @@ static void flush_pending_drops(uint64_t ts)
         return;
     uint64_t pos;
     if (reserve(1, &pos)) {
-        struct pyobmem_record r = {.type = PYOBMEM_EV_DROPPED, .a = p};
+        struct pyobmem_record r = {.type = PYOBMEM_EV_DROPPED, .dropped = {.count = p}};
         publish(pos, &r, 1, ts);
     } else {
         /* Still full: the DROPPED record itself is no event, so it is not counted; carry on. */
@@ -162,38 +157,32 @@ int ring_write(const struct pyobmem_record *recs, unsigned n)
     return 1;
 }
 
-int ring_write1(uint16_t type, uint16_t flags, uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t e)
-{
-    struct pyobmem_record r = {.type = type, .flags = flags, .a = a, .b = b, .c = c, .d = d, .e = e};
-    return ring_write(&r, 1);
-}
-
-void ring_text(uint16_t type, uint64_t a, const char *text)
+void ring_text(uint16_t type, uint64_t key, const char *text)
 {
     struct pyobmem_record recs[TEXT_MAX_CHUNKS];
     size_t len = strlen(text);
-    unsigned n = (unsigned)((len + TEXT_CHUNK - 1) / TEXT_CHUNK);
+    unsigned n = (unsigned)((len + PYOBMEM_TEXT_CHUNK - 1) / PYOBMEM_TEXT_CHUNK);
     if (n == 0)
         n = 1;
     if (n > TEXT_MAX_CHUNKS)
         n = TEXT_MAX_CHUNKS;
     memset(recs, 0, sizeof recs);
     for (unsigned i = 0; i < n; i++) {
-        size_t off = (size_t)i * TEXT_CHUNK;
+        size_t off = (size_t)i * PYOBMEM_TEXT_CHUNK;
         size_t k = off < len ? len - off : 0;
-        if (k > TEXT_CHUNK)
-            k = TEXT_CHUNK;
+        if (k > PYOBMEM_TEXT_CHUNK)
+            k = PYOBMEM_TEXT_CHUNK;
         recs[i].type = type;
         recs[i].flags = (uint16_t)(i | (i == n - 1 ? PYOBMEM_TEXT_LAST : 0));
-        recs[i].a = a;
-        memcpy((char *)&recs[i] + offsetof(struct pyobmem_record, b), text + off, k); /* b..e: 32 bytes */
+        recs[i].note.key = key; /* KERNEL_NAME and NOTE share the text payload */
+        memcpy(recs[i].note.text, text + off, k);
     }
     ring_write(recs, n);
 }
 
 void ring_note(const char *fmt, ...)
 {
-    char buf[TEXT_CHUNK * TEXT_MAX_CHUNKS + 1];
+    char buf[PYOBMEM_TEXT_CHUNK * TEXT_MAX_CHUNKS + 1];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);

@@ -1,6 +1,6 @@
 /*
  * Internal header of the shim (libpyobmem.so). Not installed; the ABI shared with Python is
- * include/pyobmem/abi.h.
+ * pyobmem/include/pyobmem/abi.h.
  */
 #ifndef PYOBMEM_SHIM_H
 #define PYOBMEM_SHIM_H
@@ -91,12 +91,11 @@ uint64_t shim_now_ns(void);
 /* ---- ring.c ---- */
 int ring_open(const char *path);
 void ring_reset_after_fork(void);
-/* Write n records as one group: all or nothing. Payload fields (type, flags, a..e) come from
- * recs; seq, pid and ts are filled in. Returns 1 if written, 0 if dropped (counted). */
+/* Write n records as one group: all or nothing. Payload fields (type, flags, the payload) come
+ * from recs; seq, pid and ts are filled in. Returns 1 if written, 0 if dropped (counted). */
 int ring_write(const struct pyobmem_record *recs, unsigned n);
-int ring_write1(uint16_t type, uint16_t flags, uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t e);
-/* NOTE (a = 0) or KERNEL_NAME (a = handle) text in 32-byte chunks, at most 8. */
-void ring_text(uint16_t type, uint64_t a, const char *text);
+/* NOTE (key = 0) or KERNEL_NAME (key = handle) text in 32-byte chunks, at most 8. */
+void ring_text(uint16_t type, uint64_t key, const char *text);
 void ring_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* ---- blocks.c ---- */
@@ -256,9 +255,9 @@ int touched_add(struct touched *t, uint64_t word);
  * scanned and ORs OPAQUE/NO_LAYOUT/UNKNOWN_ADDRESS into *flags as needed. Runs its own blocks read
  * section. */
 uint32_t scan_launch_args(uintptr_t handle, void **kernelParams, void **extra, struct touched *t, uint16_t *flags);
-/* Emit a LAUNCH or GRAPH_LAUNCH record followed by its ACCESS records, as one ring group. */
-void emit_op_with_accesses(uint16_t type, uint16_t flags, uint64_t seq, uint64_t b, uint64_t c, uint64_t d,
-                           uint64_t e_high, const struct touched *t);
+/* Emit a LAUNCH or GRAPH_LAUNCH record (`op`, of op seq `seq`) followed by its ACCESS records (of t),
+ * as one ring group. */
+void emit_op_with_accesses(const struct pyobmem_record *op, uint64_t seq, const struct touched *t);
 /* ACCESS records of op `seq` naming words[0..n), four a record, into recs; returns how many. */
 unsigned pack_accesses(struct pyobmem_record *recs, uint64_t seq, const uint64_t *words, uint32_t n);
 void record_launch(uintptr_t handle, uint64_t stream, uint64_t grid, void **kernelParams, void **extra,

@@ -134,7 +134,10 @@ int swappable(const struct sblock *b)
 void emit_swap(uint16_t type, uint16_t cause, const struct sblock *b, uint64_t dur)
 {
     CUstream s = type == PYOBMEM_EV_SWAP_OUT ? g_d2h : g_h2d;
-    ring_write1(type, cause, b->id, b->size, dur, (uint64_t)(uintptr_t)s, 0);
+    /* SWAP_OUT and SWAP_IN share their payload struct: .swap_out names both. */
+    ring_write(&(struct pyobmem_record){.type = type, .flags = cause,
+                                        .swap_out = {.block_id = b->id, .bytes = b->size, .duration_ns = dur,
+                                                     .stream = (uint64_t)(uintptr_t)s}}, 1);
 }
 
 /* ---- the block table ---- */

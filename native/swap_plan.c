@@ -119,7 +119,7 @@ static void maybe_adopt(void)
     g_plan.following = 1;
     g_adopted = gen;
     __atomic_store_n(&g_ctl->adopted, gen, __ATOMIC_RELEASE);
-    ring_write1(PYOBMEM_EV_PLAN, 0, gen, k, 0, 0, 0);
+    ring_write(&(struct pyobmem_record){.type = PYOBMEM_EV_PLAN, .plan = {.generation = gen, .value = k}}, 1);
 }
 
 /* The position of the op with `key` in the followed plan, or -1. */
@@ -137,7 +137,8 @@ int64_t plan_step(uint64_t key)
     else if (g_plan.next < 0)
         return -1; /* waiting for the iteration to start */
     else {
-        ring_write1(PYOBMEM_EV_PLAN, 1, g_plan.gen, (uint64_t)g_plan.next, 0, 0, 0);
+        ring_write(&(struct pyobmem_record){.type = PYOBMEM_EV_PLAN, .flags = 1,
+                                            .plan = {.generation = g_plan.gen, .value = (uint64_t)g_plan.next}}, 1);
         __atomic_add_fetch(&g_ctl->plan_drops, 1, __ATOMIC_RELAXED);
         g_plan.following = 0;
         return -1;

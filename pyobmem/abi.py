@@ -1,207 +1,150 @@
-"""The event ABI of native/include/pyobmem/abi.h, mirrored as numpy dtypes and enums.
+"""The event ABI, read at import from the one definition, include/pyobmem/abi.h, with cffi.
 
-abi.h is the one definition; tests/test_abi.py compiles it and checks every constant, size and
-offset here against the C compiler's view, so the two sides cannot drift.
+cffi's parser (ABI mode: nothing is compiled) gives every enum, integer constant and struct
+layout of the header; the Python side is built from that: enums as IntEnum/IntFlag classes named
+in ``_ENUMS``, each object-like ``#define PYOBMEM_X`` as the module constant ``X`` (string
+constants by a regex, as cdef takes none), and numpy structured dtypes from the structs' offsets
+and sizes. Records: ``RECORD_DTYPE`` sees the payload as five words a..e (to move records);
+``EVENT_DTYPES[Ev.X]`` names them as the type's payload struct (to read and write them), see
+``view``. Function-like macros are C only; their Python forms are below, checked against the C
+compiler by tests/test_abi.py.
 """
 
 from __future__ import annotations
 
 import enum
+import re
+from pathlib import Path
 
 import numpy as np
 
-ABI_VERSION = 1
-RING_MAGIC = 0x474E4952424F5950  # "PYOBRING"
-RECORD_SIZE = 64
-RING_HEADER_SIZE = 4096
-ACCESS_OFFSET_BITS = 40
-ACCESS_OFFSET_MASK = (1 << ACCESS_OFFSET_BITS) - 1
-TEXT_LAST = 0x8000
+try:
+    import cffi
+except ImportError:  # a user's one line, not a traceback (cffi is a dependency of the package)
+    raise SystemExit("pyobmem: the cffi package is missing (pip install cffi): pyobmem reads its ABI with it") from None
 
-ENV_RING = "PYOBMEM_RING"
-ENV_DISABLE = "PYOBMEM_DISABLE"
-ENV_CUPTI = "PYOBMEM_CUPTI"
-ENV_CONTROL = "PYOBMEM_CONTROL"
-ENV_RELEASER = "PYOBMEM_RELEASER"  # swap mode: "0" turns the release thread off
-ENV_GPU_CLOCK_EVERY = "PYOBMEM_GPU_CLOCK_EVERY"  # GPU time sample every N ops (default 32; 0: off)
-ENV_GPU_CLOCK_POOL = "PYOBMEM_GPU_CLOCK_POOL"  # timing events per context (default 256)
+HEADER = Path(__file__).resolve().parent / "include" / "pyobmem" / "abi.h"
 
-CONTROL_MAGIC = 0x4C5254434F4259  # "YOBCTRL"
-PLAN_MAX_OPS = 32768
-PLAN_MAX_ACTIONS = 16384
-
-
-class Ev(enum.IntEnum):
-    """Event types (``pyobmem_event_type``); payload words per type are documented in abi.h."""
-
-    NONE = 0
-    PROCESS = 1
-    ALLOC = 2
-    FREE = 3
-    LAUNCH = 4
-    ACCESS = 5
-    MEMCPY = 6
-    MEMSET = 7
-    GRAPH_LAUNCH = 8
-    KERNEL_NAME = 9
-    UNTRACKED = 10
-    NOTE = 11
-    DROPPED = 12
-    CAPTURE_END = 13
-    SWAP_OUT = 14
-    SWAP_IN = 15
-    PLAN = 16
-    NCCL = 17
-    GPU_TIME = 18
+# C enum -> (Python class, prefix its C member names drop, base class, docstring).
+_ENUMS = {
+    "pyobmem_event_type": ("Ev", "PYOBMEM_EV_", enum.IntEnum, "Event types (the record's ``type``)."),
+    "pyobmem_nccl_call": ("NcclCall", "PYOBMEM_NCCL_", enum.IntEnum, "Which NCCL call an NCCL record is (flags)."),
+    "pyobmem_rank_source": ("RankSource", "PYOBMEM_RANK_", enum.IntEnum,
+                            "Which environment variables gave a process its rank (PROCESS rank_source)."),
+    "pyobmem_swap_in_cause": ("SwapInCause", "PYOBMEM_SWAP_IN_", enum.IntEnum, "Why a block came back (SWAP_IN flags)."),
+    "pyobmem_alloc_kind": ("AllocKind", "PYOBMEM_ALLOC_", enum.IntEnum, "How a block was allocated (ALLOC kind)."),
+    "pyobmem_launch_flags": ("LaunchFlag", "PYOBMEM_LAUNCH_", enum.IntFlag, "Flags of a LAUNCH record."),
+    "pyobmem_copy_kind": ("CopyKind", "PYOBMEM_COPY_", enum.IntEnum,
+                          "Direction of a MEMCPY record (low byte of flags; COPY_ASYNC is or'ed in)."),
+    "pyobmem_untracked_kind": ("UntrackedKind", "PYOBMEM_UNTRACKED_", enum.IntEnum, "What an UNTRACKED record saw."),
+    "pyobmem_launch_source": ("LaunchSource", "PYOBMEM_SOURCE_", enum.IntEnum,
+                              "Where a process's launches were attributed from (PROCESS source)."),
+    "pyobmem_action_kind": ("ActionKind", "PYOBMEM_ACT_", enum.IntEnum, "What a plan action does."),
+}
+_PRIMITIVES = {"uint8_t": "<u1", "uint16_t": "<u2", "uint32_t": "<u4", "uint64_t": "<u8", "int32_t": "<i4",
+               "int64_t": "<i8"}
+_DEFINE = re.compile(r'^[ \t]*#[ \t]*define[ \t]+PYOBMEM_(\w+)[ \t]+("(?:[^"\\]|\\.)*"|\S+)', re.M)
 
 
-class NcclCall(enum.IntEnum):
-    """Which NCCL call an NCCL record is (flags, ``pyobmem_nccl_call``)."""
-
-    ALL_REDUCE = 1
-    BROADCAST = 2
-    REDUCE = 3
-    ALL_GATHER = 4
-    REDUCE_SCATTER = 5
-    SEND = 6
-    RECV = 7
-    ALL_TO_ALL = 8
-    GATHER = 9
-    SCATTER = 10
-    COMM_REGISTER = 11
-    WINDOW_REGISTER = 12
-    MEM_ALLOC = 13
+def cdef_text(header: str) -> str:
+    """The header as cffi's cdef takes it: no comments, includes, guards, string or function-like
+    macros, nor _Static_assert lines (integer #defines with C suffixes stay: cdef reads them)."""
+    text = re.sub(r"/\*.*?\*/", " ", header, flags=re.S).replace("\\\n", " ")
+    keep = []
+    for line in text.splitlines():
+        s = line.strip()
+        if s.startswith("#") and not re.match(r'#\s*define\s+\w+\s+[^"\s]', s) or s.startswith("_Static_assert"):
+            continue  # other directives, the guard's bare #define, string and function-like macros
+        keep.append(line)
+    return "\n".join(keep)
 
 
-class RankSource(enum.IntEnum):
-    """Which environment variables gave a process its rank (``pyobmem_rank_source``)."""
-
-    NONE = 0
-    TORCH = 1
-    OMPI = 2
-    PMI = 3
-    SLURM = 4
+def _load(header: str):
+    ffi = cffi.FFI()
+    ffi.cdef(cdef_text(header))
+    return ffi, ffi.dlopen(None)  # the process itself: the header's constants need no library
 
 
-RANK_UNKNOWN = 0xFFFFFFFF  # rank or local rank not given (PROCESS d)
+_TEXT = HEADER.read_text()
+ffi, _lib = _load(_TEXT)
+
+# Every object-like #define PYOBMEM_X as X (ints from cffi, strings as written).
+for _name, _value in _DEFINE.findall(re.sub(r"/\*.*?\*/", " ", _TEXT, flags=re.S)):
+    globals()[_name] = _value[1:-1] if _value.startswith('"') else getattr(_lib, "PYOBMEM_" + _name)
+ACCESS_OFFSET_MASK = (1 << ACCESS_OFFSET_BITS) - 1  # noqa: F821 (a header constant)
 
 
-class SwapInCause(enum.IntEnum):
-    """Why a block came back (flags of SWAP_IN, ``pyobmem_swap_in_cause``)."""
-
-    PREFETCH = 1
-    LATE = 2
-    DEMAND = 3
-
-
-class ActionKind(enum.IntEnum):
-    """What a plan action does (``pyobmem_action_kind``)."""
-
-    SWAP_OUT = 1
-    PREFETCH = 2
-    MARK = 3
-    IDLE = 4
+def _enum(c_name: str, py_name: str, prefix: str, base: type, doc: str):
+    members = sorted(ffi.typeof(f"enum {c_name}").relements.items(), key=lambda m: m[1])
+    cls = base(py_name, [(n[len(prefix):], v) for n, v in members], module=__name__)
+    cls.__doc__ = f"{doc} C: ``enum {c_name}``."
+    return cls
 
 
-class AllocKind(enum.IntEnum):
-    """How a block was allocated (``pyobmem_alloc_kind``)."""
-
-    DRIVER = 0
-    PITCH = 1
-    ASYNC = 2
-    VMM = 3
-    MANAGED = 4
-    HOST = 5  # pinned or mapped host memory: never swapped, not device memory
+for _c, (_py, _prefix, _base, _doc) in _ENUMS.items():
+    globals()[_py] = _enum(_c, _py, _prefix, _base, _doc)
+Ev = globals()["Ev"]  # for the lines below (the other enums are used only from outside)
 
 
-class LaunchFlag(enum.IntFlag):
-    """Flags of a LAUNCH record (``pyobmem_launch_flags``)."""
-
-    OPAQUE = 1 << 0
-    NO_LAYOUT = 1 << 1
-    EX = 1 << 2
-    COOPERATIVE = 1 << 3
-    VIA_CUPTI = 1 << 4
-    TRUNCATED = 1 << 5
-    UNKNOWN_ADDRESS = 1 << 6  # an argument word the driver knows as an address, in no recorded block
+def _fields(ctype, base: int = 0) -> list[tuple[str, object, int]]:
+    """(name, numpy format, offset) of each field of a cffi struct type; padding is left out."""
+    return [(name, _dtype(f.type), base + f.offset) for name, f in ctype.fields if not name.startswith("_pad")]
 
 
-class CopyKind(enum.IntEnum):
-    """Direction of a MEMCPY record (``pyobmem_copy_kind``, low byte of flags)."""
+def _dtype(ctype) -> np.dtype:
+    if ctype.kind == "primitive":
+        return np.dtype(_PRIMITIVES[ctype.cname])
+    if ctype.kind == "array":
+        return np.dtype((_dtype(ctype.item), (ctype.length,)))
+    if ctype.kind == "struct":
+        return _struct(_fields(ctype), ffi.sizeof(ctype))
+    raise TypeError(f"abi.h: no numpy form for {ctype.cname}")
 
-    HTOD = 1
-    DTOH = 2
-    DTOD = 3
-    OTHER = 4
-
-
-COPY_ASYNC = 0x100
-
-
-class UntrackedKind(enum.IntEnum):
-    """What an UNTRACKED record saw (``pyobmem_untracked_kind``)."""
-
-    FREE = 1
-    UNMAP = 2
-
-
-class LaunchSource(enum.IntEnum):
-    """Where a process's launches were attributed from (``pyobmem_launch_source``)."""
-
-    HOOKS = 0
-    CUPTI = 1
-
-
-RECORD_DTYPE = np.dtype(
-    [
-        ("seq", "<u8"),
-        ("type", "<u2"),
-        ("flags", "<u2"),
-        ("pid", "<u4"),
-        ("ts_ns", "<u8"),
-        ("a", "<u8"),
-        ("b", "<u8"),
-        ("c", "<u8"),
-        ("d", "<u8"),
-        ("e", "<u8"),
-    ]
-)
-
-RING_HEADER_DTYPE = np.dtype(
-    {
-        "names": ["magic", "abi_version", "record_size", "capacity", "creator_pid", "head", "tail", "dropped"],
-        "formats": ["<u8", "<u4", "<u4", "<u8", "<u8", "<u8", "<u8", "<u8"],
-        "offsets": [0, 8, 12, 16, 24, 64, 128, 192],
-        "itemsize": 256,
-    }
-)
 
 def _struct(fields: list[tuple], itemsize: int) -> np.dtype:
-    """A dtype with explicit offsets: (name, format, offset); C padding is left out."""
-    return np.dtype(
-        {"names": [f[0] for f in fields], "formats": [f[1] for f in fields], "offsets": [f[2] for f in fields],
-         "itemsize": itemsize}
-    )
+    names = [f[0] for f in fields]
+    if len(set(names)) != len(names):
+        raise TypeError(f"abi.h: a record's payload field repeats a header field name: {names}")
+    return np.dtype({"names": names, "formats": [f[1] for f in fields], "offsets": [f[2] for f in fields],
+                     "itemsize": itemsize})
 
 
-ACTION_DTYPE = _struct([("at", "<u4", 0), ("kind", "<u2", 4), ("until", "<u2", 6), ("addr", "<u8", 8), ("size", "<u8", 16)], 24)
-PLAN_DTYPE = _struct(
-    [
-        ("generation", "<u8", 0), ("pid", "<u4", 8), ("period", "<u4", 12), ("n_actions", "<u4", 16),
-        ("budget_bytes", "<u8", 24), ("template_keys", ("<u8", (PLAN_MAX_OPS,)), 32),
-        ("actions", (ACTION_DTYPE, (PLAN_MAX_ACTIONS,)), 32 + 8 * PLAN_MAX_OPS),
-    ],
-    32 + 8 * PLAN_MAX_OPS + ACTION_DTYPE.itemsize * PLAN_MAX_ACTIONS,
-)
-CONTROL_DTYPE = _struct(
-    [
-        ("magic", "<u8", 0), ("abi_version", "<u4", 8), ("budget_bytes", "<u8", 16), ("min_swap_bytes", "<u8", 24),
-        ("active", "<u8", 32), ("adopted", "<u8", 40), ("plan_drops", "<u8", 48), ("plans", (PLAN_DTYPE, (2,)), 64),
-    ],
-    64 + 2 * PLAN_DTYPE.itemsize,
-)
+def _struct_dtype(name: str) -> np.dtype:
+    return _dtype(ffi.typeof(f"struct {name}"))
 
-assert RECORD_DTYPE.itemsize == RECORD_SIZE
+
+_RECORD = ffi.typeof("struct pyobmem_record")
+# The ring's and the record's own fields (the payload members of the union are structs).
+_RECORD_HEAD = [(n, _dtype(f.type), f.offset) for n, f in _RECORD.fields if f.type.kind != "struct"]
+
+
+def _record_dtype(member: str) -> np.dtype:
+    """The record with union member ``member``'s fields in place of the payload."""
+    f = dict(_RECORD.fields)[member]
+    return _struct(_RECORD_HEAD + _fields(f.type, f.offset), ffi.sizeof(_RECORD))
+
+
+RECORD_DTYPE = _record_dtype("words")
+# One per event type: its payload struct, the union member named as the type in lower case.
+EVENT_DTYPES = {ev: _record_dtype(ev.name.lower()) for ev in Ev if ev != Ev.NONE}
+RING_HEADER_DTYPE = _struct_dtype("pyobmem_ring_header")
+ACTION_DTYPE = _struct_dtype("pyobmem_action")
+PLAN_DTYPE = _struct_dtype("pyobmem_plan")
+CONTROL_DTYPE = _struct_dtype("pyobmem_control")
+
+
+def view(records: np.ndarray, event_type: int) -> np.ndarray:
+    """``records`` (``RECORD_DTYPE``, shape (n,)) seen as ``EVENT_DTYPES[event_type]``: the same
+    bytes with the payload named (a view where the array is contiguous, else a copy)."""
+    return np.ascontiguousarray(records).view(EVENT_DTYPES[Ev(event_type)])
+
+
+def records(event_type: int, n: int = 1) -> np.ndarray:
+    """``n`` zeroed records of ``event_type`` (``EVENT_DTYPES[event_type]``, type set), to fill by
+    field name; ``.view(RECORD_DTYPE)`` gives them as plain records."""
+    out = np.zeros(n, EVENT_DTYPES[Ev(event_type)])
+    out["type"] = int(event_type)
+    return out
 
 
 def op_key_copy(event_type: int, copy_kind: int) -> int:
@@ -210,6 +153,7 @@ def op_key_copy(event_type: int, copy_kind: int) -> int:
 
 
 def access_word_split(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Split access words (uint64 array) into (block ids, byte offsets); 0 words mean unused."""
+    """Split access words (``PYOBMEM_ACCESS_WORD``, uint64 array) into (block ids, byte offsets);
+    0 words mean unused."""
     words = np.asarray(words, dtype=np.uint64)
-    return words >> np.uint64(ACCESS_OFFSET_BITS), words & np.uint64(ACCESS_OFFSET_MASK)
+    return words >> np.uint64(ACCESS_OFFSET_BITS), words & np.uint64(ACCESS_OFFSET_MASK)  # noqa: F821

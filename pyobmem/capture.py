@@ -73,6 +73,14 @@ GPU_TIMES_DTYPE = np.dtype(
 )
 
 _OP_TYPES = (abi.Ev.LAUNCH, abi.Ev.MEMCPY, abi.Ev.MEMSET, abi.Ev.GRAPH_LAUNCH)
+# Per op type: column of OPS_DTYPE <- field of its payload (abi.h); columns not named stay 0.
+_OP_COLUMNS = {
+    abi.Ev.LAUNCH: {"seq": "op", "handle": "function", "stream": "stream", "grid": "grid", "n_touched": "n_touched",
+                    "n_words": "n_words"},
+    abi.Ev.GRAPH_LAUNCH: {"seq": "op", "handle": "graph_exec", "stream": "stream", "n_touched": "n_touched"},
+    abi.Ev.MEMCPY: {"seq": "op", "stream": "stream", "bytes": "bytes", "copy_kind": "flags"},
+    abi.Ev.MEMSET: {"seq": "op", "stream": "stream", "bytes": "bytes"},
+}
 
 
 class CaptureWriter:
@@ -132,12 +140,11 @@ class CaptureWriter:
 
     def finish(self, dropped: int, exit_status: int | None, ts_ns: int) -> None:
         """Append CAPTURE_END (``dropped`` events lost in total, the command's exit status)."""
-        end = np.zeros(1, dtype=abi.RECORD_DTYPE)
-        end["type"] = abi.Ev.CAPTURE_END
+        end = abi.records(abi.Ev.CAPTURE_END)
         end["ts_ns"] = ts_ns
-        end["a"] = dropped
-        end["b"] = np.int64(exit_status if exit_status is not None else -(1 << 31)).view(np.uint64)
-        self.write(end)
+        end["dropped"] = dropped
+        end["exit_status"] = exit_status if exit_status is not None else -(1 << 31)
+        self.write(end.view(abi.RECORD_DTYPE))
 
     def close(self) -> None:
         """Flush to disk and close."""
@@ -263,19 +270,14 @@ def read_records(path: str) -> tuple[dict, np.ndarray]:
     return meta, recs
 
 
-def _text_payload(recs: np.ndarray) -> np.ndarray:
-    """The 32 text bytes (words b..e) of each chunk record, shape (n, 32) uint8."""
-    words = np.stack([recs[w] for w in ("b", "c", "d", "e")], axis=1).astype("<u8")
-    return words.view(np.uint8).reshape(len(recs), 32)
-
-
-def _texts(recs: np.ndarray, key_field: str) -> dict:
-    """Group text chunk records by (pid, key) and join them; returns {(pid, key): text}."""
+def _texts(recs: np.ndarray) -> dict:
+    """Group text chunk records (KERNEL_NAME) by (pid, key) and join them; returns {(pid, key): text}."""
     out: dict = {}
     if not len(recs):
         return out
-    payload = _text_payload(recs)
-    pids, keys, flags = recs["pid"], recs[key_field], recs["flags"]
+    recs = abi.view(recs, abi.Ev.KERNEL_NAME)
+    payload = recs["text"]
+    pids, keys, flags = recs["pid"], recs["key"], recs["flags"]
     parts: dict = {}
     for i in range(len(recs)):
         k = (int(pids[i]), int(keys[i]))
@@ -304,26 +306,29 @@ def decode_records(recs: np.ndarray, meta: dict | None = None, path: str = "<rec
     meta = {} if meta is None else meta
     rtype = recs["type"]
 
-    end = recs[rtype == abi.Ev.CAPTURE_END]
+    def of(ev: abi.Ev) -> np.ndarray:  # the records of one type, their payload named (abi.h)
+        return abi.view(recs[rtype == ev], ev)
+
+    end = of(abi.Ev.CAPTURE_END)
     complete = len(end) > 0
     exit_status = None
     if complete:
-        status = int(end["b"][-1:].view(np.int64)[0])
+        status = int(end["exit_status"][-1])
         exit_status = None if status == -(1 << 31) else status
 
-    drop_recs = recs[rtype == abi.Ev.DROPPED]
+    drop_recs = of(abi.Ev.DROPPED)
     drops = np.zeros(len(drop_recs), dtype=DROPS_DTYPE)
-    drops["pid"], drops["ts_ns"], drops["count"] = drop_recs["pid"], drop_recs["ts_ns"], drop_recs["a"]
-    dropped = int(end["a"][-1]) if complete else int(drops["count"].sum())
+    drops["pid"], drops["ts_ns"], drops["count"] = drop_recs["pid"], drop_recs["ts_ns"], drop_recs["count"]
+    dropped = int(end["dropped"][-1]) if complete else int(drops["count"].sum())
 
     notes: dict = {}
     for rec_pid, text in _texts_sequential(recs[rtype == abi.Ev.NOTE]):
         key, _, value = text.partition("=")
         notes.setdefault(rec_pid, {})[key] = value
 
-    kernel_names = _texts(recs[rtype == abi.Ev.KERNEL_NAME], "a")
+    kernel_names = _texts(recs[rtype == abi.Ev.KERNEL_NAME])
 
-    p = recs[rtype == abi.Ev.PROCESS]
+    p = of(abi.Ev.PROCESS)
     # A pid writes PROCESS again when its launch source changes (abi.h): one row per pid, the
     # first record's time and the last record's source.
     _, first = np.unique(p["pid"], return_index=True)
@@ -331,35 +336,34 @@ def decode_records(recs: np.ndarray, meta: dict | None = None, path: str = "<rec
     order = np.argsort(first)  # processes in order of appearance
     first, last = first[order], (len(p) - 1 - last_reversed)[order]
     processes = np.zeros(len(first), dtype=PROCESSES_DTYPE)
-    processes["pid"], processes["ppid"], processes["ts_ns"] = p["pid"][first], p["a"][first], p["ts_ns"][first]
-    processes["driver_version"], processes["source"] = p["b"][first], p["c"][last]
-    d, e = p["d"][last], p["e"][last]
-    rank_source = (e >> np.uint64(32)) & np.uint64(0xFF)
-    ranked = rank_source != 0
-    low, high = d & np.uint64(abi.RANK_UNKNOWN), d >> np.uint64(32)
-    processes["rank"] = np.where(ranked & (low != abi.RANK_UNKNOWN), low.astype(np.int64), -1)
-    processes["local_rank"] = np.where(ranked & (high != abi.RANK_UNKNOWN), high.astype(np.int64), -1)
-    processes["world_size"] = np.where(ranked, e & np.uint64(abi.RANK_UNKNOWN), 0)
-    processes["rank_source"] = rank_source
+    processes["pid"], processes["ppid"], processes["ts_ns"] = p["pid"][first], p["ppid"][first], p["ts_ns"][first]
+    processes["driver_version"], processes["source"] = p["driver_version"][first], p["source"][last]
+    p = p[last]
+    ranked = p["rank_source"] != 0
+    for name in ("rank", "local_rank"):
+        processes[name] = np.where(ranked & (p[name] != abi.RANK_UNKNOWN), p[name].astype(np.int64), -1)
+    processes["world_size"] = np.where(ranked, p["world_size"], 0)
+    processes["rank_source"] = p["rank_source"]
 
     blocks, block_index = _blocks(recs)
     ops, accesses = _ops(recs, blocks, block_index)
 
-    u = recs[rtype == abi.Ev.UNTRACKED]
+    u = of(abi.Ev.UNTRACKED)
     untracked = np.zeros(len(u), dtype=UNTRACKED_DTYPE)
-    untracked["pid"], untracked["ts_ns"], untracked["addr"], untracked["kind"] = u["pid"], u["ts_ns"], u["a"], u["b"]
+    untracked["pid"], untracked["ts_ns"], untracked["addr"], untracked["kind"] = u["pid"], u["ts_ns"], u["addr"], u["kind"]
 
-    sw = recs[(rtype == abi.Ev.SWAP_OUT) | (rtype == abi.Ev.SWAP_IN)]
+    # SWAP_OUT and SWAP_IN share their payload struct (abi.h)
+    sw = abi.view(recs[(rtype == abi.Ev.SWAP_OUT) | (rtype == abi.Ev.SWAP_IN)], abi.Ev.SWAP_OUT)
     swaps = np.zeros(len(sw), dtype=SWAPS_DTYPE)
-    swaps["ts_ns"], swaps["pid"], swaps["block_id"], swaps["bytes"] = sw["ts_ns"], sw["pid"], sw["a"], sw["b"]
-    swaps["block"] = block_index.lookup(sw["pid"], sw["a"]) if len(sw) else np.zeros(0, np.int64)
+    swaps["ts_ns"], swaps["pid"], swaps["block_id"], swaps["bytes"] = sw["ts_ns"], sw["pid"], sw["block_id"], sw["bytes"]
+    swaps["block"] = block_index.lookup(sw["pid"], sw["block_id"]) if len(sw) else np.zeros(0, np.int64)
     swaps["direction"] = np.where(sw["type"] == abi.Ev.SWAP_IN, SWAP_IN, SWAP_OUT)
     swaps["cause"] = np.where(sw["type"] == abi.Ev.SWAP_IN, sw["flags"] & 0xFF, 0)
-    swaps["duration_ns"], swaps["stream"] = sw["c"], sw["d"]
+    swaps["duration_ns"], swaps["stream"] = sw["duration_ns"], sw["stream"]
 
-    pl = recs[rtype == abi.Ev.PLAN]
+    pl = of(abi.Ev.PLAN)
     plans = np.zeros(len(pl), dtype=PLANS_DTYPE)
-    plans["ts_ns"], plans["pid"], plans["generation"], plans["value"] = pl["ts_ns"], pl["pid"], pl["a"], pl["b"]
+    plans["ts_ns"], plans["pid"], plans["generation"], plans["value"] = pl["ts_ns"], pl["pid"], pl["generation"], pl["value"]
     plans["dropped"] = (pl["flags"] & 1) != 0
 
     return Capture(
@@ -372,27 +376,27 @@ def decode_records(recs: np.ndarray, meta: dict | None = None, path: str = "<rec
 
 def _gpu_times(recs: np.ndarray, ops: np.ndarray) -> np.ndarray:
     """One row per GPU_TIME record, with the op row it names, sorted by (pid, seq)."""
-    g = recs[recs["type"] == abi.Ev.GPU_TIME]
+    g = abi.view(recs[recs["type"] == abi.Ev.GPU_TIME], abi.Ev.GPU_TIME)
     out = np.zeros(len(g), dtype=GPU_TIMES_DTYPE)
-    out["pid"], out["seq"], out["stream"], out["ts_ns"] = g["pid"], g["a"], g["b"], g["ts_ns"]
-    out["t_gpu"] = g["c"].view(np.int64)
-    out["op"] = _KeyIndex(ops["pid"], ops["seq"]).lookup(g["pid"], g["a"]) if len(g) and len(ops) else -1
+    out["pid"], out["seq"], out["stream"], out["ts_ns"] = g["pid"], g["op"], g["stream"], g["ts_ns"]
+    out["t_gpu"] = g["t_gpu"]
+    out["op"] = _KeyIndex(ops["pid"], ops["seq"]).lookup(g["pid"], g["op"]) if len(g) and len(ops) else -1
     return out[np.lexsort((out["seq"], out["pid"]))]
 
 
 def _nccl(recs: np.ndarray, block_index: "_KeyIndex") -> np.ndarray:
     """One row per NCCL record; the access words resolved to block rows and offsets."""
-    n = recs[recs["type"] == abi.Ev.NCCL]
+    n = abi.view(recs[recs["type"] == abi.Ev.NCCL], abi.Ev.NCCL)
     out = np.zeros(len(n), dtype=NCCL_DTYPE)
     out["ts_ns"], out["pid"], out["call"] = n["ts_ns"], n["pid"], n["flags"] & 0xFF
-    for side, w in (("send", "a"), ("recv", "b")):
-        block_id, offset = abi.access_word_split(n[w])
+    for side in ("send", "recv"):
+        block_id, offset = abi.access_word_split(n[side])
         rows = block_index.lookup(n["pid"], block_id) if len(n) else np.zeros(0, np.int64)
-        out[f"{side}_block"] = np.where(n[w] != 0, rows, -1)
+        out[f"{side}_block"] = np.where(n[side] != 0, rows, -1)
         out[f"{side}_offset"] = np.where(out[f"{side}_block"] >= 0, offset, 0)
-    out["bytes"], out["stream"] = n["c"], n["d"]
-    out["peer"] = (n["e"] & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.int32)
-    out["comm"] = (n["e"] >> np.uint64(32)).astype(np.uint32).view(np.int32)
+    out["bytes"], out["stream"] = n["bytes"], n["stream"]
+    out["peer"] = n["peer"].view(np.int32)  # RANK_UNKNOWN: -1
+    out["comm"] = n["comm"].view(np.int32)
     return out
 
 
@@ -401,7 +405,8 @@ def _texts_sequential(recs: np.ndarray) -> list:
     out = []
     if not len(recs):
         return out
-    payload = _text_payload(recs)
+    recs = abi.view(recs, abi.Ev.NOTE)
+    payload = recs["text"]
     pending: dict = {}
     for i in range(len(recs)):
         pid = int(recs["pid"][i])
@@ -436,16 +441,16 @@ class _KeyIndex:
 def _blocks(recs: np.ndarray) -> tuple[np.ndarray, "_KeyIndex"]:
     """One row per block from ALLOC and FREE records; index (pid, block_id) -> row."""
     rtype = recs["type"]
-    al = recs[rtype == abi.Ev.ALLOC]
+    al = abi.view(recs[rtype == abi.Ev.ALLOC], abi.Ev.ALLOC)
     blocks = np.zeros(len(al), dtype=BLOCKS_DTYPE)
-    blocks["pid"], blocks["block_id"], blocks["addr"], blocks["size"] = al["pid"], al["a"], al["b"], al["c"]
-    blocks["stream"], blocks["kind"], blocks["device"] = al["d"], al["e"], al["flags"]
-    blocks["t_alloc"] = al["ts_ns"]
+    for name in ("pid", "block_id", "addr", "size", "stream", "kind"):
+        blocks[name] = al[name]
+    blocks["device"], blocks["t_alloc"] = al["flags"], al["ts_ns"]
     blocks["t_free"] = -1
     # Block ids are per process and may wrap (24 bits): the latest allocation of an id wins.
-    index = _KeyIndex(al["pid"], al["a"])
-    fr = recs[rtype == abi.Ev.FREE]
-    rows = index.lookup(fr["pid"], fr["a"])
+    index = _KeyIndex(al["pid"], al["block_id"])
+    fr = abi.view(recs[rtype == abi.Ev.FREE], abi.Ev.FREE)
+    rows = index.lookup(fr["pid"], fr["block_id"])
     blocks["t_free"][rows[rows >= 0]] = fr["ts_ns"][rows >= 0]
     return blocks, index
 
@@ -456,30 +461,27 @@ def _ops(recs: np.ndarray, blocks: np.ndarray, block_index: _KeyIndex) -> tuple[
     is_op = np.isin(rtype, [int(t) for t in _OP_TYPES])
     o = recs[is_op]
     ops = np.zeros(len(o), dtype=OPS_DTYPE)
-    ops["pid"], ops["seq"], ops["ts_ns"], ops["type"] = o["pid"], o["a"], o["ts_ns"], o["type"]
-    ops["flags"] = o["flags"]
-    launch = np.isin(o["type"], [abi.Ev.LAUNCH, abi.Ev.GRAPH_LAUNCH])
-    copy = o["type"] == abi.Ev.MEMCPY
-    memset = o["type"] == abi.Ev.MEMSET
-    ops["handle"] = np.where(launch, o["b"], 0)
-    ops["stream"] = np.where(launch, o["c"], o["e"])
-    ops["grid"] = np.where(o["type"] == abi.Ev.LAUNCH, o["d"], 0)
-    ops["n_touched"] = np.where(o["type"] == abi.Ev.LAUNCH, o["e"] & np.uint64(0xFFFFFFFF), np.where(launch, o["e"], 0))
-    ops["n_words"] = np.where(o["type"] == abi.Ev.LAUNCH, o["e"] >> np.uint64(32), 0)
-    ops["bytes"] = np.where(copy | memset, o["d"], 0)
-    ops["copy_kind"] = np.where(copy, o["flags"], 0)
-    ops["flags"] = np.where(copy, 0, o["flags"])
+    for name in ("pid", "ts_ns", "type", "flags"):
+        ops[name] = o[name]
+    for ev, columns in _OP_COLUMNS.items():
+        sel = o["type"] == ev
+        typed = abi.view(o[sel], ev)
+        for column, payload_field in columns.items():
+            ops[column][sel] = typed[payload_field]
+    ops["flags"][o["type"] == abi.Ev.MEMCPY] = 0  # a copy's flags are its copy_kind
 
     # Accesses: ACCESS records name their op by (pid, seq); copies and sets carry their own words.
     op_row = _KeyIndex(ops["pid"], ops["seq"])
-    acc_recs = recs[rtype == abi.Ev.ACCESS]
-    pairs = []  # (op row, pid, word)
-    for w in ("b", "c", "d", "e"):
-        nz = acc_recs[w] != 0
-        pairs.append((acc_recs["pid"][nz], acc_recs["a"][nz], acc_recs[w][nz]))
-    for mask, w in ((copy, "b"), (copy, "c"), (memset, "b")):
-        sel = mask & (o[w] != 0)
-        pairs.append((o["pid"][sel], o["a"][sel], o[w][sel]))
+    acc_recs = abi.view(recs[rtype == abi.Ev.ACCESS], abi.Ev.ACCESS)
+    pairs = []  # (pid, op seq, word)
+    for k in range(acc_recs.dtype["words"].shape[0]):
+        w = acc_recs["words"][:, k]
+        nz = w != 0
+        pairs.append((acc_recs["pid"][nz], acc_recs["op"][nz], w[nz]))
+    for ev, side in ((abi.Ev.MEMCPY, "dst"), (abi.Ev.MEMCPY, "src"), (abi.Ev.MEMSET, "dst")):
+        c = abi.view(o[o["type"] == ev], ev)
+        sel = c[side] != 0
+        pairs.append((c["pid"][sel], c["op"][sel], c[side][sel]))
     pid = np.concatenate([p[0] for p in pairs]).astype(np.uint32)
     seq = np.concatenate([p[1] for p in pairs]).astype(np.uint64)
     word = np.concatenate([p[2] for p in pairs]).astype(np.uint64)

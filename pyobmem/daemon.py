@@ -118,7 +118,7 @@ class SwapAgent:
         notes = np.concatenate(self.static)
         for _, text in _texts_sequential(notes[notes["type"] == abi.Ev.NOTE]):
             key, _, value = text.partition("=")
-            if key == "device0.total_bytes" and value.isdigit():
+            if key == f"{abi.NOTE_DEVICE}0.total_bytes" and value.isdigit():
                 self.budget_bytes = self.budget.resolve(int(value))
                 self.control.budget_bytes = self.budget_bytes
                 return

@@ -58,7 +58,7 @@ def _nccl_rank(notes: dict) -> tuple[int, int] | None:
     """(rank, nranks) of the largest communicator noted by a process (``nccl.comm<i>`` notes)."""
     best = None
     for key, value in notes.items():
-        if not key.startswith("nccl.comm"):
+        if not key.startswith(abi.NOTE_NCCL_COMM):
             continue
         fields = dict(f.split("=", 1) for f in value.split() if "=" in f)
         try:

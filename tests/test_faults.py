@@ -58,7 +58,7 @@ def bins(tmp_path_factory) -> Path:
     )
     subprocess.run(["gcc", *flags, *inc, "-o", str(d / "faults"), str(PROGS / "faults.c"), "-ldl"], check=True)
     subprocess.run(
-        ["gcc", *flags, "-Wno-unused-function", *inc, "-I", str(ROOT / "native"), "-I", str(ROOT / "native" / "include"),
+        ["gcc", *flags, "-Wno-unused-function", *inc, "-I", str(ROOT / "native"), "-I", str(ROOT / "pyobmem" / "include"),
          "-o", str(d / "ring_harness"), str(PROGS / "ring_harness.c")], check=True,
     )
     (d / "hello.c").write_text('#include <stdio.h>\nint main(void){puts("static hello"); return 9;}\n')

@@ -69,6 +69,7 @@ def test_wheel_is_tagged_for_any_python3_and_carries_the_shim(wheel):
         shim = z.read("pyobmem/libpyobmem.so")
     assert "Root-Is-Purelib: false" in wheel_meta.splitlines()
     assert shim[:4] == b"\x7fELF"
+    assert "pyobmem/include/pyobmem/abi.h" in names  # pyobmem/abi.py reads the ABI from it
     assert not [n for n in names if n.startswith(("native/", "tests/")) or n.endswith(".c")]
 
 

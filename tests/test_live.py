@@ -208,11 +208,11 @@ def _swap_trace(path):
         t.launch(0x10, [a])
         t.launch(0x20, [b])
         t.launch(0x30, [a, b])
-    t.add(abi.Ev.SWAP_OUT, a=a, b=64 << 20, c=5000)
-    t.add(abi.Ev.SWAP_IN, flags=int(abi.SwapInCause.LATE), a=a, b=64 << 20, c=3000)
-    t.add(abi.Ev.SWAP_OUT, a=a, b=64 << 20, c=5000)
-    t.add(abi.Ev.SWAP_IN, flags=int(abi.SwapInCause.DEMAND), a=a, b=64 << 20, c=3000)
-    t.add(abi.Ev.SWAP_OUT, a=a, b=64 << 20, c=5000)
+    t.add(abi.Ev.SWAP_OUT, block_id=a, bytes=64 << 20, duration_ns=5000)
+    t.add(abi.Ev.SWAP_IN, flags=int(abi.SwapInCause.LATE), block_id=a, bytes=64 << 20, duration_ns=3000)
+    t.add(abi.Ev.SWAP_OUT, block_id=a, bytes=64 << 20, duration_ns=5000)
+    t.add(abi.Ev.SWAP_IN, flags=int(abi.SwapInCause.DEMAND), block_id=a, bytes=64 << 20, duration_ns=3000)
+    t.add(abi.Ev.SWAP_OUT, block_id=a, bytes=64 << 20, duration_ns=5000)
     meta = {"argv": ["train"], "command": "train", "swap": {"budget": "80MiB", "budget_bytes": 80 << 20}}
     t.write(path, meta=meta)
 

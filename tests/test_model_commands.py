@@ -48,7 +48,7 @@ def test_no_iteration_and_drops(tmp_path, capsys):
     tr = Trace()
     b = tr.alloc(MiB)
     tr.launch(0x1, [b])
-    tr.add(abi.Ev.DROPPED, a=7)
+    tr.add(abi.Ev.DROPPED, count=7)
     tr.launch(0x2, [b])
     path = _write(tmp_path, tr, end=False)
     assert main(["stats", path]) == 0

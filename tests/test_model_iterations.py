@@ -96,7 +96,7 @@ def test_capture_phase_follows_the_pause_and_the_main_process(tmp_path):
         tr.t += 50_000  # the pause while the host waits (loss.item()) before the next step
         for k in kernels:
             tr.launch(k, [b])
-        tr.add(abi.Ev.LAUNCH, pid=200, a=1000 + i, b=0x99)  # a second process, fewer launches
+        tr.add(abi.Ev.LAUNCH, pid=200, op=1000 + i, function=0x99)  # a second process, fewer launches
     tr.write(tmp_path / "c.pyobmem")
     cap = read_capture(str(tmp_path / "c.pyobmem"))
     it = detect_iterations(cap)

@@ -39,7 +39,7 @@ def _trace(tmp_path, iterations: int = 6, nccl: bool = False, gpu_ns_per_op: int
     A = tr.alloc(64 * MiB)
     if nccl:  # an all-reduce names A: the shim pins it
         w = A << abi.ACCESS_OFFSET_BITS  # PYOBMEM_ACCESS_WORD(A, 0)
-        tr.add(abi.Ev.NCCL, flags=int(abi.NcclCall.ALL_REDUCE), a=w, b=w, c=64 * MiB)
+        tr.add(abi.Ev.NCCL, flags=int(abi.NcclCall.ALL_REDUCE), send=w, recv=w, bytes=64 * MiB)
     B = tr.alloc(64 * MiB)
     S = tr.alloc(1 * MiB)
     X = tr.alloc(8 * MiB, kind=abi.AllocKind.ASYNC)

@@ -31,9 +31,9 @@ MiB = 1 << 20
 NONE = abi.RANK_UNKNOWN
 
 
-def rank_words(rank, local=NONE, world=0, source=RankSource.TORCH):
-    """PROCESS d and e as the shim writes them."""
-    return rank | (local << 32), world | (int(source) << 32)
+def rank_fields(rank, local=NONE, world=0, source=RankSource.TORCH):
+    """PROCESS rank fields by name (abi.h), for synth.Trace.add."""
+    return {"rank": rank, "local_rank": local, "world_size": world, "rank_source": int(source)}
 
 
 # ---------------------------------------------------------------- the shim: PROCESS rank fields
@@ -76,45 +76,44 @@ def job(tmp_path: Path, end=True) -> Path:
     (only in the merged capture); 17: Slurm rank 0 of a one-task step (no rank)."""
     t = Trace(pid=10)
     t.pid = 11
-    t.add(Ev.PROCESS, a=10, b=13000, d=rank_words(0, 0, 4)[0], e=rank_words(0, 0, 4)[1])
+    t.add(Ev.PROCESS, ppid=10, driver_version=13000, **rank_fields(0, 0, 4))
     a0 = t.alloc(64 * MiB)
     for _ in range(4):
         t.launch(0x100, [a0])
     t.pid = 12
-    t.add(Ev.PROCESS, a=10, b=13000, d=rank_words(1, 1, 4)[0], e=rank_words(1, 1, 4)[1])
+    t.add(Ev.PROCESS, ppid=10, driver_version=13000, **rank_fields(1, 1, 4))
     t.next_block = 1
     a1 = t.alloc(32 * MiB)
     b1 = t.alloc(MiB)
     t.launch(0x100, [a1])
     t.text(Ev.NOTE, 0, "nccl.comm0=rank=1 nranks=4 device=1")
-    t.add(Ev.NCCL, flags=int(NcclCall.ALL_REDUCE), a=(a1 << 40) | 64, b=(a1 << 40) | 64, c=4096, d=0x77,
-          e=(0 << 32) | 0xFFFFFFFF)
-    t.add(Ev.NCCL, flags=int(NcclCall.SEND), a=(b1 << 40), b=0, c=256, d=0x77, e=(0 << 32) | 3)
+    t.add(Ev.NCCL, flags=int(NcclCall.ALL_REDUCE), send=(a1 << 40) | 64, recv=(a1 << 40) | 64, bytes=4096, stream=0x77,
+          peer=abi.RANK_UNKNOWN, comm=0)
+    t.add(Ev.NCCL, flags=int(NcclCall.SEND), send=(b1 << 40), recv=0, bytes=256, stream=0x77, peer=3, comm=0)
     t.pid = 13
-    t.add(Ev.PROCESS, a=11, b=13000)
+    t.add(Ev.PROCESS, ppid=11, driver_version=13000)
     t.next_block = 1
     c0 = t.alloc(2 * MiB)
     t.launch(0x200, [c0])
     t.pid = 14
-    t.add(Ev.PROCESS, a=10, b=13000)
+    t.add(Ev.PROCESS, ppid=10, driver_version=13000)
     t.text(Ev.NOTE, 0, "nccl.comm0=rank=0 nranks=1 device=2")
     t.text(Ev.NOTE, 0, "nccl.comm1=rank=2 nranks=4 device=2")
     t.next_block = 1
     t.alloc(8 * MiB)
     t.pid = 15
-    t.add(Ev.PROCESS, a=10, b=13000, d=rank_words(3)[0], e=rank_words(3)[1])
+    t.add(Ev.PROCESS, ppid=10, driver_version=13000, **rank_fields(3))
     t.pid = 16
-    t.add(Ev.PROCESS, a=1, b=13000)
+    t.add(Ev.PROCESS, ppid=1, driver_version=13000)
     t.next_block = 1
     t.alloc(MiB)
     t.pid = 17
-    t.add(Ev.PROCESS, a=1, b=13000, d=rank_words(0, 0, 1, RankSource.SLURM)[0],
-          e=rank_words(0, 0, 1, RankSource.SLURM)[1])
+    t.add(Ev.PROCESS, ppid=1, driver_version=13000, **rank_fields(0, 0, 1, RankSource.SLURM))
     t.next_block = 1
     t.alloc(MiB)
     t.pid = 11
     t.free(a0)
-    t.add(Ev.DROPPED, a=5)
+    t.add(Ev.DROPPED, count=5)
     path = tmp_path / "job.pyobmem"
     t.write(path, meta={"argv": ["torchrun", "train.py"]}, end=end)
     return path

@@ -16,7 +16,7 @@ import pytest
 from test_nccl import nccl_dir  # noqa: F401  (the fixture, used by name)
 from test_ranks import job
 
-from pyobmem.abi import Ev
+from pyobmem.abi import Ev, RankSource
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -89,11 +89,12 @@ def test_capture_figures_see_a_pinned_block_swapped_out(tmp_path):
     from synth import Trace
 
     t = Trace(pid=20)
-    t.add(Ev.PROCESS, a=1, b=13000, d=0, e=(1 << 32) | 1)  # rank 0 of 1 (RANK)
+    t.add(Ev.PROCESS, ppid=1, driver_version=13000, rank=0, local_rank=0, world_size=1,
+          rank_source=int(RankSource.TORCH))  # rank 0 of 1 (RANK)
     blk = t.alloc(8 << 20)
     t.launch(0x1, [blk])
-    t.add(Ev.NCCL, flags=1, a=blk << 40, b=blk << 40, c=64, d=0x77, e=0xFFFFFFFF)
-    t.add(Ev.SWAP_OUT, a=blk, b=8 << 20)
+    t.add(Ev.NCCL, flags=1, send=blk << 40, recv=blk << 40, bytes=64, stream=0x77, peer=0xFFFFFFFF, comm=0)
+    t.add(Ev.SWAP_OUT, block_id=blk, bytes=8 << 20)
     t.write(tmp_path / "s.pyobmem")
     f = bench.capture_figures(tmp_path / "s.pyobmem")
     assert f["ranks"][0]["nccl_blocks_swapped_after_named"] == 1

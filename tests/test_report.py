@@ -23,7 +23,7 @@ KERNELS = {0xA1: "fwd_gemm_1", 0xA2: "fwd_gemm_2", 0xA3: "loss_kernel", 0xB2: "b
 def htod(t: Trace, block: int, size: int) -> None:
     """A host-to-device copy into ``block`` (MEMCPY record: a seq, b dst word, d bytes)."""
     t.seq += 1
-    t.add(abi.Ev.MEMCPY, flags=int(abi.CopyKind.HTOD), a=t.seq, b=block << abi.ACCESS_OFFSET_BITS, d=size)
+    t.add(abi.Ev.MEMCPY, flags=int(abi.CopyKind.HTOD), op=t.seq, dst=block << abi.ACCESS_OFFSET_BITS, bytes=size)
 
 
 LOADER_NS = 30_000_000  # host time before each iteration (data loading)
@@ -149,7 +149,7 @@ def test_report_dropped_warning(tmp_path):
     from pyobmem.report import render
 
     t, _ = training_trace(iterations=3)
-    t.add(abi.Ev.DROPPED, a=17)
+    t.add(abi.Ev.DROPPED, count=17)
     w = CaptureWriter(str(tmp_path / "d.pyobmem"), {"argv": ["x"]})
     w.write(t.records())
     w.finish(dropped=17, exit_status=0, ts_ns=t.t + 1)  # CAPTURE_END carries the total

@@ -67,8 +67,8 @@ def test_peak_counts_a_free_before_an_allocation_at_the_same_time(tmp_path):
     t = Trace()
     a = t.alloc(MiB)
     t.free(a)
-    t.rows[-1] = t.rows[-1][:4] + (t.t + 1,) + t.rows[-1][5:]  # free at time T ...
-    t.add(abi.Ev.ALLOC, a=2, b=0x1000, c=MiB, ts=t.t + 1)  # ... and an allocation at T
+    t.rows[-1]["ts_ns"] = t.t + 1  # free at time T ...
+    t.add(abi.Ev.ALLOC, block_id=2, addr=0x1000, size=MiB, ts=t.t + 1)  # ... and an allocation at T
     s = _summary(t, tmp_path)
     assert s["allocations"]["peak_live_bytes"] == MiB
 
@@ -81,12 +81,12 @@ def test_launch_attribution_copies_and_touched_blocks(tmp_path):
     t.launch(0xC, [], flags=int(abi.LaunchFlag.OPAQUE | abi.LaunchFlag.NO_LAYOUT))
     t.launch(0xD, [y, z], flags=int(abi.LaunchFlag.OPAQUE))
     t.seq += 1
-    t.add(abi.Ev.MEMCPY, flags=int(abi.CopyKind.HTOD) | abi.COPY_ASYNC, a=t.seq, b=z << abi.ACCESS_OFFSET_BITS, d=4096)
+    t.add(abi.Ev.MEMCPY, flags=int(abi.CopyKind.HTOD) | abi.COPY_ASYNC, op=t.seq, dst=z << abi.ACCESS_OFFSET_BITS, bytes=4096)
     t.seq += 1
-    t.add(abi.Ev.MEMCPY, flags=int(abi.CopyKind.DTOH), a=t.seq, c=x << abi.ACCESS_OFFSET_BITS, d=100)
+    t.add(abi.Ev.MEMCPY, flags=int(abi.CopyKind.DTOH), op=t.seq, src=x << abi.ACCESS_OFFSET_BITS, bytes=100)
     t.seq += 1
-    t.add(abi.Ev.MEMSET, a=t.seq, b=y << abi.ACCESS_OFFSET_BITS, d=8192)
-    t.add(abi.Ev.UNTRACKED, a=0xDEAD, b=int(abi.UntrackedKind.FREE))
+    t.add(abi.Ev.MEMSET, op=t.seq, dst=y << abi.ACCESS_OFFSET_BITS, bytes=8192)
+    t.add(abi.Ev.UNTRACKED, addr=0xDEAD, kind=int(abi.UntrackedKind.FREE))
     s = _summary(t, tmp_path, exit_status=-15)
     la = s["launches"]
     assert la["count"] == 4 and la["attributed_pct"] == 75.0 and la["opaque_pct"] == 50.0

@@ -33,14 +33,14 @@ def _swap_capture(path, budget_bytes: int, free_while_out: bool = False):
     a = tr.alloc(64 * MiB)  # t = 2000
     b = tr.alloc(32 * MiB)  # t = 3000
     tr.launch(0x10, [a, b])
-    tr.add(abi.Ev.SWAP_OUT, a=a, b=64 * MiB, c=1_000, d=7, ts=10_000)
-    tr.add(abi.Ev.SWAP_IN, flags=abi.SwapInCause.DEMAND, a=a, b=64 * MiB, c=3_000, d=7, ts=20_000)
-    tr.add(abi.Ev.SWAP_OUT, a=b, b=32 * MiB, c=1_000, d=7, ts=30_000)
+    tr.add(abi.Ev.SWAP_OUT, block_id=a, bytes=64 * MiB, duration_ns=1_000, stream=7, ts=10_000)
+    tr.add(abi.Ev.SWAP_IN, flags=abi.SwapInCause.DEMAND, block_id=a, bytes=64 * MiB, duration_ns=3_000, stream=7, ts=20_000)
+    tr.add(abi.Ev.SWAP_OUT, block_id=b, bytes=32 * MiB, duration_ns=1_000, stream=7, ts=30_000)
     if free_while_out:
         tr.t = 39_000
         tr.free(b)  # t = 40_000
     tr.launch(0x11, [a])
-    tr.add(abi.Ev.PLAN, a=1, b=2, ts=45_000)
+    tr.add(abi.Ev.PLAN, generation=1, value=2, ts=45_000)
     tr.write(path, meta={"argv": ["x"], "swap": {"budget": str(budget_bytes), "budget_bytes": budget_bytes,
                                                    "budget_fraction": None, "min_swap_bytes": 4 * MiB}})
     return read_capture(str(path))

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import abi
+
 MIN_SAMPLES = 2  # a process needs this many samples on its ops to have a GPU clock
 
 
@@ -111,7 +113,7 @@ def clock_facts(capture, it=None) -> dict | None:
     lag = g["t_gpu"].astype(np.int64) - capture.ops["ts_ns"][g["op"]].astype(np.int64)
     every = skipped = None
     for notes in capture.notes.values():
-        text = notes.get("gpu_clock")
+        text = notes.get(abi.NOTE_GPU_CLOCK)
         if text:
             kv = dict(p.split("=", 1) for p in text.split() if "=" in p)
             every = int(kv["every"]) if kv.get("every", "").isdigit() else every

@@ -263,20 +263,20 @@ def _environment(capture) -> str:
     rows = []
     for pid in sorted(capture.notes):
         notes = capture.notes[pid]
-        n_dev = int(notes.get("device_count", "0") or 0)
+        n_dev = int(notes.get(abi.NOTE_DEVICE_COUNT, "0") or 0)
         for d in range(max(n_dev, 1)):
-            name = notes.get(f"device{d}.name")
+            name = notes.get(f"{abi.NOTE_DEVICE}{d}.name")
             if name:
-                total = notes.get(f"device{d}.total_bytes")
-                cc = notes.get(f"device{d}.cc", "?")
+                total = notes.get(f"{abi.NOTE_DEVICE}{d}.total_bytes")
+                cc = notes.get(f"{abi.NOTE_DEVICE}{d}.cc", "?")
                 mem = format_bytes(int(total)) if total and total.isdigit() else "?"
                 rows.append([f"pid {pid}: GPU {d}", f"{name}, {mem}, compute capability {cc}"])
-        for key in ("driver_version", "cupti"):
+        for key in (abi.NOTE_DRIVER_VERSION, abi.NOTE_CUPTI):
             if key in notes:
                 rows.append([f"pid {pid}: {key}", notes[key]])
-        for key in sorted(k for k in notes if k == "swap" or k.startswith("swap.")):
+        for key in sorted(k for k in notes if k == abi.NOTE_SWAP or k.startswith(abi.NOTE_SWAP + ".")):
             rows.append([f"pid {pid}: {key}", notes[key]])
-        unhooked = [k for k in notes if k.startswith("unhooked")]
+        unhooked = [k for k in notes if k.startswith(abi.NOTE_UNHOOKED)]
         if unhooked:
             rows.append([f"pid {pid}: unhooked", ", ".join(notes[k] for k in unhooked)])
     for p in capture.processes:

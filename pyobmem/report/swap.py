@@ -36,8 +36,8 @@ def swap_facts(cap) -> dict | None:
     for cause in abi.SwapInCause:
         sel = ins["cause"] == int(cause)
         by_cause[cause.name.lower()] = {"count": int(sel.sum()), "bytes": int(ins["bytes"][sel].sum())}
-    pinned = [int(n["swap.pinned_bytes"]) for n in cap.notes.values()
-              if str(n.get("swap.pinned_bytes", "")).isdigit()]
+    pinned = [int(n[abi.NOTE_SWAP_PINNED_BYTES]) for n in cap.notes.values()
+              if str(n.get(abi.NOTE_SWAP_PINNED_BYTES, "")).isdigit()]
     budget_bytes = None
     if sw is not None:
         budget_bytes = sw.get("budget_bytes")

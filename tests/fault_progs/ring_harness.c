@@ -19,7 +19,8 @@ static void write_n(int n, int pause_us)
 {
     int written = 0;
     for (int i = 1; i <= n; i++) {
-        written += ring_write1(PYOBMEM_EV_LAUNCH, 0, (uint64_t)i, 0xF00D, 0, 0, 0);
+        written += ring_write(&(struct pyobmem_record){.type = PYOBMEM_EV_LAUNCH,
+                                                       .launch = {.op = (uint64_t)i, .function = 0xF00D}}, 1);
         if (pause_us)
             usleep((useconds_t)pause_us);
     }
@@ -44,7 +45,7 @@ int main(int argc, char **argv)
         char line[16];
         if (!fgets(line, sizeof line, stdin))
             return 4;
-        struct pyobmem_record r = {.type = PYOBMEM_EV_LAUNCH, .a = 0xdead};
+        struct pyobmem_record r = {.type = PYOBMEM_EV_LAUNCH, .launch = {.op = 0xdead}};
         publish(pos, &r, 1, shim_now_ns());
         write_n(atoi(argv[3]), 0);
     } else if (!strcmp(mode, "die")) {
