@@ -75,12 +75,14 @@ static void atfork_prepare(void)
     swap_atfork_prepare();
     params_atfork_prepare();
     graphs_atfork_prepare();
+    host_alias_atfork_prepare();
     blocks_atfork_prepare();
 }
 
 static void atfork_parent(void)
 {
     blocks_atfork_parent();
+    host_alias_atfork_parent();
     graphs_atfork_parent();
     params_atfork_parent();
     swap_atfork_parent();
@@ -89,6 +91,7 @@ static void atfork_parent(void)
 static void atfork_child(void)
 {
     blocks_reset_after_fork();
+    host_alias_atfork_child();
     graphs_atfork_child();
     params_atfork_child();
     swap_atfork_child();

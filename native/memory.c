@@ -240,6 +240,16 @@ static struct {
 static unsigned g_alias_n;
 static uint32_t g_alias_pid; /* the process the table is of: a fork child starts empty, as its blocks do */
 
+/* Fork: the table's lock is taken around fork (before the blocks lock, as host_free takes them),
+ * so that a child never starts with it held by a thread it does not have. */
+void host_alias_atfork_prepare(void) { pthread_mutex_lock(&g_alias_mu); }
+void host_alias_atfork_parent(void) { pthread_mutex_unlock(&g_alias_mu); }
+void host_alias_atfork_child(void)
+{
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    g_alias_mu = fresh;
+}
+
 /* Under g_alias_mu. */
 static void alias_own(void)
 {

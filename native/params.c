@@ -11,6 +11,15 @@
  * the entry's layout, then publishes the key with a release store; a reader that sees the key
  * with an acquire load sees the layout. Entries are never removed. When the table is 3/4 full,
  * new handles are no longer cached or queried: their launches are NO_LAYOUT.
+ *
+ * A handle is not forever: after a module or library is unloaded the driver may hand the freed
+ * address out again for another kernel (XLA's autotuner loads and unloads candidate kernels by
+ * the hundred), and a stale layout would read past that kernel's argument array, as far as a
+ * segmentation fault (seen under JAX on the H200). So every call that hands out a function or
+ * kernel handle (cuModuleGetFunction, cuModuleEnumerateFunctions, cuLibraryGetKernel,
+ * cuLibraryEnumerateKernels, cuKernelGetFunction) queries a cached handle again
+ * (params_refresh); a changed layout replaces the cached one, whose memory is kept for a
+ * launch on another thread that may still read it.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -90,7 +99,18 @@ static CUresult kernel_info(void *h, size_t i, size_t *o, size_t *s)
     return real_cuKernelGetParamInfo((CUkernel)h, i, o, s);
 }
 
-static struct param_layout *first_sight(uintptr_t handle)
+/* The KERNEL_NAME records of a handle (cuFuncGetName, else cuKernelGetName). */
+static void first_sight_name(uintptr_t handle)
+{
+    const char *name = NULL;
+    if (!(real_cuFuncGetName && real_cuFuncGetName(&name, (CUfunction)handle) == CUDA_SUCCESS && name))
+        if (!(real_cuKernelGetName && real_cuKernelGetName(&name, (CUkernel)handle) == CUDA_SUCCESS && name))
+            name = NULL;
+    if (name)
+        ring_text(PYOBMEM_EV_KERNEL_NAME, handle, name);
+}
+
+static struct param_layout *first_sight(uintptr_t handle, int emit_name)
 {
     struct param_layout *l = calloc(1, sizeof *l);
     if (!l)
@@ -126,12 +146,8 @@ static struct param_layout *first_sight(uintptr_t handle)
         l->n_slots = l->slots ? (end + 7) / 8 : 0;
     }
 
-    const char *name = NULL;
-    if (!(real_cuFuncGetName && real_cuFuncGetName(&name, (CUfunction)handle) == CUDA_SUCCESS && name))
-        if (!(real_cuKernelGetName && real_cuKernelGetName(&name, (CUkernel)handle) == CUDA_SUCCESS && name))
-            name = NULL;
-    if (name)
-        ring_text(PYOBMEM_EV_KERNEL_NAME, handle, name);
+    if (emit_name)
+        first_sight_name(handle);
     return l;
 }
 
@@ -140,7 +156,7 @@ static const struct param_layout *find(uintptr_t handle)
     for (uint32_t i = slot_of(handle), k = 0; k < CACHE_SIZE; i = (i + 1) & (CACHE_SIZE - 1), k++) {
         uintptr_t key = __atomic_load_n(&g_table[i].key, __ATOMIC_ACQUIRE);
         if (key == handle)
-            return g_table[i].layout;
+            return __atomic_load_n(&g_table[i].layout, __ATOMIC_ACQUIRE);
         if (key == 0)
             return NULL;
     }
@@ -157,7 +173,7 @@ const struct param_layout *params_get(uintptr_t handle)
     pthread_mutex_lock(&g_mu);
     l = find(handle);
     if (!l && g_used < CACHE_LIMIT) {
-        struct param_layout *nl = first_sight(handle);
+        struct param_layout *nl = first_sight(handle, 1);
         if (nl) {
             uint32_t i = slot_of(handle);
             while (g_table[i].key != 0)
@@ -170,6 +186,93 @@ const struct param_layout *params_get(uintptr_t handle)
     }
     pthread_mutex_unlock(&g_mu);
     return l ? l : &g_unknown;
+}
+
+static int same_layout(const struct param_layout *a, const struct param_layout *b)
+{
+    return a->known == b->known && a->count == b->count &&
+           (!a->count || (!memcmp(a->offset, b->offset, a->count * sizeof *a->offset) &&
+                          !memcmp(a->size, b->size, a->count * sizeof *a->size)));
+}
+
+static void free_layout(struct param_layout *l)
+{
+    free(l->offset);
+    free(l->size);
+    free(l->slots);
+    free(l);
+}
+
+void params_refresh(uintptr_t handle)
+{
+    if (!handle)
+        return;
+    pthread_mutex_lock(&g_mu);
+    for (uint32_t i = slot_of(handle), k = 0; k < CACHE_SIZE; i = (i + 1) & (CACHE_SIZE - 1), k++) {
+        uintptr_t key = __atomic_load_n(&g_table[i].key, __ATOMIC_ACQUIRE);
+        if (key == 0)
+            break; /* not cached: its first launch queries it */
+        if (key != handle)
+            continue;
+        struct param_layout *nl = first_sight(handle, 0);
+        if (nl && same_layout(nl, g_table[i].layout)) {
+            free_layout(nl); /* the same kernel handed out again */
+        } else if (nl) {
+            first_sight_name(handle);
+            __atomic_store_n(&g_table[i].layout, nl, __ATOMIC_RELEASE);
+        }
+        break;
+    }
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* ---- the calls that hand out function and kernel handles ---- */
+
+CUresult CUDAAPI cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
+{
+    int rec = shim_begin();
+    CUresult r = REAL(cuModuleGetFunction, (hfunc, hmod, name));
+    if (rec && r == CUDA_SUCCESS && hfunc)
+        params_refresh((uintptr_t)*hfunc);
+    return r;
+}
+
+CUresult CUDAAPI cuModuleEnumerateFunctions(CUfunction *functions, unsigned int numFunctions, CUmodule mod)
+{
+    int rec = shim_begin();
+    CUresult r = REAL(cuModuleEnumerateFunctions, (functions, numFunctions, mod));
+    if (rec && r == CUDA_SUCCESS && functions)
+        for (unsigned i = 0; i < numFunctions; i++)
+            params_refresh((uintptr_t)functions[i]);
+    return r;
+}
+
+CUresult CUDAAPI cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name)
+{
+    int rec = shim_begin();
+    CUresult r = REAL(cuLibraryGetKernel, (pKernel, library, name));
+    if (rec && r == CUDA_SUCCESS && pKernel)
+        params_refresh((uintptr_t)*pKernel);
+    return r;
+}
+
+CUresult CUDAAPI cuLibraryEnumerateKernels(CUkernel *kernels, unsigned int numKernels, CUlibrary lib)
+{
+    int rec = shim_begin();
+    CUresult r = REAL(cuLibraryEnumerateKernels, (kernels, numKernels, lib));
+    if (rec && r == CUDA_SUCCESS && kernels)
+        for (unsigned i = 0; i < numKernels; i++)
+            params_refresh((uintptr_t)kernels[i]);
+    return r;
+}
+
+CUresult CUDAAPI cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
+{
+    int rec = shim_begin();
+    CUresult r = REAL(cuKernelGetFunction, (pFunc, kernel));
+    if (rec && r == CUDA_SUCCESS && pFunc)
+        params_refresh((uintptr_t)*pFunc);
+    return r;
 }
 
 void params_atfork_prepare(void) { pthread_mutex_lock(&g_mu); }

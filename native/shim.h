@@ -147,6 +147,12 @@ struct param_layout {
 /* Layout of a function or kernel handle; queried and cached on first sight (which also emits
  * the KERNEL_NAME records). Never NULL. */
 const struct param_layout *params_get(uintptr_t handle);
+/* A cached handle the driver handed out again: query its layout again (a reused address). */
+void params_refresh(uintptr_t handle);
+/* memory.c: the host-alias table's lock around fork. */
+void host_alias_atfork_prepare(void);
+void host_alias_atfork_parent(void);
+void host_alias_atfork_child(void);
 /* The 8-byte words of one kernel parameter whose bytes start at p and which sits at byte offset
  * `offset` of the argument buffer: the words aligned to 8 in the buffer, where pointers are.
  * Calls word(ctx, offset of the word in the buffer, value) for each; returns how many. The one

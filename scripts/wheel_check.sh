@@ -28,6 +28,12 @@ DEPS=(.whl/*.whl)
 unset CUDA_HOME PYTHONPATH PYOBMEM_SHIM VIRTUAL_ENV
 WORK=$(mktemp -d /tmp/pyobmem-wheel.XXXXXX)
 "$PYTHON" -m venv --system-site-packages "$WORK/venv"
+# A python that is itself a venv (the H200's /opt/torch/.venv) keeps the machine's torch and numpy in
+# its own site-packages, which --system-site-packages does not reach: lend it with a .pth, after
+# the new venv's own site-packages (the wheel's pyobmem comes first).
+outer=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+inner=$("$WORK/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+[[ $outer == "$inner" ]] || echo "$outer" > "$inner/_machine_site.pth"
 "$WORK/venv/bin/python" -m pip install -q --no-index --no-deps "$WHEEL" "${DEPS[@]}"
 export PATH=$WORK/venv/bin:$PATH
 mkdir "$WORK/run"

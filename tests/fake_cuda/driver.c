@@ -575,6 +575,27 @@ static int scenario_steps(int steps, int ms)
     return 0;
 }
 
+/* A module unloaded and another loaded: cuModuleGetFunction hands out the same handle for a
+ * kernel of one pointer parameter. Its argument array has one entry; the word after it points
+ * nowhere: a stale 3-parameter layout would read through it. */
+static int scenario_reuse(void)
+{
+    typedef CUresult (*get_fn)(CUfunction *, CUmodule, const char *);
+    get_fn getf = GET(get_fn, "cuModuleGetFunction");
+    p_cuInit(0);
+    CUdeviceptr x = must_alloc(4096), y = must_alloc(4096);
+    CUfunction f = NULL;
+    printf("get3_rc=%d\n", (int)getf(&f, (CUmodule)0x1, "r3"));
+    int k = 0;
+    void *args3[] = {&x, &k, &y};
+    printf("launch3_rc=%d\n", (int)p_launch(f, 1, 1, 1, 1, 1, 1, 0, 0, args3, NULL));
+    printf("get1_rc=%d\n", (int)getf(&f, (CUmodule)0x2, "r1"));
+    struct { void *args[1]; void *poison[2]; } one = {{&y}, {(void *)0x10, (void *)0x10}};
+    printf("launch1_rc=%d\n", (int)p_launch(f, 1, 1, 1, 1, 1, 1, 0, 0, one.args, NULL));
+    printf("x=%llu\ny=%llu\n", (unsigned long long)x, (unsigned long long)y);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
@@ -602,6 +623,8 @@ int main(int argc, char **argv)
         rc = scenario_fork();
     else if (!strcmp(s, "flood"))
         rc = scenario_flood(argc > 2 ? atoi(argv[2]) : 1000);
+    else if (!strcmp(s, "reuse"))
+        rc = scenario_reuse();
     else if (!strcmp(s, "hostmem"))
         rc = scenario_hostmem();
     else if (!strcmp(s, "steps"))

@@ -190,10 +190,28 @@ static CUresult info(const size_t *off, const size_t *sz, size_t n, size_t i, si
     return CUDA_SUCCESS;
 }
 
+/* FAKE_FUNC_R's kernel now: 3 parameters (as kernel_a) or 1 pointer, as the last
+ * cuModuleGetFunction named it. */
+static const size_t r1_off[] = {0}, r1_size[] = {8};
+static int r_params = 3;
+
+API CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
+{
+    (void)m;
+    if (!f || !name || (strcmp(name, "r3") && strcmp(name, "r1")))
+        return CUDA_ERROR_NOT_FOUND;
+    __atomic_store_n(&r_params, name[1] == '3' ? 3 : 1, __ATOMIC_RELAXED);
+    *f = FAKE_FUNC_R;
+    return CUDA_SUCCESS;
+}
+
 API CUresult cuFuncGetParamInfo(CUfunction f, size_t i, size_t *po, size_t *ps)
 {
     if (f == FAKE_FUNC_A)
         return info(a_off, a_size, 3, i, po, ps);
+    if (f == FAKE_FUNC_R)
+        return __atomic_load_n(&r_params, __ATOMIC_RELAXED) == 3 ? info(a_off, a_size, 3, i, po, ps)
+                                                               : info(r1_off, r1_size, 1, i, po, ps);
     __atomic_add_fetch(&param_queries, 1, __ATOMIC_RELAXED);
     return CUDA_ERROR_INVALID_HANDLE;
 }
@@ -389,6 +407,7 @@ static const struct sym syms[] = {
     S("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2, NULL),
     S("cuStreamEndCapture", 10000, cuStreamEndCapture, NULL),
     S("cuLaunchKernel", 4000, cuLaunchKernel, (void *)cuLaunchKernel_ptsz),
+    S("cuModuleGetFunction", 2000, cuModuleGetFunction, NULL),
     S("cuLaunchKernelEx", 11060, cuLaunchKernelEx, (void *)cuLaunchKernelEx_ptsz),
     S("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel, NULL),
     S("cuGraphInstantiate", 11000, cuGraphInstantiateWithFlags, NULL),

@@ -8,6 +8,8 @@
 
 /* Fake function handles with known layouts. */
 #define FAKE_FUNC_A ((CUfunction)0x1000) /* CUfunction: (ptr @0, int @8, ptr @16), name "kernel_a" */
+#define FAKE_FUNC_R ((CUfunction)0x4000) /* what cuModuleGetFunction hands out for "r3" (ptr @0, int @8, ptr @16)
+                                            * and, after a reload, for "r1" (ptr @0): a reused handle */
 #define FAKE_KERN_B ((CUfunction)0x2000) /* CUkernel: (struct{ptr,ptr} @0, ptr @16), name "kernel_b" */
 #define FAKE_FUNC_C ((CUfunction)0x3000) /* no layout, no name */
 
