@@ -28,6 +28,7 @@ from synth import Trace
 from pyobmem import abi, planner
 from pyobmem.capture import read_capture
 from pyobmem.errors import PyobmemError
+from pyobmem.planner import simulation
 
 MiB = 1 << 20
 BW = 64 * MiB / 100e-6  # 64 MiB in 100 us
@@ -130,7 +131,7 @@ def test_plan_hand_computed(learned):
 def test_budget_respected_at_every_position(learned):
     _, _, L = learned
     plan = planner.make_plan(L, 160 * MiB)
-    sim = planner._simulate(L, np.array([0]))  # the one window, A
+    sim = simulation._simulate(L, np.array([0]))  # the one window, A
     assert sim.resident.max() == plan.predicted_peak <= plan.budget_bytes
     resident = L.live.copy()
     for s in plan.swaps:  # out over [out_at + 5, prefetch_at): A's copy takes 5 ops
@@ -158,7 +159,7 @@ def test_slow_copies_stall(learned, tmp_path):
     only (op 50; q = 51) and its consumer stalls: done = 1020 + 150 + 1000 = 2170 us, 170 us late."""
     cap, _, _ = learned
     L = planner.learn_iteration(cap, bandwidth=BW / 10)
-    sim = planner._simulate(L, np.array([0]))
+    sim = simulation._simulate(L, np.array([0]))
     assert (sim.q % P).tolist() == [51] and sim.absent.tolist() == [1]
     assert sim.stall.tolist() == [pytest.approx(170_000.0)]
     assert sim.ratio == pytest.approx(max(1 + 170_000 / 2e6, (1e6 + 150_000) / 2e6))
@@ -237,7 +238,7 @@ def test_host_running_ahead_waits_for_the_mark(learned):
 
     _, _, L = learned
     ahead = dataclasses.replace(L, issue=np.maximum(L.times - 1_000_000, 0.0))
-    sim = planner._simulate(ahead, np.array([0]))
+    sim = simulation._simulate(ahead, np.array([0]))
     assert (sim.q % P).tolist() == [99] and (sim.mark % P).tolist() == [86]
     assert sim.absent.tolist() == [82] and sim.stall.tolist() == [0.0]
     assert sim.resident[40:60].tolist() == [145 * MiB] * 20

@@ -24,6 +24,7 @@ from synth import Trace
 from pyobmem import abi, planner
 from pyobmem.capture import read_capture
 from pyobmem.model.iterations import detect_iterations
+from pyobmem.planner import learning, simulation
 
 MiB = 1 << 20
 BW = 64 * MiB / 100e-6  # 64 MiB in 100 us
@@ -83,8 +84,8 @@ def test_budget_hold_waits_for_the_swap_out(tmp_path):
     makes op 23 (due at 280 us) exceed 136 MiB: the shim holds it 60 us, and T is out from op 23."""
     L = planner.learn_iteration(_trace(tmp_path), bandwidth=BW, by_site=True)
     assert L.times[21] == 240_000 and L.times[23] == 280_000 and L.iteration_ns == 1_110_000
-    free = planner._simulate(L, np.array([1]))
-    held = planner._simulate(L, np.array([1]), 136 * MiB)
+    free = simulation._simulate(L, np.array([1]))
+    held = simulation._simulate(L, np.array([1]), 136 * MiB)
     assert free.wait_ns == 0 and free.resident[23] == 200 * MiB
     assert held.wait_ns == pytest.approx(60_000) and held.resident[23] == 136 * MiB
     assert held.ratio == pytest.approx(1 + 60_000 / 1_110_000)
@@ -119,5 +120,5 @@ def _iteration_sites(cap, it, row: int, min_bytes: int = 4 << 20) -> list:
     t_next = t[z] if z < len(t) else np.iinfo(np.int64).max
     counted = (b["pid"] == it.pid) & (b["kind"] == ASYNC) & (b["size"] >= min_bytes) & (b["t_alloc"] >= t[a]) & (b["t_alloc"] < t_next)
     rows = np.flatnonzero(counted)
-    site = planner._sites(t[a:z], b["t_alloc"], counted, rows)
+    site = learning._sites(t[a:z], b["t_alloc"], counted, rows)
     return [(int(p), int(o), int(s)) for (p, o), s in zip(site.tolist(), b["size"][rows].tolist())]
