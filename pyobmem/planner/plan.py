@@ -3,7 +3,6 @@ budget), the model's saving bound on it, ``plan_capture`` (learn and plan in one
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -253,7 +252,3 @@ def plan_capture(capture, budget, *, bandwidth: float | None = None, min_swap_by
     if isinstance(learned, NoPlan):
         return learned
     return make_plan(learned, int(budget), bound=bound)
-
-
-def plan_json_text(plan: Plan) -> str:
-    return json.dumps(plan.to_json(), indent=2, sort_keys=True)
