@@ -44,10 +44,7 @@ static const CUpti_CallbackId g_cbids[] = {
 
 #define GRID(x, y, z) ((uint64_t)(x) * (uint64_t)(y) * (uint64_t)(z))
 
-/* Swap mode: the launch path runs at API_ENTER (blocks back, waits) and API_EXIT (record,
- * last-use events, planned swap-outs), with the scan carried between them in this thread. A
- * callback cannot refuse the launch: if a block cannot be brought back, the launch still runs
- * (noted once by the executor). */
+/* A launch as a callback sees it (decode). */
 struct cupti_launch {
     uintptr_t f;
     CUstream s;
@@ -57,6 +54,8 @@ struct cupti_launch {
     uint16_t flags;
 };
 
+/* The launch a callback is about (the one switch over the callback ids, for both paths); 0: none.
+ * The _ptsz params have the fields of the plain ones in the same order (asserted below). */
 static int decode(CUpti_CallbackId cbid, const void *params, struct cupti_launch *l)
 {
     memset(l, 0, sizeof *l);
@@ -97,6 +96,10 @@ static int decode(CUpti_CallbackId cbid, const void *params, struct cupti_launch
     }
 }
 
+/* Swap mode: the launch path runs at API_ENTER (blocks back, waits) and API_EXIT (record,
+ * last-use events, planned swap-outs), with the scan carried between them in this thread. A
+ * callback cannot refuse the launch: if a block cannot be brought back, the launch still runs
+ * (noted once by the executor). */
 static __thread struct launch_swap tls_launch;
 static __thread int tls_launch_open;
 
@@ -134,36 +137,9 @@ static void CUPTIAPI on_callback(void *userdata, CUpti_CallbackDomain domain, CU
         return;
     if (!shim_begin())
         return;
-    const uint16_t via = PYOBMEM_LAUNCH_VIA_CUPTI;
-    switch (cbid) {
-    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel:
-    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz: {
-        /* cuLaunchKernel_ptsz_params has the same fields in the same order */
-        const cuLaunchKernel_params *p = d->functionParams;
-        record_launch((uintptr_t)p->f, (uint64_t)(uintptr_t)p->hStream, GRID(p->gridDimX, p->gridDimY, p->gridDimZ),
-                      p->kernelParams, p->extra, via);
-        break;
-    }
-    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx:
-    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz: {
-        const cuLaunchKernelEx_params *p = d->functionParams;
-        if (!p->config)
-            break;
-        record_launch((uintptr_t)p->f, (uint64_t)(uintptr_t)p->config->hStream,
-                      GRID(p->config->gridDimX, p->config->gridDimY, p->config->gridDimZ), p->kernelParams, p->extra,
-                      (uint16_t)(via | launch_config_flags(p->config)));
-        break;
-    }
-    case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel:
-    case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz: {
-        const cuLaunchCooperativeKernel_params *p = d->functionParams;
-        record_launch((uintptr_t)p->f, (uint64_t)(uintptr_t)p->hStream, GRID(p->gridDimX, p->gridDimY, p->gridDimZ),
-                      p->kernelParams, NULL, (uint16_t)(via | PYOBMEM_LAUNCH_COOPERATIVE));
-        break;
-    }
-    default:
-        break;
-    }
+    struct cupti_launch l;
+    if (decode(cbid, d->functionParams, &l))
+        record_launch(l.f, (uint64_t)(uintptr_t)l.s, l.grid, l.kp, l.extra, l.flags);
 }
 
 _Static_assert(sizeof(cuLaunchKernel_params) == sizeof(cuLaunchKernel_ptsz_params), "ptsz params layout");
