@@ -6,13 +6,14 @@ from __future__ import annotations
 import contextlib
 import os
 
+from .capture import MAGIC
 from .errors import PyobmemError
 
 
 def check_output(path: str, force: bool, source: str | None = None) -> None:
-    """Refuse (PyobmemError) an output that is a directory, the capture ``source`` itself (even
-    with ``force``: -f never destroys the input), or an existing file unless ``force``. Called
-    before any work."""
+    """Refuse (PyobmemError) an output that is a directory, the capture ``source`` itself or any
+    other capture (even with ``force``: -f never destroys a capture), or an existing file unless
+    ``force``. Called before any work."""
     if os.path.isdir(path):
         raise PyobmemError(f"{path} is a directory; give a file name (-o FILE)")
     if source is not None and os.path.exists(path):
@@ -22,8 +23,18 @@ def check_output(path: str, force: bool, source: str | None = None) -> None:
             same = False
         if same:
             raise PyobmemError(f"{path} is the capture being read; choose another output (-o FILE)")
+    if _is_capture(path):
+        raise PyobmemError(f"{path} is a pyobmem capture; -f never overwrites one: choose another output (-o FILE)")
     if os.path.lexists(path) and not force:
         raise PyobmemError(f"{path} exists; use -f/--force to overwrite it")
+
+
+def _is_capture(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager

@@ -124,7 +124,7 @@ def ranks(cap: Capture) -> list[Rank]:
 
 def subset(cap: Capture, pids) -> Capture:
     """The part of ``cap`` written by ``pids``: the same Capture with every row of other processes
-    left out and the row indices (accesses, swaps, NCCL calls) renumbered."""
+    left out and the row indices (accesses, swaps, NCCL calls, GPU time samples) renumbered."""
     pids = np.asarray(sorted(set(int(p) for p in pids)), np.uint32)
 
     def mine(a: np.ndarray) -> np.ndarray:
@@ -147,13 +147,15 @@ def subset(cap: Capture, pids) -> Capture:
     swaps["block"] = remap(swaps["block"])
     nccl = cap.nccl[mine(cap.nccl)].copy()
     nccl["send_block"], nccl["recv_block"] = remap(nccl["send_block"]), remap(nccl["recv_block"])
+    gpu = cap.gpu_times[mine(cap.gpu_times)].copy()
+    gpu["op"] = np.where(gpu["op"] >= 0, new_op[np.maximum(gpu["op"], 0)] if len(new_op) else -1, -1)
     keep = set(pids.tolist())
     drops = cap.drops[mine(cap.drops)]
     return dataclasses.replace(
         cap, blocks=cap.blocks[bm], ops=cap.ops[om], accesses=acc, swaps=swaps, nccl=nccl,
         processes=cap.processes[mine(cap.processes)], drops=drops, untracked=cap.untracked[mine(cap.untracked)],
         plans=cap.plans[mine(cap.plans)], notes={p: n for p, n in cap.notes.items() if p in keep},
-        kernel_names={k: v for k, v in cap.kernel_names.items() if k[0] in keep},
+        kernel_names={k: v for k, v in cap.kernel_names.items() if k[0] in keep}, gpu_times=gpu,
     )
 
 

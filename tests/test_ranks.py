@@ -20,6 +20,7 @@ from synth import Trace
 from test_nccl import nccl_dir, run_nccl  # noqa: F401  (nccl_dir: the fixture, used by name)
 
 from pyobmem import abi, ranks
+from pyobmem.model.gpuclock import gpu_op_times
 from pyobmem.abi import Ev, NcclCall, RankSource
 from pyobmem.capture import read_capture, read_records
 from pyobmem.commands import summary
@@ -311,3 +312,22 @@ def test_run_splits_a_two_rank_job(nccl_dir, tmp_path):  # noqa: F811
         assert int(cap.blocks["addr"][cap.nccl["send_block"][0]]) == int(out["a"])
         assert cap.complete and cap.exit_status == 0
     assert set(merged.processes["pid"].tolist()) == set(pids[0]) | set(pids[1])  # the shell wrote nothing
+
+
+def test_subset_keeps_the_gpu_clock_of_its_processes(tmp_path):
+    """GPU time samples name op rows: a rank's part of a merged capture renumbers them with its
+    ops (report --rank on a merged capture of a GPU-clocked job raised IndexError)."""
+    t = Trace(pid=1)
+    for pid in (1, 2):
+        t.pid, t.seq = pid, 0
+        b = t.alloc(MiB)
+        for k in range(8):
+            t.gpu_time(t.launch(0x1000 + pid, [b]), t.t + 1000 * pid)
+    t.write(tmp_path / "two.pyobmem")
+    cap = read_capture(str(tmp_path / "two.pyobmem"))
+    two = ranks.subset(cap, [2])
+    assert len(two.ops) == 8 and two.gpu_times["pid"].tolist() == [2] * 8
+    assert two.gpu_times["op"].tolist() == list(range(8))  # rows 8..15 of the merged capture, 0..7 here
+    assert (two.ops["seq"][two.gpu_times["op"]] == two.gpu_times["seq"]).all()
+    gpu = gpu_op_times(two)
+    assert gpu is not None and (gpu - two.ops["ts_ns"].astype(np.int64) >= 0).all()

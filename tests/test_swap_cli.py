@@ -34,6 +34,7 @@ DATA = Path(__file__).parent / "data"
     (["--swap", "--budget", "150%", "true"], "bad budget '150%'"),
     (["--min-swap-bytes", "4MiB", "true"], "--min-swap-bytes needs --swap"),
     (["--swap", "--budget", "1G", "--min-swap-bytes", "0.5", "true"], "bad --min-swap-bytes"),
+    (["--swap", "--budget", "1G", "--min-swap-bytes", "0", "true"], "bad --min-swap-bytes '0': must be positive"),
 ])
 def test_run_budget_errors(argv, msg, capfd, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

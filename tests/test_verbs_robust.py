@@ -130,6 +130,18 @@ def test_corrupt_records_are_left_out_and_said_once(tmp_path, capsys):
 # --- 2. -f never destroys the input -----------------------------------------------------------
 
 
+def test_output_is_another_capture(tmp_path, capsys):
+    """-f overwrites an old report or export, never a capture (a slip of -o loses no recording)."""
+    path = _copy(tmp_path)
+    other = _copy(tmp_path, name="other.pyobmem")
+    before = open(other, "rb").read()
+    assert main(["report", "-f", path, "-o", other]) == 1
+    one_error_line(capsys.readouterr().err, f"{other} is a pyobmem capture; -f never overwrites one: choose another output (-o FILE)")
+    assert main(["export", "-f", "--format", "csv", "-o", other, path]) == 1
+    one_error_line(capsys.readouterr().err, "is a pyobmem capture", exact=False)
+    assert open(other, "rb").read() == before
+
+
 def test_output_is_the_input(tmp_path, capsys):
     path = _copy(tmp_path)
     before = open(path, "rb").read()

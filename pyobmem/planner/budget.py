@@ -65,7 +65,10 @@ def parse_budget(text: str) -> Budget:
 
 def parse_size(text: str, what: str = "size") -> int:
     """A byte size (``4MiB``, ``4M``, ``4194304``); no fractions. Raises PyobmemError (exit 2)."""
-    b = parse_budget(text) if _SIZE.match(str(text)) else None
+    try:
+        b = parse_budget(text) if _SIZE.match(str(text)) else None
+    except PyobmemError as e:  # its message names the budget
+        raise PyobmemError(str(e).replace("bad budget", f"bad {what}", 1), 2) from None
     if b is None or b.bytes is None:
         raise PyobmemError(f"bad {what} {text!r}: use a size such as 4MiB or a number of bytes", 2)
     return b.bytes
