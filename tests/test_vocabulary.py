@@ -341,3 +341,16 @@ def test_report_candidates_say_why_plan_leaves_a_block():
     c = candidates(analyse(read_capture(os.path.join(DATA, "jax.pyobmem"))))
     assert [(x["block"], x["plan"]) for x in c] == [(b, "no: not VMM-backable (not cuMemAlloc)")
                                                     for b in ("2581:61", "2581:62", "2581:25")]
+
+
+def test_one_iteration_number_with_deviating_steps(capsys, tmp_path):
+    """A trainer that logs every 10 steps (H200 capture): 30 steps, 4 deviating. stats, plan and the
+    report number the analysed step among all 30 (a new user saw "iteration 13 of 0..25" in plan
+    and the report for stats' iteration 15: they counted the template-following steps only)."""
+    cap = os.path.join(DATA, "trainer_log_every_10.pyobmem")
+    assert "swap saving bound (iteration 15 of 0..29," in _out(capsys, ["stats", cap]).out
+    assert "  planned     iteration 15 of 0..29: 94 ops" in _out(capsys, ["plan", cap, "--budget", "200MiB"], 1).out
+    _out(capsys, ["report", cap, "-o", str(tmp_path / "r.html")])
+    html = (tmp_path / "r.html").read_text()
+    assert set(re.findall(r"iteration \d+ of 0\.\.\d+", html)) == {"iteration 15 of 0..29"}
+    assert "iterations found</td><td class=n>30 (4 deviating from the template)" in html

@@ -169,7 +169,7 @@ def format_plan(plan, cap, path: str, budget=None, best=None) -> str:
     n_it = plan.iterations
     out = [
         f"Swap plan for {path} (pid {plan.pid})",
-        f"  planned     {format_iteration(plan.iteration_index, n_it)}: {plan.period:,} ops (launches, copies and "
+        f"  planned     {format_iteration(plan.step, plan.steps)}: {plan.period:,} ops (launches, copies and "
         f"sets), {format_duration(int(plan.iteration_ns))} ({plan.matching} of {n_it} iterations issue exactly these ops)",
         f"  budget      {_budget_text(plan, budget)}; copies at {plan.bandwidth / 1e9:.1f} GB/s each way; "
         f"blocks under {format_bytes(plan.min_swap_bytes)} stay",

@@ -154,8 +154,8 @@ def stats_dict(a, top: int = 10) -> dict:
         "peak_live_bytes": int(bm.peak_live_bytes),
         "top_blocks": top_blocks,
         "saving": None if a.saving is None else {
-            "bandwidth": a.saving.bandwidth, "iteration": a.saving.iteration, "peak_bytes": a.saving.peak_bytes,
-            "main_iterations": int(main.count),
+            "bandwidth": a.saving.bandwidth, "iteration": it.step_number(a.saving.iteration),
+            "peak_bytes": a.saving.peak_bytes, "main_iterations": len(it.step_rows()),
             "curve": [[r, b] for r, b in a.saving.points],
         },
     }

@@ -141,6 +141,14 @@ class IterationModel:
             return np.zeros(0, np.int64)
         return np.flatnonzero(self.regime == self.main)
 
+    def step_number(self, main_index: int) -> int:
+        """The number every verb gives iteration ``main_index`` of ``main_rows()``: its index among
+        ``step_rows()`` (the training steps, deviating ones included, from 0); -1 when out of range."""
+        rows = self.main_rows()
+        if not 0 <= main_index < len(rows):
+            return -1
+        return int(np.searchsorted(self.step_rows(), rows[main_index]))
+
     def main_rows(self) -> np.ndarray:
         """Iteration rows of the main regime that follow its template (int64), what the per-block
         model and the planner use; all of the main regime's when fewer than MIN_ITERATIONS do."""

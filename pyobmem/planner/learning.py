@@ -67,6 +67,8 @@ class LearnedIteration:
     live: np.ndarray = field(repr=False)
     matching: int
     iterations: int
+    steps: int  # training steps of the main regime, deviating ones included
+    step: int  # the template iteration's number among them (IterationModel.step_number)
     confidence: float
     bandwidth: float
     min_swap_bytes: int
@@ -227,7 +229,8 @@ def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, ba
     cat = lambda xs: np.concatenate(xs).astype(np.int64) if xs else np.zeros(0, np.int64)  # noqa: E731
     return LearnedIteration(
         pid=pid, keys=keys, op_rows=rows.astype(np.int64), times=times, issue=issue, iteration_ns=T, live=live.astype(np.int64),
-        matching=matching, iterations=len(main), confidence=float(regime.confidence),
+        matching=matching, iterations=len(main), steps=len(it.step_rows()), step=it.step_number(i),
+        confidence=float(regime.confidence),
         bandwidth=bandwidth_of(capture, bandwidth), min_swap_bytes=int(min_swap_bytes),
         cand_block=cand.astype(np.int64), cand_addr=blocks["addr"][cand].astype(np.uint64),
         cand_size=size[cand], cand_pos=cand_pos, cand_site=site, excluded=excluded,

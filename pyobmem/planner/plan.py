@@ -79,6 +79,8 @@ class Plan:
     period: int = 0
     matching: int = 0
     iterations: int = 0
+    steps: int = 0  # training steps of the main regime (LearnedIteration.steps)
+    step: int = -1  # the planned iteration's number among them, as every verb numbers it
     iteration_index: int = -1
     reach_bytes: int = 0
     reach_at: int = 0
@@ -121,7 +123,7 @@ class Plan:
             "saved_bytes": self.saved_bytes, "bound_bytes": self.bound_bytes,
             "time_ratio": round(self.time_ratio, 6), "stall_ns": round(self.stall_ns),
             "needed_bytes": self.needed_bytes, "needed_at": self.needed_at,
-            "reach_bytes": self.reach_bytes, "reach_at": self.reach_at, "iteration": self.iteration_index,
+            "reach_bytes": self.reach_bytes, "reach_at": self.reach_at, "iteration": self.step,
             "candidates": {"blocks": self.candidates[0], "bytes": self.candidates[1]},
             "excluded": {why: {"blocks": n, "bytes": b} for why, (n, b) in self.excluded.items()},
             "swapped_blocks": len({s.block for s in self.swaps}), "swapped_bytes": self.swapped_bytes,
@@ -203,7 +205,7 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
         feasible=sim.peak <= budget_bytes and len(actions) <= abi.PLAN_MAX_ACTIONS, needed_bytes=needed,
         needed_at=needed_at, needed_op_row=int(L.op_rows[needed_at]) if P else -1, bound_bytes=bound_bytes, iteration_ns=L.iteration_ns, bandwidth=L.bandwidth,
         min_swap_bytes=L.min_swap_bytes, period=P, matching=L.matching, iterations=L.iterations,
-        iteration_index=L.iteration_index, reach_bytes=reach, reach_at=reach_at,
+        iteration_index=L.iteration_index, steps=L.steps, step=L.step, reach_bytes=reach, reach_at=reach_at,
         reach_op_row=int(L.op_rows[reach_at]) if P else -1,
         candidates=(len(L.cand_block), int(L.cand_size.sum())), excluded=dict(L.excluded),
     )

@@ -170,7 +170,7 @@ def _iteration_chart(capture, a: Analysis, sw: dict | None) -> str:
             lines.append((RESIDENT, LINE_COLOURS[RESIDENT], rt, rv, False))
         if sw["budget_bytes"]:
             lines.append((BUDGET, LINE_COLOURS[BUDGET], np.array([w0, w1]), np.array([sw["budget_bytes"]] * 2), True))
-    which = format_iteration(a.saving.iteration, len(a.iteration_windows))
+    which = format_iteration(a.iterations.step_number(a.saving.iteration), len(a.iterations.step_rows()))
     plot = svg.stacked_area(t_s, [(c, CLASS_COLOURS[c], v) for c, v in layers], lines=lines,
                             xtitle=f"time from the start of {which}")
     t0 = cuda_span(capture)[0]
@@ -325,7 +325,9 @@ def render(capture, generated: str | None = None, ranks: str | None = None, subj
                         f"the blocks they may touch are never swapped.")
     parts += [f'<div class="warn">{escape(w)}</div>' for w in warnings]
 
-    n_iter = len(a.iteration_windows)
+    n_iter = len(a.iteration_windows)  # the template-following ones, which the model analyses
+    n_steps = len(a.iterations.step_rows())
+    found = "-" if not n_steps else f"{n_steps} ({n_steps - n_iter} deviating from the template)" if n_steps > n_iter else n_steps
     stats = [
         ["duration (first to last CUDA event)", format_duration(t1 - t0, significant=3)],
         ["processes", len(capture.processes)], ["blocks", len(blocks)],
@@ -333,7 +335,7 @@ def render(capture, generated: str | None = None, ranks: str | None = None, subj
         ["peak live bytes", format_bytes(peak)], ["bytes never freed", format_bytes(int(blocks["size"][blocks["t_free"] < 0].sum()))],
         ["dropped events", capture.dropped], ["complete", "yes" if capture.complete else "no"],
         ["exit status", "?" if capture.exit_status is None else capture.exit_status],
-        ["iterations found", n_iter],
+        ["iterations found", found],
     ]
     for cls in CLASSES:
         m = a.block_class == cls
@@ -386,13 +388,13 @@ def render(capture, generated: str | None = None, ranks: str | None = None, subj
         lens = a.iteration_windows[:, 1] - a.iteration_windows[:, 0]
         gpu_ns = iteration_ns_gpu(capture, a.iterations)
         it_body = _table(["", ""], [
-            ["iterations", n_iter], ["ops per iteration", a.iteration_ops],
+            ["iterations", found], ["ops per iteration", a.iteration_ops],
             ["iteration time (median)", format_duration(float(np.median(lens)), significant=3)
              + ("" if gpu_ns is None else f" host, {format_duration(gpu_ns, significant=3)} GPU clock")],
             ["iteration time (min / max)",
              f"{format_duration(float(lens.min()), significant=3)} / {format_duration(float(lens.max()), significant=3)}"],
             ["first iteration starts", f"t = {format_duration(int(a.iteration_windows[0, 0]) - t0, significant=3)} (t = 0 at the first CUDA event)"],
-            ["analysed iteration", "-" if a.window is None else f"{format_iteration(a.saving.iteration, n_iter)}, "
+            ["analysed iteration", "-" if a.window is None else f"{format_iteration(a.iterations.step_number(a.saving.iteration), n_steps)}, "
                                    f"{format_duration(a.window[1] - a.window[0], significant=3)}, peak {format_bytes(a.saving.peak_bytes)} live"],
         ], {1})
     else:
