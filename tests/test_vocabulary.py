@@ -354,3 +354,11 @@ def test_one_iteration_number_with_deviating_steps(capsys, tmp_path):
     html = (tmp_path / "r.html").read_text()
     assert set(re.findall(r"iteration \d+ of 0\.\.\d+", html)) == {"iteration 15 of 0..29"}
     assert "iterations found</td><td class=n>30 (4 deviating from the template)" in html
+
+
+def test_reachable_is_a_bound_of_the_plan(capsys):
+    """plan's "reachable" is the least peak any plan can reach: never above the plan it shows (a
+    new user saw 330.1 MiB reachable beside a 302.1 MiB plan: the bound left out the budget hold)."""
+    cap = os.path.join(DATA, "trainer_log_every_10.pyobmem")
+    j = json.loads(_out(capsys, ["plan", cap, "--budget", "200MiB", "--json"], 1).out)
+    assert j["reach_bytes"] <= j["predicted_peak_bytes"] < j["peak_bytes"]

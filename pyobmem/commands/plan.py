@@ -180,7 +180,7 @@ def format_plan(plan, cap, path: str, budget=None, best=None) -> str:
         f"  needs       at least {format_bytes(plan.needed_bytes)} resident at op {plan.needed_at}, whatever the plan "
         f"(every idle window out, copies free)",
         f"  reachable   at best {format_bytes(plan.reach_bytes)} at op {plan.reach_at} (each idle window out as long "
-        f"as its copies allow)",
+        f"as its copies allow, the budget hold waiting for swap-outs)",
         f"  predicted   {pred[0]}",
         *[f"              {p}" for p in pred[1:]],
         f"  time        {plan.time_ratio:.3f}x the iteration (stalls {format_duration(int(plan.stall_ns))} per iteration)",

@@ -49,7 +49,8 @@ class Plan:
     ``feasible`` (the predicted peak fits the budget); ``needed_bytes`` (the least any plan could
     reach on this iteration: at some position the blocks that cannot be out together) and
     ``needed_at`` (that position); ``reach_bytes`` / ``reach_at``: the least peak any plan can
-    reach under the cost model (each window out as long as it can be alone, engines idle: a lower
+    reach under the cost model (each window out as long as it can be alone, engines idle, the budget
+    hold waiting for its copy: a lower
     bound >= ``needed_bytes``; 0 when not computed: a plan that fits, made without ``bound``) and its
     position; ``bound_bytes`` (the model's saving bound at
     ``time_ratio``, None when not computed); ``iteration_ns``, ``bandwidth``, ``min_swap_bytes``;
@@ -158,10 +159,12 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
     chosen: list[int] = []
     sim = _simulate(L, np.zeros(0, np.int64), budget_bytes)
     over = sim.peak > budget_bytes
-    cov = _nominal_absence(L) if over or bound else None  # W x P: the daemon skips it for a plan that fits
+    # W x P each, the windows out at each position alone (idle engines; with the budget hold): the
+    # daemon skips them for a plan that fits.
+    cov = (_nominal_absence(L), _nominal_absence(L, held=True)) if over or bound else None
     if over:
-        chosen, sim = _cover(L, budget_bytes, max_ratio, sim, cov)
-    reach_at, reach = _reach(L, cov) if cov is not None else (0, 0)
+        chosen, sim = _cover(L, budget_bytes, max_ratio, sim, *cov)
+    reach_at, reach = _reach(L, cov[1]) if cov is not None else (0, 0)
     w = np.array(chosen, np.int64)
     swaps, act = [], []
     for j, k in enumerate(w):

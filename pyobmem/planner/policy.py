@@ -15,15 +15,16 @@ from .learning import LearnedIteration
 from .simulation import _nominal_absence, _Sim, _simulate
 
 
-def _cover(L: LearnedIteration, budget_bytes: int, max_ratio: float, sim: _Sim, cov: np.ndarray) -> tuple[list, _Sim]:
+def _cover(L: LearnedIteration, budget_bytes: int, max_ratio: float, sim: _Sim, nominal: np.ndarray,
+           held: np.ndarray) -> tuple[list, _Sim]:
     """Choose windows until the simulated peak fits ``budget_bytes`` (or none helps): at each
     step, among the unused windows whose block is out at the peak position (nominally), the one
     covering the most excess (resident bytes over the budget, capped at its size, summed over
     the positions it is out, per byte it moves: every byte costs the same copy time), kept only
     when the simulation (engine queues included) confirms it lowers the resident bytes at that
     position within ``max_ratio``. Returns (chosen windows, their simulation); when the budget
-    cannot be met, the lowest peak reached. ``cov``: ``_nominal_absence(L)``."""
-    nominal, held = cov, _nominal_absence(L, held=True)
+    cannot be met, the lowest peak reached. ``nominal`` and ``held``: ``_nominal_absence(L)`` and
+    ``_nominal_absence(L, held=True)``."""
     size = L.cand_size[L.win_cand].astype(np.float64)
     free = held.any(axis=1)
     chosen: list[int] = []

@@ -228,7 +228,8 @@ def _nominal_absence(L: LearnedIteration, held: bool = False) -> np.ndarray:
 
 def _reach(L: LearnedIteration, cov: np.ndarray) -> tuple[int, int]:
     """(position, bytes): the highest resident bytes with every window out as long as it can be
-    alone (``_nominal_absence``): no plan's peak is lower under the cost model."""
+    alone (``_nominal_absence(L, held=True)``: out from the position after its last access, the
+    budget hold waiting for its copy): no plan's peak is lower under the cost model."""
     if not L.period:
         return 0, 0
     size = L.cand_size[L.win_cand].astype(np.int64)
