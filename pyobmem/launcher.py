@@ -328,7 +328,13 @@ def launch(opts: Options) -> Outcome:
         if log is not None:
             view = _start_view(output, log)
         status, daemon_failed = _run_child(executable, opts.command, env, daemon, log_fd)
-        daemon_failed = _stop_daemon(daemon, status) or daemon_failed
+        # The command has ended: a Ctrl-C now (closing --live's view, an impatient user) must not
+        # cut the daemon's drain and leave the capture without its end (bounded by DAEMON_FINISH_S).
+        old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            daemon_failed = _stop_daemon(daemon, status) or daemon_failed
+        finally:
+            signal.signal(signal.SIGINT, old_int)
         outcome = Outcome(status=status, output=output, daemon_failed=daemon_failed, log=log)
         _split_ranks(outcome, opts.force)
         if view is not None:
