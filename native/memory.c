@@ -178,7 +178,7 @@ static struct {
 static unsigned g_alias_n;
 static uint32_t g_alias_pid; /* the process the table is of: a fork child starts empty, as its blocks do */
 
-/* Fork: the table's lock is taken around fork (before the blocks lock, as host_free takes them),
+/* Fork: the table's lock is taken around fork (before the blocks lock, as host_block_free takes them),
  * so that a child never starts with it held by a thread it does not have. */
 void host_alias_atfork_prepare(void) { pthread_mutex_lock(&g_alias_mu); }
 void host_alias_atfork_parent(void) { pthread_mutex_unlock(&g_alias_mu); }
@@ -197,14 +197,14 @@ static void alias_own(void)
     }
 }
 
-static void host_alloc(const void *p, size_t size)
+static void host_block_alloc(const void *p, size_t size)
 {
     if (p)
         blocks_add((uint64_t)(uintptr_t)p, size, 0, PYOBMEM_ALLOC_HOST, current_device());
 }
 
 /* After a successful cuMemFreeHost / cuMemHostUnregister of p: the block and its aliases. */
-static void host_free(const void *p, int known, const struct block *b)
+static void host_block_free(const void *p, int known, const struct block *b)
 {
     uint64_t h = (uint64_t)(uintptr_t)p;
     after_free(h, known, b, 0);
@@ -240,7 +240,7 @@ CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
     int rec = shim_begin();
     CUresult r = REAL(cuMemHostAlloc, (pp, bytesize, Flags));
     if (rec && r == CUDA_SUCCESS && pp)
-        host_alloc(*pp, bytesize);
+        host_block_alloc(*pp, bytesize);
     return r;
 }
 
@@ -249,7 +249,7 @@ CUresult CUDAAPI cuMemAllocHost_v2(void **pp, size_t bytesize)
     int rec = shim_begin();
     CUresult r = REAL(cuMemAllocHost_v2, (pp, bytesize));
     if (rec && r == CUDA_SUCCESS && pp)
-        host_alloc(*pp, bytesize);
+        host_block_alloc(*pp, bytesize);
     return r;
 }
 
@@ -258,7 +258,7 @@ CUresult CUDAAPI cuMemAllocHost(void **pp, unsigned int bytesize)
     int rec = shim_begin();
     CUresult r = REAL(cuMemAllocHost, (pp, bytesize));
     if (rec && r == CUDA_SUCCESS && pp)
-        host_alloc(*pp, bytesize);
+        host_block_alloc(*pp, bytesize);
     return r;
 }
 
@@ -268,7 +268,7 @@ CUresult CUDAAPI cuMemAllocHost(void **pp, unsigned int bytesize)
         int rec = shim_begin();                                             \
         CUresult r = REAL(NAME, (p, bytesize, Flags));                      \
         if (rec && r == CUDA_SUCCESS)                                       \
-            host_alloc(p, bytesize);                                        \
+            host_block_alloc(p, bytesize);                                        \
         return r;                                                           \
     }
 DEF_HOST_REGISTER(cuMemHostRegister_v2)
@@ -303,7 +303,7 @@ CUresult CUDAAPI cuMemFreeHost(void *p)
     int known = rec && blocks_find_start((uint64_t)(uintptr_t)p, &b);
     CUresult r = REAL(cuMemFreeHost, (p));
     if (rec && r == CUDA_SUCCESS)
-        host_free(p, known, &b);
+        host_block_free(p, known, &b);
     return r;
 }
 
@@ -314,7 +314,7 @@ CUresult CUDAAPI cuMemHostUnregister(void *p)
     int known = rec && blocks_find_start((uint64_t)(uintptr_t)p, &b);
     CUresult r = REAL(cuMemHostUnregister, (p));
     if (rec && r == CUDA_SUCCESS)
-        host_free(p, known, &b);
+        host_block_free(p, known, &b);
     return r;
 }
 

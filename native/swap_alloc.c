@@ -271,11 +271,11 @@ static struct sblock *serve(uint64_t size, int dev, struct pool_acct *pool, CUst
     struct sblock *b = pool ? cache_take(vsize, dev, pool->pool, s) : NULL;
     if (b && b->handle) { /* already mapped and counted: the steady state */
         revive(b, size, stamp);
-        pool_count(b->pool, (int64_t)size, 0);
         if (!table_add(b)) {
             cache_put(b);
             return NULL;
         }
+        pool_count(b->pool, (int64_t)size, 0); /* counted once it is the application's */
         return b;
     }
     hold_budget(vsize, stamp);
