@@ -36,7 +36,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("capture", metavar="FILE", help="a .pyobmem capture")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
     p.add_argument("--top", type=count, default=10, metavar="N", help="largest blocks to list (default 10)")
-    p.add_argument("--bandwidth", type=positive_float, default=None, metavar="B/S",
+    p.add_argument("--bandwidth", type=positive_float, default=None, metavar="B/s",
                    help="host<->device copy bandwidth for the saving bound, bytes/s each way "
                    "(default: the capture's, else 55e9)")
     return p
