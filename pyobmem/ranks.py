@@ -181,6 +181,8 @@ def split(path: str, force: bool = False) -> list[tuple[Rank, str]]:
     returns (rank, path) pairs, none when the capture has no rank. Raises PyobmemError when an
     output exists and not ``force`` (nothing is written then) and CaptureError for a bad capture."""
     meta, offset = read_header(path)
+    if isinstance(meta.get("rank"), dict):
+        raise PyobmemError(f"{path} is already the capture of rank {meta['rank'].get('rank')}: nothing to split")
     recs = _records(path, offset)
     # pass 1: processes, notes and which pids used CUDA
     keep_types = [int(abi.Ev.PROCESS), int(abi.Ev.NOTE)]

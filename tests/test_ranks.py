@@ -331,3 +331,12 @@ def test_subset_keeps_the_gpu_clock_of_its_processes(tmp_path):
     assert (two.ops["seq"][two.gpu_times["op"]] == two.gpu_times["seq"]).all()
     gpu = gpu_op_times(two)
     assert gpu is not None and (gpu - two.ops["ts_ns"].astype(np.int64) >= 0).all()
+
+
+def test_split_of_a_rank_capture_is_refused(tmp_path):
+    """A rank's own capture has nothing to split (a new user got job.rank1.rank1.pyobmem)."""
+    ranks.split(str(job(tmp_path)))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(PyobmemError, match=r"job\.rank1\.pyobmem is already the capture of rank 1: nothing to split"):
+        ranks.split(str(tmp_path / "job.rank1.pyobmem"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
