@@ -88,7 +88,7 @@ def test_summary_counts_host_only_and_names_unattributed_kernels(fake, tmp_path)
     assert s["launches"]["attributed_pct"] == 37.5  # 3 of 8
     assert ("by kind          3 attributed (device blocks), 2 host-only (pinned host memory), 3 unattributed, "
             "0 without addresses") in text
-    assert "traced by        the shim's hooks 8, CUPTI 0" in text
+    assert "traced by        the shim's hooks 8, CUPTI 0 (kernel and graph launches)" in text
     assert "launches: 3 attributed (device blocks)" in format_short(s)
     assert "Unattributed launches (an address in no recorded block), by kernel\n  kernel    launches\n  kernel_a         3" in text
 

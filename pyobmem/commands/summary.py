@@ -359,7 +359,7 @@ def _attribution_line(la: dict) -> str:
 
 def _traced_by_line(la: dict) -> str:
     t = la["traced_by"]
-    return f"the shim's hooks {_num(t['hooks'])}, CUPTI {_num(t['cupti'])}"
+    return f"the shim's hooks {_num(t['hooks'])}, CUPTI {_num(t['cupti'])} (kernel and graph launches)"
 
 
 def _iteration_line(s: dict) -> str:
