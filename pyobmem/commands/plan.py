@@ -13,7 +13,7 @@ import math
 from ..errors import PyobmemError
 from .. import planner
 from ..units import format_bytes, format_duration, format_iteration
-from .common import _demangle_all, budget_arg, load, positive_float, short_name
+from .common import _demangle_all, budget_arg, load, short_name
 from .summary import table
 
 NAME = "plan"
@@ -30,7 +30,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--budget", required=True, metavar="SIZE",
                    help="device-memory budget: 16GiB, 500MiB, bytes, or a share of the card's memory, not of the "
                    "job's peak: 75%%, or a number up to 1 (0.75; 1: the whole card)")
-    p.add_argument("--bandwidth", type=positive_float, metavar="B/s", help="host<->device copy bandwidth, bytes/s each way (default: the capture's, else 55e9)")
+    p.add_argument("--bandwidth", type=float, metavar="B/s", help="host<->device copy bandwidth, bytes/s each way (default: the capture's, else 55e9)")
     p.add_argument("--min-swap-bytes", metavar="N", help="blocks smaller than this are never swapped (default 4MiB)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     return p
