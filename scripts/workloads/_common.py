@@ -78,6 +78,28 @@ def now() -> float:
     return time.perf_counter()
 
 
+# ---------------------------------------------------------------- JAX
+def import_jax(deterministic: bool):
+    """Set XLA_FLAGS for bitwise reproducible runs when asked (before jax is imported), import jax
+    and return (jax, its first GPU device); one error line when jax or a GPU is missing. The
+    allocator settings (XLA_PYTHON_CLIENT_*) are left to the environment: the launcher's preset."""
+    if deterministic:
+        flags = os.environ.get("XLA_FLAGS", "")
+        if "--xla_gpu_deterministic_ops" not in flags:
+            os.environ["XLA_FLAGS"] = (flags + " --xla_gpu_deterministic_ops=true").strip()
+    try:
+        import jax
+    except ImportError as e:
+        fail(f"JAX is not importable ({e})")
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError:
+        gpus = []
+    if not gpus:
+        fail("no CUDA GPU available to JAX")
+    return jax, gpus[0]
+
+
 # ---------------------------------------------------------------- PyTorch
 def import_torch(deterministic: bool):
     """Set the environment that must precede CUDA init, import torch and check for a GPU."""

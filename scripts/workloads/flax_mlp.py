@@ -23,25 +23,13 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=512)
     args = p.parse_args()
 
-    if args.deterministic:
-        flags = os.environ.get("XLA_FLAGS", "")
-        if "--xla_gpu_deterministic_ops" not in flags:
-            os.environ["XLA_FLAGS"] = (flags + " --xla_gpu_deterministic_ops=true").strip()
+    jax, dev = _common.import_jax(args.deterministic)
     try:
         import flax.linen as nn
-        import jax
-        import jax.numpy as jnp
         import numpy as np
         import optax
     except ImportError as e:
-        _common.fail(f"JAX, flax or optax is not importable ({e})")
-    try:
-        gpus = jax.devices("gpu")
-    except RuntimeError:
-        gpus = []
-    if not gpus:
-        _common.fail("no CUDA GPU available to JAX")
-    dev = gpus[0]
+        _common.fail(f"flax or optax is not importable ({e})")
 
     class MLP(nn.Module):
         @nn.compact

@@ -22,23 +22,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=256)
     args = p.parse_args()
 
-    if args.deterministic:
-        flags = os.environ.get("XLA_FLAGS", "")
-        if "--xla_gpu_deterministic_ops" not in flags:
-            os.environ["XLA_FLAGS"] = (flags + " --xla_gpu_deterministic_ops=true").strip()
-    try:
-        import jax
-        import jax.numpy as jnp
-        import numpy as np
-    except ImportError as e:
-        _common.fail(f"JAX is not importable ({e})")
-    try:
-        gpus = jax.devices("gpu")
-    except RuntimeError:
-        gpus = []
-    if not gpus:
-        _common.fail("no CUDA GPU available to JAX")
-    dev = gpus[0]
+    jax, dev = _common.import_jax(args.deterministic)
+    import jax.numpy as jnp
+    import numpy as np
 
     sizes = [IN] + [HIDDEN] * DEPTH + [CLASSES]
     key = jax.random.PRNGKey(args.seed)
