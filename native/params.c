@@ -226,54 +226,26 @@ void params_refresh(uintptr_t handle)
     pthread_mutex_unlock(&g_mu);
 }
 
-/* ---- the calls that hand out function and kernel handles ---- */
+/* ---- the calls that hand out function and kernel handles: N of them at OUT ---- */
 
-CUresult CUDAAPI cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
-{
-    int rec = shim_begin();
-    CUresult r = REAL(cuModuleGetFunction, (hfunc, hmod, name));
-    if (rec && r == CUDA_SUCCESS && hfunc)
-        params_refresh((uintptr_t)*hfunc);
-    return r;
-}
-
-CUresult CUDAAPI cuModuleEnumerateFunctions(CUfunction *functions, unsigned int numFunctions, CUmodule mod)
-{
-    int rec = shim_begin();
-    CUresult r = REAL(cuModuleEnumerateFunctions, (functions, numFunctions, mod));
-    if (rec && r == CUDA_SUCCESS && functions)
-        for (unsigned i = 0; i < numFunctions; i++)
-            params_refresh((uintptr_t)functions[i]);
-    return r;
-}
-
-CUresult CUDAAPI cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name)
-{
-    int rec = shim_begin();
-    CUresult r = REAL(cuLibraryGetKernel, (pKernel, library, name));
-    if (rec && r == CUDA_SUCCESS && pKernel)
-        params_refresh((uintptr_t)*pKernel);
-    return r;
-}
-
-CUresult CUDAAPI cuLibraryEnumerateKernels(CUkernel *kernels, unsigned int numKernels, CUlibrary lib)
-{
-    int rec = shim_begin();
-    CUresult r = REAL(cuLibraryEnumerateKernels, (kernels, numKernels, lib));
-    if (rec && r == CUDA_SUCCESS && kernels)
-        for (unsigned i = 0; i < numKernels; i++)
-            params_refresh((uintptr_t)kernels[i]);
-    return r;
-}
-
-CUresult CUDAAPI cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
-{
-    int rec = shim_begin();
-    CUresult r = REAL(cuKernelGetFunction, (pFunc, kernel));
-    if (rec && r == CUDA_SUCCESS && pFunc)
-        params_refresh((uintptr_t)*pFunc);
-    return r;
-}
+#define DEF_GETTER(NAME, PARAMS, ARGS, OUT, N)                             \
+    CUresult CUDAAPI NAME PARAMS                                           \
+    {                                                                      \
+        int rec = shim_begin();                                            \
+        CUresult r = REAL(NAME, ARGS);                                     \
+        if (rec && r == CUDA_SUCCESS && (OUT))                             \
+            for (unsigned i_ = 0; i_ < (unsigned)(N); i_++)                \
+                params_refresh((uintptr_t)(OUT)[i_]);                      \
+        return r;                                                          \
+    }
+DEF_GETTER(cuModuleGetFunction, (CUfunction *hfunc, CUmodule hmod, const char *name), (hfunc, hmod, name), hfunc, 1)
+DEF_GETTER(cuModuleEnumerateFunctions, (CUfunction *functions, unsigned int numFunctions, CUmodule mod),
+           (functions, numFunctions, mod), functions, numFunctions)
+DEF_GETTER(cuLibraryGetKernel, (CUkernel *pKernel, CUlibrary library, const char *name), (pKernel, library, name),
+           pKernel, 1)
+DEF_GETTER(cuLibraryEnumerateKernels, (CUkernel *kernels, unsigned int numKernels, CUlibrary lib),
+           (kernels, numKernels, lib), kernels, numKernels)
+DEF_GETTER(cuKernelGetFunction, (CUfunction *pFunc, CUkernel kernel), (pFunc, kernel), pFunc, 1)
 
 void params_atfork_prepare(void) { pthread_mutex_lock(&g_mu); }
 void params_atfork_parent(void) { pthread_mutex_unlock(&g_mu); }
