@@ -225,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cpu", type=int, default=2, help="pin the workload to this CPU (-1: do not pin; default 2)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per workload run")
+    ap.add_argument("--no-cupti-rounds", action="store_true",
+                    help="GPT and MLP rounds without the --cupti run (two runs a round instead of three)")
     ap.add_argument("--deterministic", action="store_true",
                     help="run the workloads with --deterministic (slower: the MLP went from ~3.3 to 6-9 ms "
                          "per step on the H200); default off, as in the platform facts")
@@ -241,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="pyobmem-overhead-") as tmp:
         work = Path(tmp)
         traced = ()  # the launcher's default: the shim's launch hooks
+        modes = {k: v for k, v in MODES.items() if not (a.no_cupti_rounds and k == "traced_cupti")}
         if "ops" in only:
             out["op_cost"] = op_cost(a.op_rounds, work, pin, a.timeout, traced)
         if "lstm" in only:
@@ -250,10 +253,10 @@ def main(argv: list[str] | None = None) -> int:
             out["lstm_lm"]["launcher_options"] = list(traced)
         if "gpt" in only:
             out["gpt_small"] = bench("gpt_small", "gpt.py", ["--size", "small", "--steps", str(a.gpt_steps), *common],
-                                     a.gpt_steps, a.repeats, a.warmup, work, a.timeout, pin)
+                                     a.gpt_steps, a.repeats, a.warmup, work, a.timeout, pin, modes)
         if "mlp" in only:
             out["launch_bound_mlp"] = bench("launch_bound_mlp", "mlp.py", ["--steps", str(a.mlp_steps), *common],
-                                            a.mlp_steps, a.repeats, a.warmup, work, a.timeout, pin)
+                                            a.mlp_steps, a.repeats, a.warmup, work, a.timeout, pin, modes)
     out["targets"] = TARGETS
     out["repeats"] = a.repeats
     out["deterministic"] = a.deterministic
