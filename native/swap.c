@@ -164,6 +164,7 @@ void table_remove(struct sblock *b)
         itable_erase(&g_tab, i - 1, i);
         g_swap_bytes -= b->size;
     }
+    plan_unbind(b);
 }
 
 /* Device bytes the budget sees now: every live device block of the process at its size, swap

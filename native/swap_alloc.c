@@ -242,6 +242,7 @@ static void revive(struct sblock *b, uint64_t size, uint64_t stamp)
     b->stamp = b->tried = 0;
     b->inflight = 0;
     b->marked = 0;
+    b->site = 0;
     forget_uses(b);
     if (b->free_live) {
         CUevent e = b->uses[0].ev;
@@ -325,14 +326,14 @@ int swap_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, int kind, CUst
     if (!dptr || size == 0 || size < min)
         return 0;
     int unknown = 0;
-    if (kind != SWAP_ALLOC_DRIVER && (capturing(s, &unknown) || unknown))
-        return 0; /* a graph's allocation node belongs to the driver's pool */
+    /* a graph's allocation node belongs to the driver's pool */
+    int captured = kind != SWAP_ALLOC_DRIVER && (capturing(s, &unknown) || unknown);
     CUstreamCaptureMode old;
     int relaxed = relax(&old);
     pthread_mutex_lock(&g_mu);
     CUdevice dev = 0;
     struct sblock *b = NULL;
-    if (alloc_setup(&dev)) {
+    if (!captured && alloc_setup(&dev)) {
         struct pool_acct *p = NULL;
         if (kind == SWAP_ALLOC_DRIVER || (p = pool_eligible(pool, kind == SWAP_ALLOC_FROM_POOL, (int)dev)))
             b = serve(size, (int)dev, p, s);
@@ -342,6 +343,8 @@ int swap_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, int kind, CUst
                       "or not made by cuMemPoolCreate) stay the driver's: not swappable");
         }
     }
+    if (kind != SWAP_ALLOC_DRIVER)
+        plan_allocation(b, size); /* counted whoever serves it, as the planner counts the trace's */
     if (b)
         *dptr = b->addr;
     pthread_mutex_unlock(&g_mu);

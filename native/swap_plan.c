@@ -10,30 +10,77 @@
 #include "swap_state.h"
 
 /* ---- plan state ---- */
+/* An adopted action: the control file's, with its site as an index into g_plan.sites (-1: the
+ * block is named by its address). */
+struct act {
+    uint32_t at;
+    uint16_t kind, until;
+    uint64_t addr, size;
+    int32_t site;
+};
+
+/* An allocation site of the followed plan and the live block bound to it (NULL: none now). */
+struct site {
+    uint32_t at, ord;
+    uint64_t size;
+    struct sblock *b;
+};
+
 static struct {
     int following;
     uint64_t gen;
     uint32_t period;
     int64_t next; /* position expected next; -1: waiting for template_keys[0] */
     uint64_t *keys;
-    struct pyobmem_action *acts;
+    struct act *acts;
     uint32_t n_acts;
-    struct pyobmem_action *idle; /* IDLE hints, by address then position */
+    struct act *idle; /* IDLE hints, by block identity (ident_of) then position */
     uint32_t n_idle;
-} g_plan;
+    struct site *sites; /* by (at, ord) */
+    uint32_t n_sites;
+    int64_t alloc_at;   /* position of the last op followed (the site of allocations now); -1: none */
+    uint32_t alloc_ord; /* counted allocations since that op */
+} g_plan = {.alloc_at = -1};
 static uint64_t g_adopted;
+
+/* A block's identity in the plan: its site (bit 63 set) while it is bound to one, else its
+ * address (device addresses never have bit 63 set). */
+static uint64_t ident_of(const struct sblock *b)
+{
+    return b->site ? (1ull << 63) | (uint64_t)(b->site - 1) : b->addr;
+}
+
+static uint64_t ident_of_act(const struct act *a)
+{
+    return a->site >= 0 ? (1ull << 63) | (uint64_t)a->site : a->addr;
+}
+
+static int cmp_site(const void *a, const void *b)
+{
+    const struct site *x = a, *y = b;
+    if (x->at != y->at)
+        return x->at < y->at ? -1 : 1;
+    return x->ord < y->ord ? -1 : x->ord > y->ord;
+}
+
+static struct site *site_find(uint32_t at, uint32_t ord)
+{
+    struct site key = {.at = at, .ord = ord};
+    return bsearch(&key, g_plan.sites, g_plan.n_sites, sizeof key, cmp_site);
+}
 
 static int cmp_at(const void *a, const void *b)
 {
-    const struct pyobmem_action *x = a, *y = b;
+    const struct act *x = a, *y = b;
     return x->at < y->at ? -1 : x->at > y->at;
 }
 
-static int cmp_addr_at(const void *a, const void *b)
+static int cmp_ident_at(const void *a, const void *b)
 {
-    const struct pyobmem_action *x = a, *y = b;
-    if (x->addr != y->addr)
-        return x->addr < y->addr ? -1 : 1;
+    const struct act *x = a, *y = b;
+    uint64_t i = ident_of_act(x), j = ident_of_act(y);
+    if (i != j)
+        return i < j ? -1 : 1;
     return x->at < y->at ? -1 : x->at > y->at;
 }
 
@@ -41,22 +88,51 @@ static int cmp_addr_at(const void *a, const void *b)
  * hint says it is idle at pos (in use now, or unknown). */
 uint32_t idle_for(const struct sblock *b, int64_t pos)
 {
+    uint64_t id = ident_of(b);
     size_t lo = 0, hi = g_plan.n_idle;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (g_plan.idle[mid].addr < b->addr)
+        if (ident_of_act(&g_plan.idle[mid]) < id)
             lo = mid + 1;
         else
             hi = mid;
     }
     uint32_t P = g_plan.period, p = (uint32_t)(pos % P);
-    for (size_t i = lo; i < g_plan.n_idle && g_plan.idle[i].addr == b->addr; i++) {
+    for (size_t i = lo; i < g_plan.n_idle && ident_of_act(&g_plan.idle[i]) == id; i++) {
         uint32_t s = g_plan.idle[i].at, n = g_plan.idle[i].until;
         int inside = s < n ? (p > s && p < n) : (p > s || p < n); /* n <= s: wraps the iteration */
         if (inside)
             return (n + P - p) % P ? (n + P - p) % P : P;
     }
     return 0;
+}
+
+/* The plan's distinct sites, sorted, and each site action's index into them (g_mu held).
+ * Returns NULL (and *n = 0) on allocation failure or when there are none. */
+static struct site *collect_sites(struct act *acts, uint32_t n_acts, const struct pyobmem_action *src,
+                                  uint32_t *n)
+{
+    *n = 0;
+    struct site *sites = malloc((n_acts ? n_acts : 1) * sizeof *sites);
+    if (!sites)
+        return NULL;
+    for (uint32_t i = 0; i < n_acts; i++)
+        if (src[i].site_at != PYOBMEM_SITE_NONE)
+            sites[(*n)++] = (struct site){src[i].site_at, src[i].site_ord, src[i].size, NULL};
+    qsort(sites, *n, sizeof *sites, cmp_site);
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < *n; i++)
+        if (k == 0 || cmp_site(&sites[k - 1], &sites[i]) != 0)
+            sites[k++] = sites[i];
+    *n = k;
+    for (uint32_t i = 0; i < n_acts; i++) {
+        if (src[i].site_at == PYOBMEM_SITE_NONE)
+            continue;
+        struct site key = {.at = src[i].site_at, .ord = src[i].site_ord};
+        struct site *t = bsearch(&key, sites, k, sizeof key, cmp_site);
+        acts[i].site = t && t->size == src[i].size ? (int32_t)(t - sites) : -2; /* -2: never resolves */
+    }
+    return sites;
 }
 
 static void maybe_adopt(void)
@@ -73,29 +149,25 @@ static void maybe_adopt(void)
         return;
     }
     uint64_t *keys = malloc(period * sizeof *keys);
-    struct pyobmem_action *acts = malloc((na ? na : 1) * sizeof *acts);
-    if (!keys || !acts) {
-        free(keys);
-        free(acts);
-        return;
-    }
+    struct pyobmem_action *src = malloc((na ? na : 1) * sizeof *src);
+    struct act *acts = malloc((na ? na : 1) * sizeof *acts), *idle = malloc((na ? na : 1) * sizeof *idle);
+    struct site *sites = NULL;
+    uint32_t n_sites = 0;
+    if (!keys || !src || !acts || !idle)
+        goto fail;
     memcpy(keys, p->template_keys, period * sizeof *keys);
-    memcpy(acts, p->actions, na * sizeof *acts);
+    memcpy(src, p->actions, na * sizeof *src);
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    if (__atomic_load_n(&p->generation, __ATOMIC_ACQUIRE) != gen) { /* rewritten meanwhile */
-        free(keys);
-        free(acts);
-        return;
-    }
+    if (__atomic_load_n(&p->generation, __ATOMIC_ACQUIRE) != gen) /* rewritten meanwhile */
+        goto fail;
+    for (uint32_t i = 0; i < na; i++)
+        acts[i] = (struct act){src[i].at, src[i].kind, src[i].until, src[i].addr, src[i].size, -1};
+    sites = collect_sites(acts, na, src, &n_sites);
+    if (!sites)
+        goto fail;
     uint32_t k = 0, ni = 0;
-    struct pyobmem_action *idle = malloc((na ? na : 1) * sizeof *idle);
-    if (!idle) {
-        free(keys);
-        free(acts);
-        return;
-    }
     for (uint32_t i = 0; i < na; i++) {
-        if (acts[i].at >= period)
+        if (acts[i].at >= period || acts[i].site == -2)
             continue;
         if (acts[i].kind == PYOBMEM_ACT_IDLE && acts[i].until < period)
             idle[ni++] = acts[i];
@@ -104,22 +176,36 @@ static void maybe_adopt(void)
             acts[k++] = acts[i];
     }
     qsort(acts, k, sizeof *acts, cmp_at);
-    qsort(idle, ni, sizeof *idle, cmp_addr_at);
+    qsort(idle, ni, sizeof *idle, cmp_ident_at);
+    free(src);
     free(g_plan.keys);
     free(g_plan.acts);
     free(g_plan.idle);
+    free(g_plan.sites);
+    for (size_t i = 0; i < g_tab.n; i++) /* bindings to the old plan's sites end */
+        block_of(i)->site = 0;
     g_plan.keys = keys;
     g_plan.acts = acts;
     g_plan.n_acts = k;
     g_plan.idle = idle;
     g_plan.n_idle = ni;
+    g_plan.sites = sites;
+    g_plan.n_sites = n_sites;
     g_plan.period = period;
     g_plan.gen = gen;
     g_plan.next = -1;
+    g_plan.alloc_at = -1;
     g_plan.following = 1;
     g_adopted = gen;
     __atomic_store_n(&g_ctl->adopted, gen, __ATOMIC_RELEASE);
     ring_write(&(struct pyobmem_record){.type = PYOBMEM_EV_PLAN, .plan = {.generation = gen, .value = k}}, 1);
+    return;
+fail:
+    free(keys);
+    free(src);
+    free(acts);
+    free(idle);
+    free(sites);
 }
 
 /* The position of the op with `key` in the followed plan, or -1. */
@@ -127,6 +213,7 @@ int64_t plan_step(uint64_t key)
 {
     if (!g_plan.following || g_plan.next <= 0)
         maybe_adopt(); /* only at an iteration boundary or when none is followed */
+    g_plan.alloc_at = -1; /* until this op is followed */
     if (!g_plan.following)
         return -1;
     int64_t pos;
@@ -144,7 +231,30 @@ int64_t plan_step(uint64_t key)
         return -1;
     }
     g_plan.next = (pos + 1) % g_plan.period;
+    g_plan.alloc_at = pos;
+    g_plan.alloc_ord = 0;
     return pos;
+}
+
+void plan_allocation(struct sblock *b, uint64_t size)
+{
+    if (!g_plan.following || g_plan.alloc_at < 0)
+        return;
+    uint32_t ord = g_plan.alloc_ord++;
+    struct site *t = b ? site_find((uint32_t)g_plan.alloc_at, ord) : NULL;
+    if (!t || t->size != size)
+        return;
+    if (t->b)
+        t->b->site = 0; /* a block still bound from the last iteration (never freed): this one now */
+    t->b = b;
+    b->site = (int32_t)(t - g_plan.sites) + 1;
+}
+
+void plan_unbind(struct sblock *b)
+{
+    if (b->site && g_plan.sites && (uint32_t)b->site <= g_plan.n_sites && g_plan.sites[b->site - 1].b == b)
+        g_plan.sites[b->site - 1].b = NULL;
+    b->site = 0;
 }
 
 /* The host waits (bounded) until the GPU has run the op that recorded b's mark: a prefetch then
@@ -174,11 +284,11 @@ void run_actions(int64_t pos, uint16_t kind, uint64_t stamp, CUstream s)
             hi = mid;
     }
     for (size_t i = lo; i < g_plan.n_acts && (int64_t)g_plan.acts[i].at == pos; i++) {
-        const struct pyobmem_action *a = &g_plan.acts[i];
+        const struct act *a = &g_plan.acts[i];
         if (a->kind != kind)
             continue;
-        struct sblock *b = block_at(a->addr);
-        if (!b || b->addr != a->addr || b->size != a->size || !swappable(b))
+        struct sblock *b = a->site >= 0 ? g_plan.sites[a->site].b : block_at(a->addr);
+        if (!b || (a->site < 0 && (b->addr != a->addr || b->site)) || b->size != a->size || !swappable(b))
             continue;
         if (kind == PYOBMEM_ACT_MARK) {
             if (b->mark_ev || (b->mark_ev = ev_new()))

@@ -66,6 +66,7 @@ struct sblock {
     CUevent free_ev;            /* cached: recorded at the free's stream point, pending while free_live */
     CUstream free_stream;
     int free_live;
+    int32_t site;               /* 1 + index of the followed plan's site bound to it; 0: none */
 };
 
 /* ---- swap.c: state and helpers ---- */
@@ -169,6 +170,12 @@ void run_actions(int64_t pos, uint16_t kind, uint64_t stamp, CUstream s);
 /* The position IDLE hints are read at (the next op's), or -1 when there are none to follow. */
 int64_t plan_hint_position(void);
 uint32_t idle_for(const struct sblock *b, int64_t pos);
+/* A stream-ordered allocation of at least min_swap_bytes was asked for (b: the block served for
+ * it, or NULL when the driver's pool serves it): counts it at the current site and binds b to
+ * the plan's site there when the size matches. */
+void plan_allocation(struct sblock *b, uint64_t size);
+/* b leaves the live table: its site binding ends. */
+void plan_unbind(struct sblock *b);
 
 /* ---- swap_alloc.c ---- */
 uint64_t cache_trim(uint64_t want, CUmemoryPool pool);

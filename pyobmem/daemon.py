@@ -165,7 +165,8 @@ class SwapAgent:
         recs = np.concatenate(self.static + self.window)
         recs = recs[np.argsort(recs["ts_ns"], kind="stable")]
         cap = decode_records(recs, self.meta, "<live>")
-        learned = planner.learn_iteration(cap, min_swap_bytes=self.control.min_swap_bytes or planner.DEFAULT_MIN_SWAP_BYTES)
+        learned = planner.learn_iteration(cap, min_swap_bytes=self.control.min_swap_bytes or planner.DEFAULT_MIN_SWAP_BYTES,
+                                           by_site=True)
         if isinstance(learned, planner.NoPlan):
             self.last_reason = learned.reason
             return None

@@ -116,11 +116,12 @@ def test_plan_hand_computed(learned):
     assert plan.feasible
     assert [(s.out_at, s.prefetch_at, s.next_at, s.absent, s.stall_ns) for s in plan.swaps] == [(0, 87, 0, 82, 0.0)]
     addr_a = int(cap.blocks["addr"][cap.blocks["block_id"] == ids["A"]][0])
-    assert plan.actions.tolist() == [  # (at, kind, until, addr, size)
-        (0, int(abi.ActionKind.IDLE), 0, addr_a, 64 * MiB),  # hint: A idle from op 0 to op 0 of the next iteration
-        (0, int(abi.ActionKind.SWAP_OUT), 0, addr_a, 64 * MiB),
-        (86, int(abi.ActionKind.MARK), 0, addr_a, 64 * MiB),  # the prefetch waits for the GPU to run op 86
-        (87, int(abi.ActionKind.PREFETCH), 0, addr_a, 64 * MiB),
+    N = int(abi.SITE_NONE)  # A lives across iterations: named by its address, no site
+    assert plan.actions.tolist() == [  # (at, kind, until, addr, size, site_at, site_ord)
+        (0, int(abi.ActionKind.IDLE), 0, addr_a, 64 * MiB, N, 0),  # hint: A idle from op 0 to op 0 of the next iteration
+        (0, int(abi.ActionKind.SWAP_OUT), 0, addr_a, 64 * MiB, N, 0),
+        (86, int(abi.ActionKind.MARK), 0, addr_a, 64 * MiB, N, 0),  # the prefetch waits for the GPU to run op 86
+        (87, int(abi.ActionKind.PREFETCH), 0, addr_a, 64 * MiB, N, 0),
     ]
     assert plan.peak_bytes == 209 * MiB and plan.predicted_peak == 145 * MiB and plan.saved_bytes == 64 * MiB
     assert plan.time_ratio == 1.0 and plan.stall_ns == 0.0

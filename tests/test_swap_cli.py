@@ -77,8 +77,10 @@ def test_plan_synthetic_json(tmp_path, capfd):
     assert main(["plan", str(tmp_path / "synth.pyobmem"), "--budget", "160MiB", "--bandwidth", str(BW), "--json"]) == 0
     j = json.loads(capfd.readouterr().out)
     assert j["feasible"] and j["predicted_peak_bytes"] == 145 * MiB and j["saved_bytes"] == 64 * MiB
-    assert [(s["out_after"], s["prefetch_before"], s["next_access"]) for s in j["swaps"]] == [(0, 87, 0)]
-    assert [(s["block"], s["row"]) for s in j["swaps"]] == [("100:1", 0)]  # pid:id, as every verb names it
+    # X (8 MiB, stream-ordered, live across the iteration: the shim serves it in swap mode) goes out
+    # too, first (it covers the most excess per byte moved); A's prefetch then queues behind X's.
+    assert [(s["out_after"], s["prefetch_before"], s["next_access"]) for s in j["swaps"]] == [(0, 98, 0), (0, 86, 0)]
+    assert [(s["block"], s["row"], s["site"]) for s in j["swaps"]] == [("100:4", 3, None), ("100:1", 0, None)]  # pid:id
 
 
 def _start_daemon(ring_path, out, control_path, budget):
@@ -121,11 +123,17 @@ def test_daemon_writes_a_plan(tmp_path):
         assert int(slot["pid"]) == 100 and int(slot["period"]) == P and int(slot["budget_bytes"]) == 160 * MiB
         assert slot["template_keys"][:P].tolist() == [0x1000 + p for p in range(P)]
         addr_a = int(cap.blocks["addr"][cap.blocks["block_id"] == ids["A"]][0])
-        assert int(slot["n_actions"]) == 4
-        assert slot["actions"][:4].tolist() == [(0, int(abi.ActionKind.IDLE), 0, addr_a, 64 * MiB),
-                                                (0, int(abi.ActionKind.SWAP_OUT), 0, addr_a, 64 * MiB),
-                                                (86, int(abi.ActionKind.MARK), 0, addr_a, 64 * MiB),
-                                                (87, int(abi.ActionKind.PREFETCH), 0, addr_a, 64 * MiB)]
+        addr_x = int(cap.blocks["addr"][cap.blocks["block_id"] == ids["X"]][0])
+        N = int(abi.SITE_NONE)  # both live across iterations: named by address
+        assert int(slot["n_actions"]) == 8
+        assert slot["actions"][:8].tolist() == [(0, int(abi.ActionKind.IDLE), 0, addr_a, 64 * MiB, N, 0),
+                                                (0, int(abi.ActionKind.IDLE), 0, addr_x, 8 * MiB, N, 0),
+                                                (0, int(abi.ActionKind.SWAP_OUT), 0, addr_x, 8 * MiB, N, 0),
+                                                (0, int(abi.ActionKind.SWAP_OUT), 0, addr_a, 64 * MiB, N, 0),
+                                                (85, int(abi.ActionKind.MARK), 0, addr_a, 64 * MiB, N, 0),
+                                                (86, int(abi.ActionKind.PREFETCH), 0, addr_a, 64 * MiB, N, 0),
+                                                (97, int(abi.ActionKind.MARK), 0, addr_x, 8 * MiB, N, 0),
+                                                (98, int(abi.ActionKind.PREFETCH), 0, addr_x, 8 * MiB, N, 0)]
         # A drop makes the daemon forget the ops before it; with no new iterations, no new plan.
         ctl.ctl["plan_drops"] = 1
         prod.put(recs[-1], wait=True)

@@ -71,12 +71,16 @@ def write_plan(path: Path, pid: int, gen: int, keys, actions):
     p["period"] = len(keys)
     p["template_keys"][: len(keys)] = keys
     p["n_actions"] = len(actions)
-    for i, (at, kind, addr, size, *until) in enumerate(actions):
+    for i, (at, kind, addr, size, *more) in enumerate(actions):
+        # more: (until,) or (until, (site position, ordinal)) for a tensor named by its site
         p["actions"][i]["at"] = at
         p["actions"][i]["kind"] = int(kind)
-        p["actions"][i]["until"] = until[0] if until else 0
+        p["actions"][i]["until"] = more[0] if more else 0
         p["actions"][i]["addr"] = addr
         p["actions"][i]["size"] = size
+        site = more[1] if len(more) > 1 else None
+        p["actions"][i]["site_at"] = abi.SITE_NONE if site is None else site[0]
+        p["actions"][i]["site_ord"] = 0 if site is None else site[1]
     p["generation"] = gen
     c["plans"][0, slot] = p
     c["active"] = slot
@@ -756,4 +760,39 @@ def test_free_of_a_block_whose_cancelled_swap_out_is_still_queued(fake, tmp_path
     assert run.out["a_mapped_before"] == 1 and run.out["a_mapped_after_cancel"] == 1
     assert run.out["free_a_rc"] == 0
     assert run.out["bad_b"] == 0 and run.out["bad_c"] == 0
+    no_misbehaviour(run)
+
+
+# ---------------------------------------------------------------- tensors named by their allocation site
+
+
+def test_tensors_named_by_site(fake, tmp_path):
+    """swap_driver.c scenario_sites: the plan names the tensor allocated first after op 0 (site
+    (0, 0)); every iteration's x is a new block at another address, and each is the one swapped
+    out after op 1 and prefetched before op 2 (landing before op 3 uses it), its bytes intact. y (site (0, 1)) is not in the
+    plan; q sits at site (0, 2), which the plan names with another size: never bound."""
+    KEY_DTOH = abi.op_key_copy(Ev.MEMCPY, abi.CopyKind.DTOH)
+
+    def plan(path, pid, out):
+        write_plan(path, pid, 1, [KERN_B, KEY_SET, KERN_B, FUNC_A, KEY_DTOH], [
+            (1, ActionKind.SWAP_OUT, 0, LEN, 0, (0, 0)),
+            (2, ActionKind.PREFETCH, 0, LEN, 0, (0, 0)),
+            (1, ActionKind.SWAP_OUT, 0, LEN, 0, (0, 2)),
+        ])
+
+    iters = 4
+    run = run_swap(fake, tmp_path, "sites", iters, plans={1: plan})
+    assert run.out["bad"] == 0
+    xs = [run.out[f"x{i}"] for i in range(iters)]
+    ys = [run.out[f"y{i}"] for i in range(iters)]
+    assert xs[1] == ys[0] and xs[2] == ys[1]  # x is another block every iteration
+    # One swap-out and one planned prefetch per iteration, each of that iteration's x (block ids:
+    # the i-th ALLOC record at x's address, counting earlier iterations' x and y there).
+    outs, ins = run.of(Ev.SWAP_OUT), run.of(Ev.SWAP_IN)
+    assert len(outs) == iters and len(ins) == iters
+    allocs = run.of(Ev.ALLOC)
+    x_ids = [int(allocs["a"][(allocs["b"] == xs[i])][sum(xs[k] == xs[i] or ys[k] == xs[i] for k in range(i))])
+             for i in range(iters)]
+    assert outs["a"].tolist() == x_ids and ins["a"].tolist() == x_ids
+    assert ins["flags"].tolist() == [SwapInCause.PREFETCH] * iters
     no_misbehaviour(run)

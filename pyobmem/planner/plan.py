@@ -25,7 +25,9 @@ GREEDY_MAX_RATIO = 1e6  # the greedy runs without a stall limit; the budget stop
 class Swap:
     """One planned idle window: the block (capture row, address, size), SWAP_OUT after position
     ``out_at``, PREFETCH before ``prefetch_at`` once the GPU has run ``mark_at`` (positions mod
-    P), next access at ``next_at``; ``absent`` positions per iteration; ``stall_ns`` predicted."""
+    P), next access at ``next_at``; ``absent`` positions per iteration; ``stall_ns`` predicted;
+    ``site``: the allocation site that names a tensor of the iteration in the shim (abi.h,
+    struct pyobmem_action), None for a block named by its address."""
 
     block: int
     addr: int
@@ -36,6 +38,7 @@ class Swap:
     absent: int
     stall_ns: float
     mark_at: int = -1
+    site: tuple | None = None  # (position, ordinal) of a tensor of the iteration; None: named by address
 
 
 @dataclass(frozen=True)
@@ -129,7 +132,8 @@ class Plan:
             "excluded": {why: {"blocks": n, "bytes": b} for why, (n, b) in self.excluded.items()},
             "swapped_blocks": len({s.block for s in self.swaps}), "swapped_bytes": self.swapped_bytes,
             "swaps": [
-                {"row": s.block, "addr": hex(s.addr), "size": s.size, "out_after": s.out_at,
+                {"row": s.block, "addr": hex(s.addr), "size": s.size, "site": list(s.site) if s.site else None,
+                 "out_after": s.out_at,
                  "prefetch_before": s.prefetch_at, "mark_after": s.mark_at, "next_access": s.next_at, "absent_ops": s.absent,
                  "stall_ns": round(s.stall_ns)}
                 for s in self.swaps
@@ -167,15 +171,25 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
     reach_at, reach = _reach(L, cov[1]) if cov is not None else (0, 0)
     w = np.array(chosen, np.int64)
     swaps, act = [], []
+
+    def named(c: int) -> tuple:
+        """(addr, size, site_at, site_ord) of candidate c: a tensor of the iteration by its site
+        (addr 0), a block live across iterations by its address."""
+        at, ord_ = (int(v) for v in L.cand_site[c])
+        if at >= 0:
+            return 0, int(L.cand_size[c]), at, ord_
+        return int(L.cand_addr[c]), int(L.cand_size[c]), int(abi.SITE_NONE), 0
+
     for j, k in enumerate(w):
         c = int(L.win_cand[k])
         out_at, q, nxt = int(L.win_s[k]) % P, int(sim.q[j]) % P, int(L.win_n[k]) % P
+        at, ord_ = (int(v) for v in L.cand_site[c])
         swaps.append(Swap(block=int(L.cand_block[c]), addr=int(L.cand_addr[c]), size=int(L.cand_size[c]), out_at=out_at,
                           prefetch_at=q, next_at=nxt, absent=int(sim.absent[j]), stall_ns=float(sim.stall[j]),
-                          mark_at=int(sim.mark[j]) % P))
-        act.append((out_at, int(abi.ActionKind.SWAP_OUT), 0, int(L.cand_addr[c]), int(L.cand_size[c])))
-        act.append((q, int(abi.ActionKind.PREFETCH), 0, int(L.cand_addr[c]), int(L.cand_size[c])))
-        act.append((int(sim.mark[j]) % P, int(abi.ActionKind.MARK), 0, int(L.cand_addr[c]), int(L.cand_size[c])))
+                          mark_at=int(sim.mark[j]) % P, site=(at, ord_) if at >= 0 else None))
+        act.append((out_at, int(abi.ActionKind.SWAP_OUT), 0, *named(c)))
+        act.append((q, int(abi.ActionKind.PREFETCH), 0, *named(c)))
+        act.append((int(sim.mark[j]) % P, int(abi.ActionKind.MARK), 0, *named(c)))
     # Every candidate's idle windows, as hints: beyond the plan the shim evicts the block whose
     # next access is farthest (Belady's choice on the learned iteration) instead of the least
     # recently used, the worst choice on a cycle longer than the budget. Left out when they would
@@ -183,13 +197,12 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
     if (act or sim.peak > budget_bytes) and len(act) + len(L.win_s) <= abi.PLAN_MAX_ACTIONS:
         for k in range(len(L.win_s)):
             c = int(L.win_cand[k])
-            act.append((int(L.win_s[k]) % P, int(abi.ActionKind.IDLE), int(L.win_n[k]) % P, int(L.cand_addr[c]),
-                        int(L.cand_size[c])))
+            act.append((int(L.win_s[k]) % P, int(abi.ActionKind.IDLE), int(L.win_n[k]) % P, *named(c)))
     actions = np.zeros(len(act), abi.ACTION_DTYPE)
     if act:
         a = np.array(act, dtype=np.uint64)
         o = np.lexsort((-a[:, 1].astype(np.int64), a[:, 0]))  # at one position: hints, marks, the prefetch, the swap-out
-        for i, name in enumerate(("at", "kind", "until", "addr", "size")):
+        for i, name in enumerate(("at", "kind", "until", "addr", "size", "site_at", "site_ord")):
             actions[name] = a[o, i]
     needed, needed_at = _needed(L)
     bound_bytes, ratio = None, sim.ratio
@@ -253,7 +266,7 @@ def plan_capture(capture, budget, *, bandwidth: float | None = None, min_swap_by
         if b is None:
             raise PyobmemError(f"budget {budget.text} is a fraction of the card, and the capture does not say the card's memory", 2)
         budget = b
-    learned = learn_iteration(capture, min_swap_bytes=min_swap_bytes, bandwidth=bandwidth)
+    learned = learn_iteration(capture, min_swap_bytes=min_swap_bytes, bandwidth=bandwidth, by_site=True)
     if isinstance(learned, NoPlan):
         return learned
     return make_plan(learned, int(budget), bound=bound)

@@ -1028,6 +1028,56 @@ static int scenario_cancelfree(void)
     return 0;
 }
 
+/* Tensors of the iteration named by their allocation site (tests/test_swap_shim.py
+ * test_tensors_named_by_site). Each of `iters` iterations:
+ *   op 0 op_b(t); then x = LEN, s = 4 KiB (under min_swap_bytes: not counted), y = LEN,
+ *        q = 2 MiB, all cuMemAllocAsync on S1: sites (0, 0), (0, 1), (0, 2)
+ *   op 1 memset32(x, v), v = iteration + 1 in every byte;   op 2 op_b(y)
+ *   op 3 op_a(x, LEN, w): w = x + 1;   op 4 cuMemcpyDtoH(w): every byte must be v + 1
+ *   then y, x, s, q freed (async), y first: the cache gives the next x y's old block.
+ * The plan (sync 1) swaps site (0, 0) out after op 1 and prefetches it before op 2, and names
+ * site (0, 2) with LEN bytes (q has 2 MiB: never bound). */
+static int scenario_sites(int iters)
+{
+    alloca_fn aa = (alloca_fn)get("cuMemAllocAsync");
+    freea_fn fa = (freea_fn)get("cuMemFreeAsync");
+    CUdeviceptr t = must_alloc(2 * MIB), w = must_alloc(LEN);
+    printf("t=%" PRIu64 "\nw=%" PRIu64 "\n", (uint64_t)t, (uint64_t)w);
+    sync_point(1);
+    long bad = 0;
+    unsigned char *h = malloc(LEN);
+    for (int i = 0; i < iters; i++) {
+        CUdeviceptr x = 0, sm = 0, y = 0, q = 0;
+        op_b(t);
+        fakeAdvance(-1);
+        aa(&x, LEN, S1);
+        aa(&sm, 4096, S1);
+        aa(&y, LEN, S1);
+        aa(&q, 2 * MIB, S1);
+        printf("x%d=%" PRIu64 "\ny%d=%" PRIu64 "\nq%d=%" PRIu64 "\n", i, (uint64_t)x, i, (uint64_t)y, i, (uint64_t)q);
+        unsigned v = (unsigned)(i + 1) * 0x01010101u;
+        p_memset(x, v, LEN / 4, S1);
+        fakeAdvance(-1);
+        op_b(y);
+        fakeAdvance(-1);
+        op_a(x, LEN, w);
+        fakeAdvance(-1);
+        memset(h, 0, LEN);
+        p_dtoh(h, w, LEN);
+        for (size_t k = 0; k < LEN; k++)
+            bad += h[k] != (unsigned char)(i + 2);
+        fa(y, S1);
+        fa(x, S1);
+        fa(sm, S1);
+        fa(q, S1);
+        fakeAdvance(-1);
+    }
+    free(h);
+    printf("bad=%ld\n", bad);
+    counters();
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
@@ -1080,6 +1130,8 @@ int main(int argc, char **argv)
         rc = scenario_ordered_budget();
     else if (!strcmp(s, "slotreuse"))
         rc = scenario_slotreuse();
+    else if (!strcmp(s, "sites"))
+        rc = scenario_sites(argc > 2 ? atoi(argv[2]) : 4);
     else if (!strcmp(s, "ordered_full"))
         rc = scenario_ordered_full();
     printf("done=1\n");

@@ -22,7 +22,7 @@
 
 #include <stdint.h>
 
-#define PYOBMEM_ABI_VERSION 1u
+#define PYOBMEM_ABI_VERSION 2u
 #define PYOBMEM_RING_MAGIC 0x474e4952424f5950ull /* "PYOBRING" little-endian */
 #define PYOBMEM_RECORD_SIZE 64u
 #define PYOBMEM_RING_HEADER_SIZE 4096u /* records start here; one page */
@@ -378,12 +378,22 @@ enum pyobmem_action_kind {
                                * the plan, it takes the block whose next access is farthest */
 };
 
+/* An action names its block by address (a block live across iterations: site_at is
+ * PYOBMEM_SITE_NONE) or, for a tensor allocated inside the iteration, by its allocation site:
+ * site_at, the position of the last op issued before its allocation, and site_ord, its ordinal
+ * among the stream-ordered allocations of at least min_swap_bytes since that op; with `size`, the
+ * site names the same tensor in every iteration. The shim binds a site to the block it serves
+ * there and unbinds it at the block's free. */
+#define PYOBMEM_SITE_NONE 0xFFFFFFFFu
+
 struct pyobmem_action {
     uint32_t at;   /* position in the iteration: op index from the iteration's first op */
     uint16_t kind; /* pyobmem_action_kind */
     uint16_t until; /* IDLE: position of the next access (mod period); else 0 */
-    uint64_t addr; /* the block's device address, as allocated */
+    uint64_t addr; /* the block's device address, as allocated (0 for a site) */
     uint64_t size; /* its size in bytes */
+    uint32_t site_at;  /* allocation site: position, or PYOBMEM_SITE_NONE */
+    uint32_t site_ord; /* allocation site: ordinal */
 };
 
 struct pyobmem_plan {
