@@ -10,6 +10,13 @@
 #include "swap_state.h"
 
 /* ---- plan state ---- */
+/* When the template's first key recurs inside the iteration (GPT's first kernel does), a host
+ * that joins mid-iteration can sync at the wrong occurrence: such a sync is tentative for
+ * g_plan.confirm_ops ops (SYNC_CONFIRM_OPS, fewer in a shorter iteration). While tentative the
+ * plan's actions and sites wait, and a mismatch only means waiting for the iteration's start
+ * again, not a drop. */
+#define SYNC_CONFIRM_OPS 32
+
 /* An adopted action: the control file's, with its site as an index into g_plan.sites (-1: the
  * block is named by its address). */
 struct act {
@@ -31,6 +38,8 @@ static struct {
     uint64_t gen;
     uint32_t period;
     int64_t next; /* position expected next; -1: waiting for template_keys[0] */
+    uint32_t confirm; /* > 0: the sync is tentative for this many more ops (plan_step) */
+    uint32_t confirm_ops; /* ops a sync at the first key is tentative for; 0: that key is unique */
     uint64_t *keys;
     struct act *acts;
     uint32_t n_acts;
@@ -194,6 +203,13 @@ static void maybe_adopt(void)
     g_plan.period = period;
     g_plan.gen = gen;
     g_plan.next = -1;
+    g_plan.confirm = 0;
+    g_plan.confirm_ops = 0;
+    for (uint32_t i = 1; i < period; i++)
+        if (keys[i] == keys[0]) {
+            g_plan.confirm_ops = period - 1 < SYNC_CONFIRM_OPS ? period - 1 : SYNC_CONFIRM_OPS;
+            break;
+        }
     g_plan.alloc_at = -1;
     g_plan.following = 1;
     g_adopted = gen;
@@ -219,18 +235,26 @@ int64_t plan_step(uint64_t key)
     int64_t pos;
     if (g_plan.next >= 0 && key == g_plan.keys[g_plan.next])
         pos = g_plan.next;
-    else if (key == g_plan.keys[0])
-        pos = 0; /* a new iteration: resync */
-    else if (g_plan.next < 0)
+    else if (key == g_plan.keys[0]) {
+        pos = 0; /* the iteration's start (or a resync to it) */
+        g_plan.confirm = g_plan.confirm_ops;
+    } else if (g_plan.next < 0)
         return -1; /* waiting for the iteration to start */
-    else {
+    else if (g_plan.confirm) {
+        g_plan.next = -1; /* synced at the wrong occurrence of the first key: wait again */
+        g_plan.confirm = 0;
+        return -1;
+    } else {
         ring_write(&(struct pyobmem_record){.type = PYOBMEM_EV_PLAN, .flags = 1,
-                                            .plan = {.generation = g_plan.gen, .value = (uint64_t)g_plan.next}}, 1);
+                                            .plan = {.generation = g_plan.gen, .value = (uint64_t)g_plan.next,
+                                                     .seen = key, .expected = g_plan.keys[g_plan.next]}}, 1);
         __atomic_add_fetch(&g_ctl->plan_drops, 1, __ATOMIC_RELAXED);
         g_plan.following = 0;
         return -1;
     }
     g_plan.next = (pos + 1) % g_plan.period;
+    if (g_plan.confirm && --g_plan.confirm)
+        return -1;
     g_plan.alloc_at = pos;
     g_plan.alloc_ord = 0;
     return pos;

@@ -52,7 +52,8 @@ SWAPS_DTYPE = np.dtype(
 # One row per PLAN event: adopted (dropped False: value = actions) or dropped for a template
 # mismatch (dropped True: value = position in the iteration where the launch stream left it).
 PLANS_DTYPE = np.dtype(
-    [("ts_ns", "<i8"), ("pid", "<u4"), ("generation", "<u8"), ("value", "<u8"), ("dropped", "?")]
+    [("ts_ns", "<i8"), ("pid", "<u4"), ("generation", "<u8"), ("value", "<u8"), ("dropped", "?"),
+     ("seen", "<u8"), ("expected", "<u8")]  # dropped: the op keys issued and expected there
 )
 SWAP_OUT, SWAP_IN = 0, 1
 # One row per NCCL event (native/nccl.c): the call (abi.NcclCall), the blocks it names as rows of
@@ -365,6 +366,7 @@ def decode_records(recs: np.ndarray, meta: dict | None = None, path: str = "<rec
     plans = np.zeros(len(pl), dtype=PLANS_DTYPE)
     plans["ts_ns"], plans["pid"], plans["generation"], plans["value"] = pl["ts_ns"], pl["pid"], pl["generation"], pl["value"]
     plans["dropped"] = (pl["flags"] & 1) != 0
+    plans["seen"], plans["expected"] = pl["seen"], pl["expected"]
 
     return Capture(
         path=path, meta=meta, complete=complete, exit_status=exit_status, dropped=dropped, drops=drops,

@@ -41,6 +41,8 @@ def _swap_capture(path, budget_bytes: int, free_while_out: bool = False):
         tr.free(b)  # t = 40_000
     tr.launch(0x11, [a])
     tr.add(abi.Ev.PLAN, generation=1, value=2, ts=45_000)
+    # dropped at position 5: a memset issued where the template has kernel 0x11
+    tr.add(abi.Ev.PLAN, flags=1, generation=1, value=5, seen=abi.op_key_copy(abi.Ev.MEMSET, 0), expected=0x11, ts=46_000)
     tr.write(path, meta={"argv": ["x"], "swap": {"budget": str(budget_bytes), "budget_bytes": budget_bytes,
                                                    "budget_fraction": None, "min_swap_bytes": 4 * MiB}})
     return read_capture(str(path))
@@ -70,6 +72,8 @@ def test_summary_says_peak_resident_against_the_budget(tmp_path):
     w = s["swap"]
     assert (w["peak_resident_bytes"], w["over_budget_ns"], w["peak_resident_pid"]) == (96 * MiB, 0, 100)
     text = summary.format_summary(s)
+    assert "plans adopted 1, dropped 1 (dropped: the launches stopped matching the plan's iteration)" in text
+    assert "first drop at op 5 of the iteration: issued memset, the plan expected kernel 0x11" in text
     assert "peak live    96.0 MiB" in text
     assert "on the device: peak 96.0 MiB resident (live blocks minus those swapped out), within the budget" in text
     # A budget the process went over: for how long.

@@ -771,10 +771,10 @@ def test_tensors_named_by_site(fake, tmp_path):
     (0, 0)); every iteration's x is a new block at another address, and each is the one swapped
     out after op 1 and prefetched before op 2 (landing before op 3 uses it), its bytes intact. y (site (0, 1)) is not in the
     plan; q sits at site (0, 2), which the plan names with another size: never bound."""
-    KEY_DTOH = abi.op_key_copy(Ev.MEMCPY, abi.CopyKind.DTOH)
+    KEY_HTOD, KEY_DTOH = (abi.op_key_copy(Ev.MEMCPY, k) for k in (abi.CopyKind.HTOD, abi.CopyKind.DTOH))
 
     def plan(path, pid, out):
-        write_plan(path, pid, 1, [KERN_B, KEY_SET, KERN_B, FUNC_A, KEY_DTOH], [
+        write_plan(path, pid, 1, [KEY_HTOD, KEY_SET, KERN_B, FUNC_A, KEY_DTOH], [
             (1, ActionKind.SWAP_OUT, 0, LEN, 0, (0, 0)),
             (2, ActionKind.PREFETCH, 0, LEN, 0, (0, 0)),
             (1, ActionKind.SWAP_OUT, 0, LEN, 0, (0, 2)),
@@ -795,4 +795,21 @@ def test_tensors_named_by_site(fake, tmp_path):
              for i in range(iters)]
     assert outs["a"].tolist() == x_ids and ins["a"].tolist() == x_ids
     assert ins["flags"].tolist() == [SwapInCause.PREFETCH] * iters
+    no_misbehaviour(run)
+
+
+def test_sync_at_a_recurring_first_key_is_tentative(fake, tmp_path):
+    """swap_driver.c scenario_anchor: the template's first kernel recurs at position 2. Joining
+    mid-iteration there, the shim syncs tentatively, meets a memset where op 1 was expected and
+    waits for the iteration's start again: no drop. In the first whole iteration the sync is still
+    tentative for 3 ops (the period less one), so a goes out in the second and third only."""
+    def plan(path, pid, out):
+        write_plan(path, pid, 1, [KERN_B, FUNC_A, KERN_B, KEY_SET], [(1, ActionKind.SWAP_OUT, out["a"], 2 * MIB)])
+
+    run = run_swap(fake, tmp_path, "anchor", plans={1: plan})
+    plans = run.of(Ev.PLAN)
+    # adopted (1 action); the final read-back of a (a copy where op 0 was expected) drops it
+    assert [(int(r["a"]), int(r["flags"])) for r in plans] == [(1, 0), (1, 1)]
+    assert len(run.swaps(Ev.SWAP_OUT, run.out["a"])) == 2
+    assert run.out["bad_a"] == 0
     no_misbehaviour(run)

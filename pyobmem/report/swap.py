@@ -64,9 +64,29 @@ def swap_facts(cap) -> dict | None:
         "swapped_in": {"count": len(ins), "bytes": int(ins["bytes"].sum()), "by_cause": by_cause},
         "plans_adopted": int(np.count_nonzero(~plans["dropped"])),
         "plans_dropped": int(np.count_nonzero(plans["dropped"])),
+        "first_drop": _first_drop(cap),
         "pinned_bytes": max(pinned) if pinned else None,
         "peak_resident_bytes": peak,
         "peak_resident_pid": peak_pid,
         "peak_resident_ts_ns": peak_ts,
         "over_budget_ns": over,
     }
+
+
+def _first_drop(cap) -> dict | None:
+    """The first plan drop: its position in the iteration and the ops issued and expected there
+    (kernel names, or the copy or set kind), or None when no plan was dropped."""
+    d = cap.plans[cap.plans["dropped"]]
+    if not len(d):
+        return None
+    r = d[0]
+
+    def op_name(key: int) -> str:
+        if key >> 56 == 0xFF:  # PYOBMEM_OP_KEY_COPY(type, kind)
+            kind = key & 0xFF
+            if (key >> 16) & 0xFFFF == abi.Ev.MEMSET:
+                return "memset"
+            return f"memcpy {abi.CopyKind(kind).name}" if kind in abi.CopyKind._value2member_map_ else "memcpy"
+        return cap.kernel_names.get((int(r["pid"]), key), f"kernel {key:#x}")
+
+    return {"position": int(r["value"]), "issued": op_name(int(r["seen"])), "expected": op_name(int(r["expected"]))}

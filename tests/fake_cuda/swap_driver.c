@@ -1030,7 +1030,7 @@ static int scenario_cancelfree(void)
 
 /* Tensors of the iteration named by their allocation site (tests/test_swap_shim.py
  * test_tensors_named_by_site). Each of `iters` iterations:
- *   op 0 op_b(t); then x = LEN, s = 4 KiB (under min_swap_bytes: not counted), y = LEN,
+ *   op 0 cuMemcpyHtoD(t); then x = LEN, s = 4 KiB (under min_swap_bytes: not counted), y = LEN,
  *        q = 2 MiB, all cuMemAllocAsync on S1: sites (0, 0), (0, 1), (0, 2)
  *   op 1 memset32(x, v), v = iteration + 1 in every byte;   op 2 op_b(y)
  *   op 3 op_a(x, LEN, w): w = x + 1;   op 4 cuMemcpyDtoH(w): every byte must be v + 1
@@ -1045,11 +1045,10 @@ static int scenario_sites(int iters)
     printf("t=%" PRIu64 "\nw=%" PRIu64 "\n", (uint64_t)t, (uint64_t)w);
     sync_point(1);
     long bad = 0;
-    unsigned char *h = malloc(LEN);
+    unsigned char *h = calloc(1, LEN);
     for (int i = 0; i < iters; i++) {
         CUdeviceptr x = 0, sm = 0, y = 0, q = 0;
-        op_b(t);
-        fakeAdvance(-1);
+        p_htod(t, h, 16);
         aa(&x, LEN, S1);
         aa(&sm, 4096, S1);
         aa(&y, LEN, S1);
@@ -1074,6 +1073,30 @@ static int scenario_sites(int iters)
     }
     free(h);
     printf("bad=%ld\n", bad);
+    counters();
+    return 0;
+}
+
+/* A template whose first key recurs: [op_b(t), op_a(a), op_b(t), memset(t)]. The plan (sync 1)
+ * swaps a out after op 1. The host joins mid-iteration at the second op_b (then a memset): a
+ * tentative sync there, given up without a drop; then three whole iterations. */
+static int scenario_anchor(void)
+{
+    CUdeviceptr a = must_alloc(2 * MIB), t = must_alloc(2 * MIB);
+    printf("a=%" PRIu64 "\n", (uint64_t)a);
+    fill(a, 2 * MIB, 3);
+    sync_point(1);
+    op_b(t);
+    p_memset(t, 0, 16, S1);
+    for (int i = 0; i < 3; i++) {
+        op_b(t);
+        op_a(a, 0, 0);
+        fakeAdvance(-1);
+        op_b(t);
+        p_memset(t, 0, 16, S1);
+        fakeAdvance(-1);
+    }
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 3, 0));
     counters();
     return 0;
 }
@@ -1130,6 +1153,8 @@ int main(int argc, char **argv)
         rc = scenario_ordered_budget();
     else if (!strcmp(s, "slotreuse"))
         rc = scenario_slotreuse();
+    else if (!strcmp(s, "anchor"))
+        rc = scenario_anchor();
     else if (!strcmp(s, "sites"))
         rc = scenario_sites(argc > 2 ? atoi(argv[2]) : 4);
     else if (!strcmp(s, "ordered_full"))

@@ -266,7 +266,9 @@ struct pyobmem_ev_swap {
 struct pyobmem_ev_plan {
     uint64_t generation;
     uint64_t value; /* adopted: actions; dropped: position in the iteration */
-    uint64_t _pad[3];
+    uint64_t seen;     /* dropped: the key of the op issued there (PYOBMEM_OP_KEY) */
+    uint64_t expected; /* dropped: the key the template has there */
+    uint64_t _pad;
 };
 
 /* NCCL (native/nccl.c), recorded after the call returned ncclSuccess or ncclInProgress. Not an
