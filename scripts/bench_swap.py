@@ -1,15 +1,24 @@
 #!/usr/bin/env python3
 """Swap mode on real workloads: driver-measured peak device memory, step time and losses under budgets.
 
+Swap mode works at tensor granularity (issue 9): ``pyobmem run --swap`` applies the per-tensor
+allocation presets (pyobmem.launcher.tensor_presets: PyTorch ``backend:cudaMallocAsync``, JAX
+``cuda_async`` without preallocation), so every large tensor is its own block. Each swap row records
+``"blocks"`` and ``"presets"`` as the launcher wrote them into the capture.
+
 Three parts (``--parts``, default all), each writing one JSON file under ``--out-dir``:
 
 - ``gpt`` -> swap_gpt2_medium.json: GPT medium (scripts/workloads/gpt.py --size medium --batch 8
-  --seq 1024 --deterministic --seed 0) run unmodified (the baseline), then under
-  ``pyobmem run --swap --budget`` at 0.9, 0.75, 0.6, 0.5 and 0.4 of the baseline's peak, then
-  with PyTorch's own savers (``--save-on-cpu``, ``--checkpoint``) for comparison.
-- ``frameworks`` -> swap_frameworks.json: the CNN (cnn.py) and the JAX step (jax_step.py), each
-  unmodified and under swap mode at 50% of its peak (JAX with the launcher's allocator preset in
-  both runs).
+  --seq 1024 --deterministic --seed 0) run unmodified (the baseline: PyTorch's native allocator,
+  no pyobmem), then with the presets alone (``preset_alone``: no pyobmem), under ``pyobmem run
+  --swap --budget`` at 0.9, 0.75, 0.6, 0.5 and 0.4 of the baseline's peak, then with PyTorch's own
+  savers (``--save-on-cpu``, ``--checkpoint``) for comparison. ``targets`` (budget fraction ->
+  the step-time ratio it must meet) and ``meets_targets``: per target, completed, time within the
+  target, under the budget, losses identical and the prediction within 1.15x; ``all``.
+- ``frameworks`` -> swap_frameworks.json: torchvision's ResNet-50 (resnet50.py, batch 128) and
+  the flax MLP (flax_mlp.py, batch 2048), each unmodified and under swap mode at 50% of its peak.
+  Plain JAX preallocates most of the card, so its budget is a fraction of the peak of a run with
+  the presets alone (``budget_basis``); its losses and time are compared with plain JAX.
 - ``oversubscribed`` -> swap_oversubscribed.json: a ballast process (scripts/ballast.py) leaves
   free only 70% of GPT medium's peak; GPT medium unmodified (expected: out of memory), then under
   swap mode with a budget of that free memory less the baseline's non-allocation overhead and a
@@ -27,19 +36,24 @@ allocation budget: ``budget_fraction x baseline peak`` (``budget_bytes``, what t
 compared with: ``under_budget``) less the baseline's non-allocation overhead (driver peak minus the
 framework's own reserved peak: CUDA context, module images, library handles).
 
-Step time: the median of the last half of the steps. ``time_ratio``: that over the baseline's.
-``loss_identical``: the per-step losses (float.hex, from the workload's JSON) equal bit for bit.
-``predicted_time_ratio``: the daemon's planner on the swap run's capture, fed through the daemon's
-own SwapAgent with the records up to the last plan the shim adopted (the daemon stores no plan
-figures in the capture; see ``prediction`` in each row). Swap statistics come from
-``Capture.swaps`` / ``Capture.plans``.
+Step time: the median of the steps after the first ``--warmup`` (5 of the default 25 steps: 20
+measured). ``time_ratio``: that over the baseline's. ``loss_identical``: the per-step losses
+(float.hex, from the workload's JSON) equal bit for bit. ``predicted_time_ratio``: the daemon's
+planner on the swap run's capture, run by the daemon's own SwapAgent.plan_now (so with the
+daemon's learning options, e.g. by_site) on the records up to the last plan the shim adopted (the
+daemon stores no plan figures in the capture; see ``prediction`` in each row);
+``prediction_within_1_15``: the measured ratio within 1.15x of it either way. Swap statistics
+come from ``Capture.swaps`` / ``Capture.plans``. ``allocator_env``: the allocator variables of
+each run's environment (before the launcher's presets).
 
 Every run has a timeout taken from ``--time-budget`` (default 530 s for everything): each run may
 use what is left once the least the runs after it need is set aside, so a slow run is cut (its
 completed steps are kept, ``completed`` false) rather than the bench overrunning. The JSON files
-are rewritten after every run.
+are rewritten after every run. All three parts need more than one device call of 9 minutes
+(about 410 s for ``gpt``, 240 s for the other two): run them as two calls.
 
-    python3 scripts/bench_swap.py [--parts gpt,frameworks,oversubscribed] [--steps 50] [--out-dir DIR]
+    python3 scripts/bench_swap.py --parts gpt
+    python3 scripts/bench_swap.py --parts frameworks,oversubscribed
 
 The launcher is ``python3 -m pyobmem run`` with the repository on PYTHONPATH; set
 PYOBMEM_BENCH_LAUNCHER (e.g. "pyobmem-run") to use another command in its place.
@@ -73,6 +87,9 @@ from _bench import (NO_GPU, REPO, BenchError, Nvml, child_env, compare_losses, d
 BALLAST = REPO / "scripts" / "ballast.py"
 PARTS = ("gpt", "frameworks", "oversubscribed")
 FRACTIONS = (0.9, 0.75, 0.6, 0.5, 0.4)
+TARGETS = {0.75: 1.05, 0.6: 1.20, 0.5: 1.35}  # issue 9: the step-time ratio each budget must meet
+PREDICTION_TOLERANCE = 1.15  # measured / predicted ratio within this factor either way
+STEPS, WARMUP = 25, 5  # steps per run, of which the first WARMUP are left out of the step time
 GPT_ARGS = ["--size", "medium", "--batch", "8", "--seq", "1024", "--deterministic", "--seed", "0"]
 MIB, GIB = 1 << 20, 1 << 30
 MIN_SHIM_BUDGET = 64 * MIB  # the shim reads a budget of 0 as "no budget": never pass less than this
@@ -82,12 +99,23 @@ IDLE_SLACK = 512 * MIB  # after a run the device is back to idle when used <= id
 # (within PROC_NEAR) or PROC_EVERY_S has passed since the last listing.
 PROC_NEAR = 64 * MIB
 PROC_EVERY_S = 0.05
-# Estimates for the schedule until measured (the GPT ones from docs/DESIGN.md's platform facts).
-GPT_STEP_S = 0.469  # GPT-2 medium, batch 8, seq 1024 on the H200
+# Estimates for the schedule until measured (GPT medium on the H200, issue 9's measurements).
+GPT_STEP_S = 0.51  # GPT-2 medium, batch 8, seq 1024
 GPT_START_S = 20.0  # process start, model build and copy to the device
-SAVE_ON_CPU_X, CHECKPOINT_X = 3.4, 1.3  # their step time over the baseline's (DESIGN.md)
-SWAP_EXTRA_S = 8.0  # launcher and daemon start and finish, and reading the capture afterwards ...
-ANALYSIS_S = 5.0  # ... of which this is kept out of a swap run's own timeout for the capture's analysis
+SAVE_ON_CPU_X, CHECKPOINT_X = 4.22, 1.25  # their step time over the baseline's
+# The least step-time ratio a swap run can have at a budget fraction: the frontier the copy
+# engines set (issue 9); 1.0 for fractions not listed.
+FRONTIER_X = {0.75: 1.00, 0.6: 1.16, 0.5: 1.28, 0.4: 1.52}
+SWAP_EXTRA_S = 12.0  # launcher and daemon start and finish, and reading the capture afterwards ...
+ANALYSIS_S = 8.0  # ... of which this is kept out of a swap run's own timeout for the capture's analysis
+# Workloads of the frameworks part: (script, arguments, start-up s, step s) for the schedule.
+FRAMEWORKS = {
+    "resnet50": ("resnet50.py", ["--batch", "128"], 25.0, 0.25),
+    "jax": ("flax_mlp.py", ["--batch", "2048"], 15.0, 0.01),
+}
+# Allocator variables a run's environment is recorded with (those of pyobmem.launcher.RECORDED_ENV).
+ALLOCATOR_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "TF_GPU_ALLOCATOR")
+NONDETERMINISTIC = re.compile(r"(\w+) does not have a deterministic implementation")
 
 _T0 = time.monotonic()
 if str(REPO) not in sys.path:
@@ -99,17 +127,19 @@ def log(msg: str) -> None:
 
 
 # ------------------------------------------------------------------------------------ machine
-def jax_preset_env() -> dict:
-    """The allocator variables the launcher's presets give JAX in this environment (none when the
-    user set an XLA_PYTHON_CLIENT_* variable: then both runs inherit the user's)."""
-    try:
-        from pyobmem.launcher import child_environment
+def preset_env(base: dict | None = None) -> dict:
+    """The per-tensor allocation presets swap mode applies to environment ``base`` (default this
+    one): pyobmem.launcher.tensor_presets, e.g. PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync,
+    XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async, XLA_PYTHON_CLIENT_PREALLOCATE=false (name -> value)."""
+    from pyobmem.launcher import tensor_presets
 
-        return dict(child_environment(dict(os.environ), "/shim", "/ring", False, True)[1])
-    except Exception:  # noqa: BLE001 - the documented preset, if the launcher cannot be asked
-        if any(k.startswith("XLA_PYTHON_CLIENT_") for k in os.environ):
-            return {}
-        return {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}
+    return dict(tensor_presets(dict(os.environ) if base is None else base)[0])
+
+
+def allocator_env(env: dict) -> dict:
+    """The allocator variables of a workload's environment ``env`` (PyTorch's, TensorFlow's, JAX's
+    XLA_PYTHON_CLIENT_*): what decides how it allocates device memory."""
+    return {k: v for k, v in sorted(env.items()) if k in ALLOCATOR_ENV or k.startswith("XLA_PYTHON_CLIENT_")}
 
 
 def versions() -> dict:
@@ -223,14 +253,21 @@ class Sampler:
 
 
 # ------------------------------------------------------------------------------------ arithmetic
-def steady_median(step_ms: list[float]) -> float | None:
-    """The median of the last half of the steps (all of them when fewer than 2)."""
-    xs = step_ms[len(step_ms) // 2:] if len(step_ms) >= 2 else step_ms
+def steady_median(step_ms: list[float], warmup: int = WARMUP) -> float | None:
+    """The median of the steps after the first ``warmup`` (all of them when there are no more)."""
+    xs = step_ms[warmup:] if len(step_ms) > warmup else step_ms
     return float(statistics.median(xs)) if xs else None
 
 
 def ratio(x: float | None, y: float | None) -> float | None:
     return (x / y) if (x is not None and y) else None
+
+
+def within(measured: float | None, predicted: float | None, tolerance: float = PREDICTION_TOLERANCE) -> bool | None:
+    """measured / predicted within ``tolerance`` either way; None when either is unknown."""
+    if measured is None or not predicted:
+        return None
+    return 1 / tolerance <= measured / predicted <= tolerance
 
 
 def overhead_of(driver_peak: int | None, framework_reserved: int | None) -> int | None:
@@ -260,6 +297,29 @@ def shim_budget(fraction: float, driver_peak: int, overhead: int | None, of_allo
         "shim_budget_clamped": shim < MIN_SHIM_BUDGET,
         "overhead_bytes": overhead,
     }
+
+
+def meets_targets(rows: list[dict], targets: dict = TARGETS) -> dict:
+    """Issue 9's targets against the swap rows (dicts with budget_fraction, completed, time_ratio,
+    under_budget, loss_identical, prediction_within_1_15): per target fraction, each check and
+    ``met`` (all of them; False when that budget did not run); ``all_budgets``: the checks but the
+    time over every swap row that ran; ``all``: everything met."""
+    out: dict = {}
+    for f, target in targets.items():
+        r = next((x for x in rows if x.get("budget_fraction") == f), {})
+        checks = {
+            "completed": r.get("completed") is True,
+            "time_within_target": r.get("time_ratio") is not None and r["time_ratio"] <= target,
+            "under_budget": r.get("under_budget") is True,
+            "loss_identical": r.get("loss_identical") is True,
+            "prediction_within_1_15": r.get("prediction_within_1_15") is True,
+        }
+        out[str(f)] = {"target_time_ratio": target, "time_ratio": r.get("time_ratio"), **checks, "met": all(checks.values())}
+    ran = [r for r in rows if not r.get("skipped")]
+    out["all_budgets"] = {k: bool(ran) and all(r.get(k) is True for r in ran)
+                          for k in ("completed", "under_budget", "loss_identical", "prediction_within_1_15")}
+    out["all"] = all(out[str(f)]["met"] for f in targets) and all(out["all_budgets"].values())
+    return out
 
 
 def oversubscribed_budget(free_bytes: int, overhead: int | None, margin: int) -> dict:
@@ -300,6 +360,8 @@ class Run:
     peak: dict
     steps_expected: int
     errors: list[str] = field(default_factory=list)
+    env: dict = field(default_factory=dict)  # the allocator variables the workload's environment had
+    warmup: int = WARMUP
 
     @property
     def completed(self) -> bool:
@@ -307,18 +369,29 @@ class Run:
 
     @property
     def steady_ms(self) -> float | None:
-        return steady_median(self.step_ms)
+        return steady_median(self.step_ms, self.warmup)
 
     def tail(self, n: int = 600) -> str:
         return (self.stderr.strip() or self.stdout.strip())[-n:]
 
     def framework_reserved(self) -> int | None:
-        v = ((self.doc or {}).get("memory_stats") or {}).get("reserved_bytes.all.peak")
+        """The framework's own peak of device memory it holds (bytes): PyTorch's reserved peak,
+        JAX's pool peak (cuda_async) or peak in use; None when it reports none."""
+        ms = (self.doc or {}).get("memory_stats") or {}
+        v = next((ms[k] for k in ("reserved_bytes.all.peak", "peak_pool_bytes", "peak_bytes_in_use") if ms.get(k)), None)
         return int(v) if v else None
 
+    @property
+    def measured_steps(self) -> int:
+        """The steps the step time is the median of."""
+        n = len(self.step_ms)
+        return n - self.warmup if n > self.warmup else n
+
     def summary(self) -> dict:
-        """The figures every run reports."""
-        ms = (self.doc or {}).get("memory_stats") or {}
+        """The figures every run reports; ``workload_allocator``: what the workload says it ran
+        with (PyTorch's allocator backend and configuration, JAX's XLA variables)."""
+        doc = self.doc or {}
+        ms = doc.get("memory_stats") or {}
         return {
             "rc": self.rc,
             "completed": self.completed,
@@ -326,8 +399,13 @@ class Run:
             "steps_completed": len(self.losses),
             "steps": self.steps_expected,
             "wall_s": round(self.wall_s, 2),
+            "warmup_steps": self.warmup,
+            "measured_steps": self.measured_steps,
             "step_ms_median": self.steady_ms,
             "step_ms": self.step_ms,
+            "allocator_env": self.env,
+            "workload_allocator": {k: doc[k] for k in ("allocator_backend", "alloc_conf", "xla_env") if k in doc},
+            "nondeterministic_ops": sorted(set(NONDETERMINISTIC.findall(self.stderr))),
             **self.peak,
             "framework_reserved_peak_bytes": self.framework_reserved(),
             "framework_allocated_peak_bytes": int(ms["allocated_bytes.all.peak"]) if ms.get("allocated_bytes.all.peak") else None,
@@ -373,10 +451,12 @@ def wait_idle(nvml: Nvml, idle_used: int, timeout_s: float = 30.0) -> bool:
 
 def run_measured(label: str, script: str, args: list[str], json_path: Path, nvml: Nvml, timeout: float,
                  steps: int, sample_s: float, env: dict | None = None, capture: Path | None = None,
-                 launcher_options: tuple[str, ...] = ()) -> Run:
-    """Run one workload (under the launcher when ``capture`` is given) while sampling NVML; collect
-    its step lines, its JSON and the driver-side peak. Never raises for a failing run."""
+                 launcher_options: tuple[str, ...] = (), warmup: int = WARMUP) -> Run:
+    """Run one workload (under the launcher when ``capture`` is given) with this environment and
+    ``env`` set, while sampling NVML; collect its step lines, its JSON and the driver-side peak.
+    Never raises for a failing run."""
     cmd = workload_command(script, args, json_path, capture, launcher_options)
+    run_env = child_env(env)
     if json_path.exists():
         json_path.unlink()
     idle, before = nvml.snapshot()
@@ -388,7 +468,7 @@ def run_measured(label: str, script: str, args: list[str], json_path: Path, nvml
     # outlive a killed launcher by a few seconds; the run ends when its process does.
     out_path, err_path = json_path.with_suffix(".stdout"), json_path.with_suffix(".stderr")
     with Sampler(nvml, tracker, sample_s) as sampler, open(out_path, "w") as fo, open(err_path, "w") as fe:
-        p = subprocess.Popen(cmd, cwd=REPO, env=child_env(env), stdin=subprocess.DEVNULL, stdout=fo, stderr=fe,
+        p = subprocess.Popen(cmd, cwd=REPO, env=run_env, stdin=subprocess.DEVNULL, stdout=fo, stderr=fe,
                              text=True, start_new_session=True)
         try:
             try:
@@ -408,7 +488,8 @@ def run_measured(label: str, script: str, args: list[str], json_path: Path, nvml
     losses, step_ms, doc, errors = read_steps(out or "", json_path)
     if sampler.error:
         errors.append(f"NVML sampling stopped: {sampler.error}")
-    run = Run(label, cmd, rc, wall, timed_out, losses, step_ms, doc, out or "", err or "", tracker.result(), steps, errors)
+    run = Run(label, cmd, rc, wall, timed_out, losses, step_ms, doc, out or "", err or "", tracker.result(), steps, errors,
+              allocator_env(run_env), warmup)
     if not wait_idle(nvml, idle):
         run.errors.append("the device did not return to its idle memory within 30 s after the run")
     log(f"{label}: rc {rc}{' (timed out)' if timed_out else ''}, {len(losses)}/{steps} steps, "
@@ -461,15 +542,18 @@ def daemon_prediction(path: Path, budget_bytes: int, min_swap_bytes: int) -> dic
     """The planner's prediction for a swap run, as the daemon made it: the capture's records up to
     the last plan the shim adopted (all of them when none was) are fed to pyobmem.daemon.SwapAgent
     (which keeps what the daemon keeps: every ALLOC/FREE/PROCESS/NOTE, a window of ops and
-    accesses, forgetting what preceded a dropped plan), then learn_iteration + make_plan exactly as
-    SwapAgent.plan_now does (bound=False). The daemon writes no plan figures into the capture, so this
-    replay is the most faithful source; ``plan_actions_match`` checks it against the number of
-    actions the adopted plan had."""
+    accesses, forgetting what preceded a dropped plan), and its own ``plan_now`` learns and plans,
+    so the prediction follows the daemon's options (``learn_options``: e.g. ``by_site``) whatever
+    they are. The planner's learn_iteration and make_plan are watched during that call for the
+    plan's figures (plan_now returns only a plan it would write: ``written_actions``). The daemon
+    writes no plan figures into the capture, so this replay is the most faithful source;
+    ``plan_actions_match`` checks the plan it would write against the actions of the adopted one."""
     import types
 
     import numpy as np
     from pyobmem import abi, planner
-    from pyobmem.capture import decode_records, read_records
+    from pyobmem.capture import read_records
+    from pyobmem.daemon import SwapAgent
 
     meta, recs = read_records(str(path))
     pl = recs[recs["type"] == abi.Ev.PLAN]
@@ -484,27 +568,35 @@ def daemon_prediction(path: Path, budget_bytes: int, min_swap_bytes: int) -> dic
     else:
         res["source"] = "daemon replay: the whole capture (no plan was adopted)"
         res["adopted_actions"] = None
-    try:
-        from pyobmem.daemon import SwapAgent
+    ctl = types.SimpleNamespace(plan_drops=0, min_swap_bytes=min_swap_bytes, budget_bytes=budget_bytes,
+                                write_plan=lambda plan, generation=None: None)
+    agent = SwapAgent(ctl, planner.Budget(text=str(budget_bytes), bytes=int(budget_bytes)), meta, warn=lambda s: None)
+    for i in range(0, len(recs), 1 << 16):
+        agent.feed(recs[i:i + (1 << 16)])
+    seen: dict = {}
+    learn, make = planner.learn_iteration, planner.make_plan
 
-        ctl = types.SimpleNamespace(plan_drops=0, min_swap_bytes=min_swap_bytes, budget_bytes=budget_bytes,
-                                    write_plan=lambda plan, generation=None: None)
-        agent = SwapAgent(ctl, planner.Budget(text=str(budget_bytes), bytes=int(budget_bytes)), meta, warn=lambda s: None)
-        for i in range(0, len(recs), 1 << 16):
-            agent.feed(recs[i:i + (1 << 16)])
-        kept = np.concatenate(agent.static + agent.window) if (agent.static or agent.window) else recs[:0]
-    except Exception as e:  # noqa: BLE001 - fall back to every record
-        res["source"] += f"; SwapAgent unavailable ({type(e).__name__}: {e}), all records used"
-        kept = recs
-    kept = kept[np.argsort(kept["ts_ns"], kind="stable")]
+    def watch_learn(*a, **k):
+        seen["learn_options"] = {n: v for n, v in k.items() if isinstance(v, (bool, int, float, str))}
+        return learn(*a, **k)
+
+    def watch_make(*a, **k):
+        seen["plan"] = make(*a, **k)
+        return seen["plan"]
+
     t = time.monotonic()
-    cap = decode_records(kept, meta, str(path))
-    learned = planner.learn_iteration(cap, min_swap_bytes=min_swap_bytes)
-    if isinstance(learned, planner.NoPlan):
-        res.update({"predicted_time_ratio": None, "feasible": False, "reason": learned.reason,
+    planner.learn_iteration, planner.make_plan = watch_learn, watch_make
+    try:
+        written = agent.plan_now()
+    finally:
+        planner.learn_iteration, planner.make_plan = learn, make
+    res["learn_options"] = seen.get("learn_options")
+    res["written_actions"] = int(len(written.actions)) if written is not None else None  # None: no plan written
+    plan = seen.get("plan")
+    if plan is None:
+        res.update({"predicted_time_ratio": None, "feasible": False, "reason": agent.last_reason,
                     "planning_s": round(time.monotonic() - t, 3)})
         return res
-    plan = planner.make_plan(learned, int(budget_bytes))
     res.update({
         "predicted_time_ratio": plan.time_ratio if plan.feasible else None,
         "feasible": bool(plan.feasible),
@@ -522,14 +614,16 @@ def daemon_prediction(path: Path, budget_bytes: int, min_swap_bytes: int) -> dic
         "planning_s": round(time.monotonic() - t, 3),
     })
     if res["adopted_actions"] is not None:
-        res["plan_actions_match"] = res["actions"] == res["adopted_actions"]
+        res["plan_actions_match"] = res["written_actions"] == res["adopted_actions"]
     if not plan.feasible:
-        res["reason"] = "no plan fits the budget (the daemon writes none; the shim evicts on its own)"
+        res["reason"] = agent.last_reason
     return res
 
 
 def analyse_capture(path: Path, budget_bytes: int, min_swap_bytes: int | None = None) -> dict:
-    """Swap statistics and the planner's prediction of one swap run's capture; errors as a list."""
+    """Swap statistics, the blocks and presets the launcher recorded (``"blocks": "tensor"``: the
+    per-tensor presets were applied) and the planner's prediction of one swap run's capture;
+    errors as a list."""
     res: dict = {"capture_bytes": path.stat().st_size if path.exists() else None, "errors": []}
     if not path.exists():
         res["errors"].append(f"no capture at {path}")
@@ -543,7 +637,8 @@ def analyse_capture(path: Path, budget_bytes: int, min_swap_bytes: int | None = 
         if min_swap_bytes is None:
             min_swap_bytes = int(sw.get("min_swap_bytes") or 4 * MIB)
         res.update({"capture_complete": bool(cap.complete), "dropped_events": int(cap.dropped),
-                    "exit_status": cap.exit_status, "min_swap_bytes": min_swap_bytes})
+                    "exit_status": cap.exit_status, "min_swap_bytes": min_swap_bytes,
+                    "blocks": cap.meta.get("blocks"), "presets": cap.meta.get("presets")})
         res.update(swap_stats(cap))
         del cap
     except Exception as e:  # noqa: BLE001
@@ -595,26 +690,29 @@ class Estimates:
         return self.start_s + steps * self.gpt_step_s * factor
 
 
-FRAMEWORK_START_S = {"cnn": 15.0, "jax": 12.0}
-
-
 def schedule(parts: list[str], steps: int, ref_steps: int, fractions: list[float], est: Estimates) -> list[Step]:
     """The runs of ``parts`` in order, with their least and most time (read from ``est`` when asked)."""
     out: list[Step] = []
     if "gpt" in parts or "oversubscribed" in parts:
-        out.append(Step("gpt baseline", "gpt", lambda: est.gpt_run(steps), lambda: 2 * est.gpt_run(steps) + 60))
+        # its errors go to the part that runs (a second call of the bench must not rewrite the other's file)
+        out.append(Step("gpt baseline", "gpt" if "gpt" in parts else "oversubscribed", lambda: est.gpt_run(steps),
+                        lambda: 2 * est.gpt_run(steps) + 60))
     if "gpt" in parts:
+        out.append(Step("gpt preset", "gpt", lambda: est.gpt_run(steps), lambda: 2 * est.gpt_run(steps) + 60))
         for f in fractions:
-            out.append(Step(f"gpt swap {f}", "gpt", lambda: est.gpt_run(steps) + SWAP_EXTRA_S,
+            out.append(Step(f"gpt swap {f}", "gpt", lambda f=f: est.gpt_run(steps, FRONTIER_X.get(f, 1.0)) + SWAP_EXTRA_S,
                             lambda: est.gpt_run(steps, 3.0) + 60))
         out.append(Step("gpt save_on_cpu", "gpt", lambda: est.gpt_run(ref_steps, SAVE_ON_CPU_X),
                         lambda: est.gpt_run(ref_steps, 2 * SAVE_ON_CPU_X) + 60))
         out.append(Step("gpt checkpointing", "gpt", lambda: est.gpt_run(ref_steps, CHECKPOINT_X),
                         lambda: est.gpt_run(ref_steps, 2 * CHECKPOINT_X) + 60))
     if "frameworks" in parts:
-        for name, start in FRAMEWORK_START_S.items():
-            out.append(Step(f"{name} baseline", "frameworks", lambda s=start: s, lambda: 180.0))
-            out.append(Step(f"{name} swap", "frameworks", lambda s=start: s + SWAP_EXTRA_S, lambda: 240.0))
+        for name, (_, _, start_s, step_s) in FRAMEWORKS.items():
+            run_s = start_s + steps * step_s
+            out.append(Step(f"{name} baseline", "frameworks", lambda r=run_s: r, lambda: 180.0))
+            if name == "jax":  # plain JAX preallocates: the preset's run gives the peak the budget is of
+                out.append(Step("jax preset", "frameworks", lambda r=run_s: r, lambda: 180.0))
+            out.append(Step(f"{name} swap", "frameworks", lambda r=run_s: r + SWAP_EXTRA_S, lambda: 240.0))
     if "oversubscribed" in parts:
         # ballast, the unmodified run (out of memory at its first step), the swap run
         out.append(Step("oversubscribed", "oversubscribed",
@@ -655,23 +753,27 @@ def table(gpt: dict | None, fw: dict | None, over: dict | None) -> str:
                      f"{fmt(r.get('completed')):>5} {('-' if out is None else f'{out / GIB:.2f}'):>8} {ins:>15}")
 
     if gpt:
-        if gpt.get("baseline"):
-            row("gpt baseline", gpt["baseline"])
+        for k in ("baseline", "preset_alone"):
+            if gpt.get(k):
+                row(f"gpt {k}", gpt[k])
         for r in gpt.get("budgets", []):
             row(f"gpt swap {r.get('budget_fraction')}", r)
         for k in ("save_on_cpu", "checkpointing"):
             if gpt.get(k):
                 row(f"gpt {k}", gpt[k])
-    for name in ("cnn", "jax"):
-        if fw and fw.get(name):
-            if fw[name].get("baseline"):
-                row(f"{name} baseline", fw[name]["baseline"])
-            if fw[name].get("swap"):
-                row(f"{name} swap 0.5", fw[name]["swap"])
+    for name in FRAMEWORKS:
+        for k in ("baseline", "preset_alone", "swap"):
+            if fw and fw.get(name) and fw[name].get(k):
+                row(f"{name} {k}" + (f" {fw.get('budget_fraction')}" if k == "swap" else ""), fw[name][k])
     if over:
         for k in ("unmodified", "swap"):
             if over.get(k):
                 row(f"oversubscribed {k}", over[k])
+    met = (gpt or {}).get("meets_targets")
+    if met:
+        lines.append("targets: " + ", ".join(f"{f} <= {t}x: {fmt(met[str(f)]['met'])}" for f, t in TARGETS.items())
+                     + f"; every budget under it, losses identical, prediction within {PREDICTION_TOLERANCE}x: "
+                     + fmt(all(met["all_budgets"].values())) + f"; all met: {fmt(met['all'])}")
     return "\n".join(lines)
 
 
@@ -684,6 +786,8 @@ class Bench:
         self.capdir = a.capture_dir or work
         self.est = Estimates()
         self.gpt_base: Run | None = None
+        self.fw_runs: dict = {}  # "<framework> baseline" / "jax preset" -> Run
+        self.presets = preset_env()
         self.docs: dict = {}
         self.paths = {"gpt": a.out_dir / "swap_gpt2_medium.json", "frameworks": a.out_dir / "swap_frameworks.json",
                       "oversubscribed": a.out_dir / "swap_oversubscribed.json"}
@@ -698,27 +802,39 @@ class Bench:
             d: dict = {}
             if part == "gpt":
                 d = {"workload": shlex.join(["scripts/workloads/gpt.py", *self.gpt_args(self.a.steps)]),
-                     "steps": self.a.steps, "baseline": None, "budgets": [], "save_on_cpu": None,
-                     "checkpointing": None}
+                     "steps": self.a.steps, "warmup_steps": self.a.warmup, "blocks": "tensor",
+                     "presets": self.presets, "targets": TARGETS, "meets_targets": None, "baseline": None,
+                     "preset_alone": None, "budgets": [], "save_on_cpu": None, "checkpointing": None}
             elif part == "frameworks":
-                d = {"budget_fraction": self.a.frameworks_fraction, "steps": self.a.steps, "cnn": None, "jax": None}
+                d = {"budget_fraction": self.a.frameworks_fraction, "steps": self.a.steps,
+                     "warmup_steps": self.a.warmup, "blocks": "tensor", "presets": self.presets,
+                     **{name: None for name in FRAMEWORKS}}
             else:
                 d = {"workload": shlex.join(["scripts/workloads/gpt.py", *self.gpt_args(self.a.steps)]),
                      "free_fraction_of_peak": self.a.oversub_free_fraction, "steps": self.a.steps,
+                     "warmup_steps": self.a.warmup, "blocks": "tensor", "presets": self.presets,
                      "budget_rule": "the ballast leaves free_fraction_of_peak x the empty-card baseline's driver peak "
                                     "free; the swap run's budget_bytes is that free memory (cuMemGetInfo), its "
                                     "shim_budget_bytes the free memory less the baseline's overhead less margin_bytes"}
             d["method"] = {
+                "baseline": "the workload unmodified, without pyobmem, in this environment (PyTorch's native "
+                            "allocator; plain JAX); allocator_env in each run lists its allocator variables",
+                "swap": "pyobmem run --swap: the launcher applies the per-tensor presets (blocks 'tensor'; presets: "
+                        "the variables it set, read from the capture, on top of the run's allocator_env)",
+                "preset_alone": "the workload with the swap presets set and no pyobmem",
                 "peak": "NVML sampled every ~%g ms from a thread of the bench while the run lasts; per-process "
                         "used memory of the processes not on the GPU before the run (else device used minus "
                         "idle); see peak_method per run" % self.a.sample_ms,
-                "step_ms_median": "median of the last half of the steps",
+                "step_ms_median": f"median of the steps after the first warmup_steps ({self.a.warmup}): "
+                                  "measured_steps of them",
                 "time_ratio": "step_ms_median over the unmodified baseline's",
                 "loss_identical": "per-step losses (float.hex) equal bit for bit to the baseline's, same step count",
                 "budget": "budget_bytes = fraction x baseline driver peak; shim_budget_bytes (--budget) = budget_bytes "
                           "less the baseline's overhead (driver peak - framework reserved peak)",
-                "predicted_time_ratio": "pyobmem's planner as the daemon ran it (SwapAgent replay of the capture up "
-                                        "to the last adopted plan); null when no plan fits the budget",
+                "predicted_time_ratio": "pyobmem's planner as the daemon runs it (its SwapAgent.plan_now on the "
+                                        "capture's records up to the last adopted plan; learn_options in prediction); "
+                                        "null when no plan fits the budget",
+                "prediction_within_1_15": f"time_ratio / predicted_time_ratio within {PREDICTION_TOLERANCE}x either way",
             }
             d["errors"] = []
             d.update(self.common)
@@ -727,6 +843,8 @@ class Bench:
 
     def save(self, part: str) -> None:
         d = self.doc(part)
+        if part == "gpt":
+            d["meets_targets"] = meets_targets(d["budgets"])
         d["elapsed_s"] = round(time.monotonic() - _T0, 1)
         write_json(self.paths[part], d)
 
@@ -739,19 +857,32 @@ class Bench:
     def gpt_args(self, steps: int, *extra: str) -> list[str]:
         return [*GPT_ARGS, "--steps", str(steps), *extra]
 
+    def measure(self, label: str, script: str, args: list[str], name: str, timeout: float, steps: int,
+                env: dict | None = None, capture: Path | None = None, budget: int | None = None) -> Run:
+        """One run_measured with this bench's NVML, sampling and warm-up; under ``pyobmem run --swap
+        --budget budget`` when ``capture`` is given."""
+        swap = ("--swap", "--budget", str(budget), "-q") if capture is not None else ()
+        return run_measured(label, script, args, self.work / f"{name}.json", self.nvml, timeout, steps,
+                            self.a.sample_ms / 1e3, env=env, capture=capture, launcher_options=swap,
+                            warmup=self.a.warmup)
+
+    def base_doc(self, run: Run) -> dict:
+        """A baseline's row: its summary, overhead (driver peak less the framework's own peak) and losses."""
+        s = run.summary()
+        s["overhead_bytes"] = overhead_of(run.peak["peak_bytes"], run.framework_reserved())
+        s["losses"] = run.losses
+        return s
+
     def gpt_base_doc(self) -> dict | None:
         b = self.gpt_base
         if b is None or not b.losses or not b.peak.get("peak_bytes"):
             return None
-        s = b.summary()
-        s["overhead_bytes"] = overhead_of(b.peak["peak_bytes"], b.framework_reserved())
+        s = self.base_doc(b)
         s["torch_max_memory_reserved_bytes"] = b.framework_reserved()
-        s["losses"] = b.losses
         return s
 
     def run_gpt_baseline(self, timeout: float) -> None:
-        b = run_measured("gpt baseline", "gpt.py", self.gpt_args(self.a.steps), self.work / "gpt.base.json", self.nvml,
-                         timeout, self.a.steps, self.a.sample_ms / 1e3)
+        b = self.measure("gpt baseline", "gpt.py", self.gpt_args(self.a.steps), "gpt.base", timeout, self.a.steps)
         self.gpt_base = b
         if b.step_ms:
             started = b.wall_s - sum(b.step_ms) / 1e3
@@ -768,16 +899,46 @@ class Bench:
             self.doc("gpt")["baseline"] = self.gpt_base_doc()
             self.save("gpt")
 
+    def compared(self, run: Run, base: Run | None, prefix: bool = False) -> dict:
+        """A run's summary with its time ratio, driver peak and losses against ``base`` (``prefix``:
+        against the baseline's first steps, for runs of fewer steps)."""
+        r = run.summary()
+        r["time_ratio"] = ratio(run.steady_ms, base.steady_ms if base else None)
+        if base is not None:
+            same, first = compare_losses(run.losses, base.losses[: len(run.losses)] if prefix else base.losses)
+            r["loss_identical_to_baseline_prefix" if prefix else "loss_identical"] = same
+            r["first_loss_mismatch_step"] = first
+            if not same:
+                r["losses"] = run.losses
+            if base.peak.get("peak_bytes"):
+                r["peak_fraction_of_baseline"] = ratio(r["peak_bytes"], base.peak["peak_bytes"])
+        if not run.completed:
+            r["errors"].append(f"rc {run.rc}: {run.tail(300)}")
+            self.failed = True
+        return r
+
+    def run_preset(self, label: str, script: str, args: list[str], name: str, timeout: float) -> Run:
+        """The workload with swap mode's presets set and no pyobmem."""
+        run = self.measure(label, script, args, name, timeout, self.a.steps, env=self.presets)
+        backend = (run.doc or {}).get("allocator_backend")  # PyTorch's workloads report it, JAX's do not
+        if backend not in (None, "cudaMallocAsync"):
+            run.errors.append(f"the preset did not take: PyTorch reports allocator backend {backend!r}")
+        return run
+
+    def run_gpt_preset(self, timeout: float) -> None:
+        d = self.doc("gpt")
+        run = self.run_preset("gpt preset", "gpt.py", self.gpt_args(self.a.steps), "gpt.preset", timeout)
+        r = self.compared(run, self.gpt_base)
+        r["overhead_bytes"] = overhead_of(run.peak["peak_bytes"], run.framework_reserved())
+        d["preset_alone"] = r
+        log(f"gpt preset: time x {fmt(r['time_ratio'], '.3f')}, loss identical {fmt(r.get('loss_identical'))}")
+        self.save("gpt")
+
     def swap_row(self, run: Run, base: Run, budget: dict, capture: Path) -> dict:
         """One swap run's row: the budget, the run's figures against the unmodified ``base``, the
-        capture's swap statistics and the planner's prediction."""
+        capture's swap statistics, blocks and presets, and the planner's prediction."""
         r = dict(budget)
-        r.update(run.summary())
-        r["time_ratio"] = ratio(run.steady_ms, base.steady_ms)
-        same, first = compare_losses(run.losses, base.losses)
-        r["loss_identical"], r["first_loss_mismatch_step"] = same, first
-        if not same:
-            r["losses"] = run.losses
+        r.update(self.compared(run, base))
         if "budget_bytes" in r and r.get("peak_bytes") is not None:
             r["under_budget"] = r["peak_bytes"] <= r["budget_bytes"]
             r["over_budget_bytes"] = max(0, r["peak_bytes"] - r["budget_bytes"])
@@ -787,13 +948,14 @@ class Bench:
         r.update(a)
         if a.get("swap_on") is False:
             r["errors"].append(f"the shim did not turn swap mode on (its swap notes: {a.get('swap_notes')})")
+        if a.get("blocks") is not None and a["blocks"] != "tensor":
+            r["errors"].append(f"the launcher recorded blocks {a['blocks']!r}, not 'tensor' (presets {a.get('presets')})")
         r.setdefault("predicted_time_ratio", None)
+        r["prediction_within_1_15"] = within(r["time_ratio"], r["predicted_time_ratio"])
         if self.a.capture_dir:
             r["capture"] = str(capture)
         elif capture.exists():
             capture.unlink()
-        if not run.completed:
-            r["errors"].append(f"rc {run.rc}: {run.tail(300)}")
         if r["errors"]:
             self.failed = True
         return r
@@ -808,9 +970,8 @@ class Bench:
             return
         budget = shim_budget(fraction, base.peak["peak_bytes"], overhead_of(base.peak["peak_bytes"], base.framework_reserved()))
         cap = self.capdir / f"gpt2_medium_swap_{fraction}.pyobmem"
-        run = run_measured(f"gpt swap {fraction}", "gpt.py", self.gpt_args(self.a.steps), self.work / f"gpt.swap{fraction}.json",
-                           self.nvml, timeout - ANALYSIS_S, self.a.steps, self.a.sample_ms / 1e3, capture=cap,
-                           launcher_options=("--swap", "--budget", str(budget["shim_budget_bytes"]), "-q"))
+        run = self.measure(f"gpt swap {fraction}", "gpt.py", self.gpt_args(self.a.steps), f"gpt.swap{fraction}",
+                           timeout - ANALYSIS_S, self.a.steps, capture=cap, budget=budget["shim_budget_bytes"])
         row = self.swap_row(run, base, budget, cap)
         log(f"gpt swap {fraction}: under budget {fmt(row.get('under_budget'))}, time x {fmt(row['time_ratio'], '.3f')} "
             f"(predicted {fmt(row.get('predicted_time_ratio'), '.3f')}), loss identical {fmt(row.get('loss_identical'))}, "
@@ -819,64 +980,52 @@ class Bench:
         self.save("gpt")
 
     def run_gpt_saver(self, key: str, flag: str, timeout: float) -> None:
-        d = self.doc("gpt")
-        run = run_measured(f"gpt {key}", "gpt.py", self.gpt_args(self.a.ref_steps, flag), self.work / f"gpt.{key}.json",
-                           self.nvml, timeout, self.a.ref_steps, self.a.sample_ms / 1e3)
-        r = run.summary()
-        base = self.gpt_base
-        r["time_ratio"] = ratio(run.steady_ms, base.steady_ms if base else None)
+        run = self.measure(f"gpt {key}", "gpt.py", self.gpt_args(self.a.ref_steps, flag), f"gpt.{key}", timeout,
+                           self.a.ref_steps)
+        # Information only: the saver may change numerics. The workload draws its tokens for all steps
+        # up front from one seeded generator, so its first steps see the baseline's data.
+        r = self.compared(run, self.gpt_base, prefix=True)
         r["flag"] = flag
-        if base is not None:
-            # Information only: the saver may change numerics. The workload draws its tokens for all
-            # steps up front from one seeded generator, so its first steps see the baseline's data.
-            same, first = compare_losses(run.losses, base.losses[: len(run.losses)])
-            r["loss_identical_to_baseline_prefix"], r["first_loss_mismatch_step"] = same, first
-        r["note"] = f"{self.a.ref_steps} steps (its step time is steady after the first few); the losses are " \
-                    "compared with the baseline's first steps for information only"
-        if base is not None and base.peak.get("peak_bytes"):
-            r["peak_fraction_of_baseline"] = ratio(r["peak_bytes"], base.peak["peak_bytes"])
-        if not run.completed:
-            r["errors"].append(f"rc {run.rc}: {run.tail(300)}")
-            self.failed = True
-        d[key] = r
+        r["note"] = "the losses are compared with the baseline's first steps for information only"
+        self.doc("gpt")[key] = r
         self.save("gpt")
 
-    def run_framework(self, name: str, script: str, timeout: float, swap: bool) -> None:
+    def run_framework(self, name: str, timeout: float, kind: str) -> None:
+        """``kind``: "baseline" (unmodified), "preset" (JAX: the presets, no pyobmem; the peak its
+        budget is a fraction of, since plain JAX preallocates) or "swap"."""
         d = self.doc("frameworks")
-        env = self.jax_env if name == "jax" else None
-        args = ["--steps", str(self.a.steps), "--seed", "0", "--deterministic"]
-        entry = d.get(name) or {"workload": shlex.join([f"scripts/workloads/{script}", *args]), "baseline": None, "swap": None}
-        if name == "jax":
-            entry["allocator_env"] = self.jax_env
-            entry["allocator_env_note"] = "the launcher's JAX preset (pyobmem.launcher.child_environment) in this " \
-                                          "environment, set for both runs so the baseline uses the same allocator " \
-                                          "(empty: the user's XLA_PYTHON_CLIENT_* variables, inherited by both)"
+        script, extra, _, _ = FRAMEWORKS[name]
+        args = [*extra, "--steps", str(self.a.steps), "--seed", "0", "--deterministic"]
+        entry = d.get(name) or {"workload": shlex.join([f"scripts/workloads/{script}", *args]),
+                                "budget_basis": "preset_alone" if name == "jax" else "baseline",
+                                "baseline": None, **({"preset_alone": None} if name == "jax" else {}), "swap": None}
         d[name] = entry
-        if not swap:
-            run = run_measured(f"{name} baseline", script, args, self.work / f"{name}.base.json", self.nvml, timeout,
-                               self.a.steps, self.a.sample_ms / 1e3, env=env)
-            self.fw_base[name] = run
-            s = run.summary()
-            s["overhead_bytes"] = overhead_of(run.peak["peak_bytes"], run.framework_reserved())
-            s["losses"] = run.losses
+        base = self.fw_runs.get(f"{name} baseline")
+        if kind == "baseline":
+            run = self.measure(f"{name} baseline", script, args, f"{name}.base", timeout, self.a.steps)
+            self.fw_runs[f"{name} baseline"] = run
             if not run.completed:
                 self.error("frameworks", f"{name} baseline: rc {run.rc}: {run.tail(300)}")
-            entry["baseline"] = s
+            entry["baseline"] = self.base_doc(run)
+        elif kind == "preset":
+            run = self.run_preset(f"{name} preset", script, args, f"{name}.preset", timeout)
+            self.fw_runs[f"{name} preset"] = run
+            entry["preset_alone"] = {**self.compared(run, base),
+                                     "overhead_bytes": overhead_of(run.peak["peak_bytes"], run.framework_reserved())}
         else:
-            base = self.fw_base.get(name)
-            if base is None or not base.losses or not base.peak.get("peak_bytes"):
+            basis = self.fw_runs.get(f"{name} preset" if name == "jax" else f"{name} baseline")
+            if base is None or not base.losses or basis is None or not basis.peak.get("peak_bytes"):
                 entry["swap"] = {"completed": False, "skipped": "no baseline"}
                 self.error("frameworks", f"{name} swap: skipped, no usable baseline (steps and a driver peak)")
             else:
-                overhead = overhead_of(base.peak["peak_bytes"], base.framework_reserved())
-                budget = shim_budget(self.a.frameworks_fraction, base.peak["peak_bytes"], overhead, of_allocations=True)
+                overhead = overhead_of(basis.peak["peak_bytes"], basis.framework_reserved())
+                budget = shim_budget(self.a.frameworks_fraction, basis.peak["peak_bytes"], overhead, of_allocations=True)
                 if overhead is None:
-                    budget["note"] = "the framework reports no reserved peak: no overhead subtracted, the shim's " \
+                    budget["note"] = "the framework reports no peak of its own: no overhead subtracted, the shim's " \
                                      "budget is budget_bytes"
                 cap = self.capdir / f"{name}_swap.pyobmem"
-                run = run_measured(f"{name} swap", script, args, self.work / f"{name}.swap.json", self.nvml, timeout - ANALYSIS_S,
-                                   self.a.steps, self.a.sample_ms / 1e3, env=env, capture=cap,
-                                   launcher_options=("--swap", "--budget", str(budget["shim_budget_bytes"]), "-q"))
+                run = self.measure(f"{name} swap", script, args, f"{name}.swap", timeout - ANALYSIS_S, self.a.steps,
+                                   capture=cap, budget=budget["shim_budget_bytes"])
                 entry["swap"] = self.swap_row(run, base, budget, cap)
                 log(f"{name} swap: under budget {fmt(entry['swap'].get('under_budget'))}, time x "
                     f"{fmt(entry['swap']['time_ratio'], '.3f')}, loss identical {fmt(entry['swap'].get('loss_identical'))}")
@@ -923,8 +1072,8 @@ class Bench:
             # Unmodified: expected out of memory (fast), but allowed a full run in case it fits.
             left = end - time.monotonic()
             t_unmod = min(max(left - self.est.gpt_run(self.a.steps) - SWAP_EXTRA_S, self.est.start_s + 40.0), left)
-            run = run_measured("oversubscribed unmodified", "gpt.py", self.gpt_args(self.a.steps),
-                               self.work / "over.unmod.json", self.nvml, t_unmod, self.a.steps, self.a.sample_ms / 1e3)
+            run = self.measure("oversubscribed unmodified", "gpt.py", self.gpt_args(self.a.steps), "over.unmod", t_unmod,
+                               self.a.steps)
             u = run.summary()
             u["fits_without_swap"] = run.completed
             u["out_of_memory"] = is_oom(run.stderr)
@@ -938,9 +1087,8 @@ class Bench:
             budget["budget_bytes"] = free_cu  # what the run's peak must stay under: the free memory
             cap = self.capdir / "gpt2_medium_oversubscribed.pyobmem"
             left = end - time.monotonic()
-            run = run_measured("oversubscribed swap", "gpt.py", self.gpt_args(self.a.steps), self.work / "over.swap.json",
-                               self.nvml, max(left - ANALYSIS_S, 1.0), self.a.steps, self.a.sample_ms / 1e3, capture=cap,
-                               launcher_options=("--swap", "--budget", str(budget["shim_budget_bytes"]), "-q"))
+            run = self.measure("oversubscribed swap", "gpt.py", self.gpt_args(self.a.steps), "over.swap",
+                               max(left - ANALYSIS_S, 1.0), self.a.steps, capture=cap, budget=budget["shim_budget_bytes"])
             r = self.swap_row(run, base, budget, cap)
             r["completed_with_swap"] = run.completed
             r["out_of_memory"] = is_oom(run.stderr)
@@ -962,6 +1110,8 @@ class Bench:
     def handler(self, name: str) -> Callable[[float], None]:
         if name == "gpt baseline":
             return self.run_gpt_baseline
+        if name == "gpt preset":
+            return self.run_gpt_preset
         if name.startswith("gpt swap "):
             f = float(name.split()[-1])
             return lambda t: self.run_gpt_swap(f, t)
@@ -969,10 +1119,9 @@ class Bench:
             return lambda t: self.run_gpt_saver("save_on_cpu", "--save-on-cpu", t)
         if name == "gpt checkpointing":
             return lambda t: self.run_gpt_saver("checkpointing", "--checkpoint", t)
-        if name.endswith((" baseline", " swap")):
+        if name.split()[0] in FRAMEWORKS:
             fw, kind = name.split()
-            script = {"cnn": "cnn.py", "jax": "jax_step.py"}[fw]
-            return lambda t: self.run_framework(fw, script, t, swap=kind == "swap")
+            return lambda t: self.run_framework(fw, t, kind)
         if name == "oversubscribed":
             return self.run_oversubscribed
         raise ValueError(name)
@@ -988,8 +1137,6 @@ class Bench:
         self.save(st.part)
 
     def run(self) -> int:
-        self.jax_env = jax_preset_env()
-        self.fw_base: dict = {}
         for part in self.a.parts:
             self.save(part)
         steps = schedule(self.a.parts, self.a.steps, self.a.ref_steps, self.a.fractions, self.est)
@@ -1056,12 +1203,14 @@ def build_parser() -> argparse.ArgumentParser:
                                  epilog="Writes swap_gpt2_medium.json, swap_frameworks.json and swap_oversubscribed.json.")
     ap.add_argument("--parts", type=parse_parts, default=list(PARTS),
                     help="comma-separated parts to run: gpt,frameworks,oversubscribed (default all)")
-    ap.add_argument("--steps", type=int, default=50, help="training steps per run (default 50)")
-    ap.add_argument("--ref-steps", type=int, default=12,
-                    help="steps of the save_on_cpu and checkpointing runs (default 12: their step time is steady early)")
+    ap.add_argument("--steps", type=int, default=STEPS, help=f"training steps per run (default {STEPS})")
+    ap.add_argument("--warmup", type=int, default=WARMUP,
+                    help=f"first steps left out of the step time (default {WARMUP}: {STEPS - WARMUP} measured steps)")
+    ap.add_argument("--ref-steps", type=int, help="steps of the save_on_cpu and checkpointing runs (default --steps)")
     ap.add_argument("--fractions", type=parse_fractions, default=list(FRACTIONS),
                     help="budget fractions of the GPT baseline's peak (default 0.9,0.75,0.6,0.5,0.4)")
-    ap.add_argument("--frameworks-fraction", type=float, default=0.5, help="budget fraction for the CNN and JAX (default 0.5)")
+    ap.add_argument("--frameworks-fraction", type=float, default=0.5,
+                    help="budget fraction for ResNet-50 and JAX (default 0.5)")
     ap.add_argument("--oversub-free-fraction", type=float, default=0.7,
                     help="the ballast leaves this fraction of the GPT baseline's peak free (default 0.7)")
     ap.add_argument("--oversub-margin-mib", type=int, default=1024,
@@ -1077,8 +1226,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    if a.steps < 2 or a.ref_steps < 2:
-        die("--steps and --ref-steps must be at least 2")
+    a.ref_steps = a.steps if a.ref_steps is None else a.ref_steps
+    if a.warmup < 0 or min(a.steps, a.ref_steps) <= a.warmup:
+        die(f"--steps and --ref-steps must be more than --warmup ({a.warmup}), which must not be negative")
     if not gpu_present():
         die(NO_GPU)
     try:
@@ -1091,8 +1241,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.capture_dir:
         a.capture_dir.mkdir(parents=True, exist_ok=True)
     est = schedule_estimate(a.parts, a.steps, a.ref_steps, a.fractions)
-    log(f"parts {','.join(a.parts)}, {a.steps} steps; the runs need about {est:.0f} s at least, "
-        f"time budget {a.time_budget:.0f} s")
+    log(f"parts {','.join(a.parts)}, {a.steps} steps ({a.steps - a.warmup} measured); the runs need about {est:.0f} s "
+        f"at least, time budget {a.time_budget:.0f} s")
+    if est > a.time_budget:
+        log("warning: the last runs will be skipped; split the parts over calls (--parts gpt, then --parts "
+            "frameworks,oversubscribed) or pass fewer --fractions")
 
     def on_term(signum, frame):
         raise KeyboardInterrupt  # unwinds through the runs' cleanup (process groups, ballast)

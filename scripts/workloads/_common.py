@@ -122,18 +122,21 @@ def import_torch(deterministic: bool):
 
 
 def torch_memory(torch) -> dict:
-    """The allocator's counters and the (address, size) of its segments now; ``segments`` is None
-    under the cudaMallocAsync backend, which has no segments and refuses memory snapshots."""
+    """The allocator's counters and the (address, size) of its segments now. ``segments`` is read
+    from a memory snapshot under the native backend only: the cudaMallocAsync backend (set by
+    ``PYTORCH_CUDA_ALLOC_CONF`` or ``PYTORCH_ALLOC_CONF``; pyobmem's swap-mode preset) has no
+    segments and raises on ``torch.cuda.memory._snapshot()``. The backend is the one PyTorch reports
+    (``torch.cuda.get_allocator_backend()``: it parsed both variables), not our reading of them."""
     stats = torch.cuda.memory_stats()
     backend = torch.cuda.get_allocator_backend()
-    segments = None if backend == "cudaMallocAsync" else torch.cuda.memory._snapshot()["segments"]
+    segments = torch.cuda.memory._snapshot()["segments"] if backend == "native" else None
     return {
         "memory_stats": {k: int(stats.get(k, 0)) for k in TORCH_STAT_KEYS},
         "segments": None if segments is None else [[int(s["address"]), int(s["total_size"])] for s in segments],
         "allocator_backend": backend,
         "device_name": torch.cuda.get_device_name(0),
         "torch_version": torch.__version__,
-        "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+        "alloc_conf": {k: os.environ[k] for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF") if k in os.environ},
     }
 
 
