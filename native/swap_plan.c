@@ -318,6 +318,13 @@ void run_actions(int64_t pos, uint16_t kind, uint64_t stamp, CUstream s)
             if (b->mark_ev || (b->mark_ev = ev_new()))
                 b->marked = real_cuEventRecord(b->mark_ev, s) == CUDA_SUCCESS;
         } else if (kind == PYOBMEM_ACT_PREFETCH) {
+            /* A host running ahead issues the prefetch before the GPU has even copied the block
+             * out: first wait for the GPU to reach the mark (the swap-out has ended by then), and
+             * take the release, so that the prefetch finds the block out instead of cancelling. */
+            if (b->state == SB_OUT_PENDING && b->marked) {
+                wait_mark(b);
+                poll_releases();
+            }
             if (b->state == SB_OUT) {
                 wait_mark(b);
                 hold_budget(b->vsize, stamp);

@@ -73,7 +73,7 @@ def test_summary_says_peak_resident_against_the_budget(tmp_path):
     assert (w["peak_resident_bytes"], w["over_budget_ns"], w["peak_resident_pid"]) == (96 * MiB, 0, 100)
     text = summary.format_summary(s)
     assert "plans adopted 1, dropped 1 (dropped: the launches stopped matching the plan's iteration)" in text
-    assert "first drop at op 5 of the iteration: issued memset, the plan expected kernel 0x11" in text
+    assert "1 dropped at op 5 of the iteration: issued memset, the plan expected kernel 0x11" in text
     assert "peak live    96.0 MiB" in text
     assert "on the device: peak 96.0 MiB resident (live blocks minus those swapped out), within the budget" in text
     # A budget the process went over: for how long.

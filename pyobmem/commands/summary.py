@@ -270,9 +270,9 @@ def _swap_lines(w: dict) -> list[str]:
         + (" (dropped: the launches stopped matching the plan's iteration)"
            if w["plans_dropped"] else ""),
     ]
-    if w.get("first_drop"):
-        d = w["first_drop"]
-        lines.append(f"first drop at op {d['position']:,} of the iteration: issued {d['issued']}, the plan expected {d['expected']}")
+    for d in w.get("drops", []):
+        lines.append(f"{_num(d['count'])} dropped at op {d['position']:,} of the iteration: issued {d['issued']}, "
+                     f"the plan expected {d['expected']}")
     if w.get("peak_resident_bytes") is not None:
         line = f"on the device: peak {format_bytes(w['peak_resident_bytes'])} resident (live blocks minus those swapped out)"
         if w["budget_bytes"]:

@@ -5,6 +5,9 @@ Policy (docs/swap.md has the formulas):
 - Choice (``_cover``): while the simulated peak is over the budget, add the window whose block can
   be out at the peak position and that covers the most excess bytes per byte moved, when the
   simulation with the engine queues confirms it lowers that position.
+- Pruning (``_prune``): once the plan fits, drop each chosen window, earliest choice first (the cheap ones chosen before the big ones that made the plan fit), whose
+  removal keeps the plan within the budget at no higher predicted ratio: every byte moved costs
+  copy-engine time.
 """
 
 from __future__ import annotations
@@ -54,5 +57,18 @@ def _cover(L: LearnedIteration, budget_bytes: int, max_ratio: float, sim: _Sim, 
             best = (sim.peak, list(chosen), sim)
     if sim.peak > budget_bytes and best[0] < sim.peak:
         return best[1], best[2]
+    if chosen and sim.peak <= budget_bytes:
+        return _prune(L, budget_bytes, chosen, sim)
+    return chosen, sim
+
+
+def _prune(L: LearnedIteration, budget_bytes: int, chosen: list, sim: _Sim) -> tuple[list, _Sim]:
+    """``chosen`` (fitting ``budget_bytes``) less every window, earliest choice first, whose
+    removal keeps the simulated peak within the budget at no higher ratio."""
+    for k in list(chosen):
+        trial = [w for w in chosen if w != k]
+        t = _simulate(L, np.array(trial, np.int64), budget_bytes)
+        if t.peak <= budget_bytes and t.ratio <= sim.ratio + 1e-9:
+            chosen, sim = trial, t
     return chosen, sim
 

@@ -53,8 +53,8 @@ def _clocks(L: LearnedIteration, iterations: int) -> tuple[np.ndarray, np.ndarra
 def _released(ext: np.ndarray, hx: np.ndarray, s: np.ndarray, out_done: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(host position h, GPU position p_out) of a block whose copy out ends at ``out_done``: the
     shim's release thread frees the memory then (within its 100 us poll), so the block is out
-    from the GPU op running at that time; h is the first op the host issues after that, the
-    earliest a prefetch can find the block out (before, it would cancel the swap-out)."""
+    from the GPU op running at that time; h is the first op the host issues after that, where a
+    prefetch finds the block out whatever its mark."""
     h = np.minimum(np.maximum(np.searchsorted(hx, out_done, side="left"), s + 1), len(hx) - 1)
     p_out = np.maximum(np.searchsorted(ext, out_done, side="left"), s + 1)
     return h, p_out
@@ -91,11 +91,21 @@ def _simulate(L: LearnedIteration, w: np.ndarray, budget_bytes: int | None = Non
     start_in = np.empty(len(s))
     start_in[o] = -_fifo(-deadline[o], dd[o])  # time reversed: the same queue backwards
     q = np.searchsorted(hx, start_in - rr, side="right") - 1
-    # Never before the block is released (a window too short for both copies keeps it out for
-    # one position and stalls its consumer instead), never after its use.
-    q = np.minimum(np.maximum(q, h + 1), n)
+    # After the last access, never after the next use. A host running ahead issues q before the
+    # GPU has even copied the block out; the prefetch then waits at q for its MARK (the GPU's
+    # position), so what counts is when it maps the memory (t_map), not when the host issues q.
+    q = np.minimum(np.maximum(q, s + 1), n)
     mark, t_map = _marks(ext, hx, s, q, start_in - rr)
     back = np.searchsorted(ext, t_map, side="left")  # the GPU position when the memory is mapped again
+    # A window too short for both copies: mapped again before its release, the prefetch would
+    # cancel the swap-out. It goes after the release instead (the block is out for a position or
+    # so, and its consumer stalls).
+    late = back <= p_out
+    if np.any(late):
+        q[late] = np.minimum(np.maximum(q[late], h[late] + 1), n[late])
+        m2, t2 = _marks(ext, hx, s[late], q[late], start_in[late] - rr[late])
+        mark[late], t_map[late] = m2, t2
+        back[late] = np.searchsorted(ext, t2, side="left")
     # Forward: when each prefetch really finishes (mapped at t_map, remap, then the engine); a
     # host that waited for the mark starves the GPU if the ops queued behind it take less than
     # the remap.
@@ -104,7 +114,7 @@ def _simulate(L: LearnedIteration, w: np.ndarray, budget_bytes: int | None = Non
     done[o] = _fifo(t_map[o] + rr[o], dd[o])
     starve = np.where(hx[q] < t_map, np.maximum(t_map + rr - ext[q], 0.0), 0.0)
     stall = np.maximum(done - deadline, 0.0) + starve
-    useless = (back <= p_out) | (h >= n)  # the block would never be out
+    useless = (back <= p_out) | (late & (h >= n))  # the block would never be out
     # Resident bytes over the middle iteration [P, 2P).
     okw = ~useless
     wait = 0.0
@@ -213,13 +223,12 @@ def _nominal_absence(L: LearnedIteration, held: bool = False) -> np.ndarray:
     d = size / L.bandwidth * 1e9
     r = REMAP_NS * size / REMAP_BYTES
     s, n = L.win_s, np.minimum(L.win_n, 3 * P - 1)
-    h, p_out = _released(ext, hx, s, ext[s] + d)
-    q = np.minimum(np.searchsorted(hx, ext[n] - d - r, side="right") - 1, n)
+    p_out = _released(ext, hx, s, ext[s] + d)[1]
+    q = np.minimum(np.maximum(np.searchsorted(hx, ext[n] - d - r, side="right") - 1, s + 1), n)
     back = np.searchsorted(ext, _marks(ext, hx, s, q, ext[n] - d - r)[1], side="left")
     if held:
         p_out = s + 1
     length = np.clip(back - p_out, 0, P)
-    length[q <= h] = 0
     for w in np.flatnonzero(length > 0):
         cov[w, np.arange(p_out[w], p_out[w] + length[w]) % P] = True
     return cov

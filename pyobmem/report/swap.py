@@ -64,7 +64,7 @@ def swap_facts(cap) -> dict | None:
         "swapped_in": {"count": len(ins), "bytes": int(ins["bytes"].sum()), "by_cause": by_cause},
         "plans_adopted": int(np.count_nonzero(~plans["dropped"])),
         "plans_dropped": int(np.count_nonzero(plans["dropped"])),
-        "first_drop": _first_drop(cap),
+        "drops": _drops(cap),
         "pinned_bytes": max(pinned) if pinned else None,
         "peak_resident_bytes": peak,
         "peak_resident_pid": peak_pid,
@@ -73,20 +73,26 @@ def swap_facts(cap) -> dict | None:
     }
 
 
-def _first_drop(cap) -> dict | None:
-    """The first plan drop: its position in the iteration and the ops issued and expected there
-    (kernel names, or the copy or set kind), or None when no plan was dropped."""
+def _drops(cap, top: int = 3) -> list[dict]:
+    """The plan drops by where they happened: position in the iteration, the op issued there
+    and the one the template expected (kernel names, or the copy or set kind), and how many
+    drops each; the most frequent ``top``, most frequent first."""
     d = cap.plans[cap.plans["dropped"]]
     if not len(d):
-        return None
-    r = d[0]
+        return []
 
-    def op_name(key: int) -> str:
+    def op_name(pid: int, key: int) -> str:
         if key >> 56 == 0xFF:  # PYOBMEM_OP_KEY_COPY(type, kind)
             kind = key & 0xFF
             if (key >> 16) & 0xFFFF == abi.Ev.MEMSET:
                 return "memset"
             return f"memcpy {abi.CopyKind(kind).name}" if kind in abi.CopyKind._value2member_map_ else "memcpy"
-        return cap.kernel_names.get((int(r["pid"]), key), f"kernel {key:#x}")
+        return cap.kernel_names.get((pid, key), f"kernel {key:#x}")
 
-    return {"position": int(r["value"]), "issued": op_name(int(r["seen"])), "expected": op_name(int(r["expected"]))}
+    counts: dict = {}
+    for r in d:
+        k = (int(r["pid"]), int(r["value"]), int(r["seen"]), int(r["expected"]))
+        counts[k] = counts.get(k, 0) + 1
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+    return [{"position": pos, "issued": op_name(pid, seen), "expected": op_name(pid, exp), "count": n}
+            for (pid, pos, seen, exp), n in ranked]
