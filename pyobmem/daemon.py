@@ -145,7 +145,7 @@ class SwapAgent:
             return False
         if self.pending is not None:
             return self._write(self.pending)
-        if self.last_plan is not None or not self.new_ops or self.budget_bytes is None:
+        if not self.new_ops or self.budget_bytes is None:
             return False
         t0 = time.monotonic()
         try:
@@ -154,7 +154,17 @@ class SwapAgent:
             spent = time.monotonic() - t0
             self.next_tick = now + max(self.tick_s, spent / TICK_CPU_SHARE)
             self.new_ops = 0
-        return plan is not None and self._write(plan)
+        if plan is None:
+            return False
+        # Learning goes on after a plan: what looked like the iteration early on (a model's layers
+        # while its weights are set up, or one pass after a drop) gives way to the training step
+        # once the records hold two of them, and then the new template replaces the old.
+        if self.last_plan is not None and np.array_equal(plan.template_keys, self.last_plan.template_keys):
+            return False
+        if self.last_plan is None and not len(plan.actions):
+            self.last_reason = "the job fits the budget: nothing to swap"  # no plan to follow yet
+            return False
+        return self._write(plan)
 
     def plan_now(self):
         """Learn and plan on the records kept; None (and ``last_reason``) when there is no plan."""

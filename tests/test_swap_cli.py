@@ -220,3 +220,48 @@ def test_agent_says_the_shims_warnings_once_each(tmp_path):
     assert said == ["pyobmem: swap: the budget (100 bytes) is below what one op needs at once (4194304 bytes of "
                     "swappable blocks); the device goes over it there"]
     ctl.close(unlink=True)
+
+
+def test_agent_keeps_learning_and_replaces_a_wrong_template(tmp_path):
+    """H200, GPT medium in swap mode: the daemon planned on the setup's short repeats (periods of 2,
+    20, 40 ops) and on the layers after a drop, and then stopped learning; the shim followed those
+    templates and dropped them. Now a plan with nothing to do is not written, learning goes on
+    after a plan, and a new template replaces the one in force. Here: 40 repeats of a 2-kernel
+    setup (fits: not written), then 100-op iterations touching A at op 0 and C at op 50 (one of them
+    must be out: written), then
+    that iteration with its kernels renumbered (written as generation 2)."""
+    from pyobmem.daemon import SwapAgent
+    from pyobmem.planner import parse_budget
+
+    def iteration(tr, A, B, C, base):
+        for p in range(P):
+            tr.launch(base + p, [B] + ([A] if p == 0 else []) + ([C] if p == 50 else []))
+
+    tr = Trace(dt_ns=10_000)
+    B = tr.alloc(64 * MiB)
+    for _ in range(40):
+        tr.launch(0x500, [B])
+        tr.launch(0x501, [B])
+    setup = len(tr.rows)
+    A, C = tr.alloc(64 * MiB), tr.alloc(64 * MiB)  # 192 MiB from here: over the budget
+    for _ in range(6):
+        iteration(tr, A, B, C, 0x1000)
+    first = len(tr.rows)
+    for _ in range(20):
+        iteration(tr, A, B, C, 0x2000)
+    recs = tr.records()
+    ctl = Control.create(str(tmp_path / "c.ctl"), 160 * MiB, 4 * MiB)
+    agent = SwapAgent(ctl, parse_budget(str(160 * MiB)), meta={"copy_bandwidth": BW}, warn=lambda m: None)
+    agent.feed(recs[:setup])
+    assert agent.tick(now=1e9) is False and ctl.generation == 0
+    assert agent.last_reason == "the job fits the budget: nothing to swap"
+    agent.feed(recs[setup:first])
+    assert agent.tick(now=2e9) is True and ctl.generation == 1
+    assert agent.last_plan.template_keys.tolist() == [0x1000 + p for p in range(P)]
+    assert agent.last_plan.feasible and agent.last_plan.swaps  # A or C out at every op
+    assert agent.tick(now=3e9) is False  # nothing new
+    ctl.ctl["adopted"] = 1  # the shim follows generation 1
+    agent.feed(recs[first:])
+    assert agent.tick(now=4e9) is True and ctl.generation == 2
+    assert agent.last_plan.template_keys.tolist() == [0x2000 + p for p in range(P)]
+    ctl.close(unlink=True)
