@@ -10,12 +10,11 @@
 #include "swap_state.h"
 
 /* ---- plan state ---- */
-/* When the template's first key recurs inside the iteration (GPT's first kernel does), a host
- * that joins mid-iteration can sync at the wrong occurrence: such a sync is tentative for
- * g_plan.confirm_ops ops (SYNC_CONFIRM_OPS, fewer in a shorter iteration). While tentative the
- * plan's actions and sites wait, and a mismatch only means waiting for the iteration's start
- * again, not a drop. */
-#define SYNC_CONFIRM_OPS 32
+/* When the template's first key recurs inside the iteration (GPT tiny's first kernel does, a
+ * gradient-accumulation step's first micro-step kernel recurs at every micro-step), a host that
+ * joins mid-iteration can sync at the wrong occurrence: such a sync is tentative for
+ * g_plan.confirm_ops ops (confirm_ops_of). While tentative the plan's actions, sites and hints
+ * wait, and a mismatch only means waiting for the iteration's start again, not a drop. */
 
 /* An adopted action: the control file's, with its site as an index into g_plan.sites (-1: the
  * block is named by its address). */
@@ -116,8 +115,44 @@ uint32_t idle_for(const struct sblock *b, int64_t pos)
     return 0;
 }
 
-/* The plan's distinct sites, sorted, and each site action's index into them (g_mu held).
- * Returns NULL (and *n = 0) on allocation failure or when there are none. */
+/* The ops a sync at keys[0] stays tentative: one more than the longest run, from any other
+ * occurrence j of keys[0], that matches the template's start (keys[j..] cyclic against keys[0..]),
+ * so that a sync at the wrong occurrence always meets its mismatch while tentative; at most
+ * period - 1; 0 when keys[0] is unique. Z-function over keys followed by keys[0 .. P-2], O(P). */
+static uint32_t confirm_ops_of(const uint64_t *keys, uint32_t P)
+{
+    if (P < 2)
+        return 0;
+    uint32_t n = 2 * P - 1, best = 0;
+    int any = 0;
+    uint32_t *z = calloc(n, sizeof *z);
+    if (!z)
+        return P - 1; /* no memory: the longest window there can be */
+#define T(i) keys[(i) % P]
+    for (uint32_t i = 1, l = 0, r = 0; i < n; i++) {
+        uint32_t k = i < r ? (r - i < z[i - l] ? r - i : z[i - l]) : 0;
+        while (i + k < n && T(k) == T(i + k))
+            k++;
+        z[i] = k;
+        if (i + k > r) {
+            l = i;
+            r = i + k;
+        }
+        if (i < P && keys[i] == keys[0]) {
+            any = 1;
+            if (k > best)
+                best = k;
+        }
+    }
+#undef T
+    free(z);
+    if (!any)
+        return 0;
+    return best + 1 < P - 1 ? best + 1 : P - 1;
+}
+
+/* The plan's distinct sites, sorted (*n of them), and each site action's index into them (g_mu
+ * held). Returns NULL on allocation failure. */
 static struct site *collect_sites(struct act *acts, uint32_t n_acts, const struct pyobmem_action *src,
                                   uint32_t *n)
 {
@@ -204,12 +239,7 @@ static void maybe_adopt(void)
     g_plan.gen = gen;
     g_plan.next = -1;
     g_plan.confirm = 0;
-    g_plan.confirm_ops = 0;
-    for (uint32_t i = 1; i < period; i++)
-        if (keys[i] == keys[0]) {
-            g_plan.confirm_ops = period - 1 < SYNC_CONFIRM_OPS ? period - 1 : SYNC_CONFIRM_OPS;
-            break;
-        }
+    g_plan.confirm_ops = confirm_ops_of(keys, period);
     g_plan.alloc_at = -1;
     g_plan.following = 1;
     g_adopted = gen;
@@ -342,5 +372,5 @@ void run_actions(int64_t pos, uint16_t kind, uint64_t stamp, CUstream s)
 
 int64_t plan_hint_position(void)
 {
-    return g_plan.following && g_plan.n_idle && g_plan.next >= 0 ? g_plan.next : -1;
+    return g_plan.following && g_plan.n_idle && g_plan.next >= 0 && !g_plan.confirm ? g_plan.next : -1;
 }

@@ -64,6 +64,20 @@ _STATIC = (abi.Ev.PROCESS, abi.Ev.ALLOC, abi.Ev.FREE, abi.Ev.NOTE, abi.Ev.NCCL) 
 _WINDOWED = (abi.Ev.LAUNCH, abi.Ev.ACCESS, abi.Ev.MEMCPY, abi.Ev.MEMSET, abi.Ev.GRAPH_LAUNCH, abi.Ev.GPU_TIME)
 
 
+def _same_cycle(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether op-key templates ``a`` and ``b`` (uint64 (P,)) are one iteration started at two ops:
+    equal lengths, and b a cyclic rotation of a."""
+    if len(a) != len(b):
+        return False
+    if not len(a):
+        return True
+    doubled = np.concatenate((a, a))
+    for k in np.flatnonzero(a == b[0]):  # the offsets where b could start in a
+        if np.array_equal(doubled[k : k + len(b)], b):
+            return True
+    return False
+
+
 class SwapAgent:
     """Learns the iteration from the drained records and writes plans into the control file.
 
@@ -88,6 +102,8 @@ class SwapAgent:
         self.last_plan = None
         self.last_reason = "no ops yet"
         self.pending = None  # a plan waiting for the shim to adopt the one in force
+        self.candidate = None  # a new template seen once: it replaces the one in force if seen again
+        self.idle_ticks = 0  # ticks in a row that found the template in force: the tick backs off
         self.budget_bytes = budget.resolve(None) if budget is not None else None
         self._warn = warn or _warn
         self._warned = False  # the "no plan fits" line is said once per run
@@ -135,6 +151,9 @@ class SwapAgent:
             self.window, self.window_len = [], 0
         self.pending = None
         self.last_plan = None
+        self.candidate = None
+        self.idle_ticks = 0
+        self.next_tick = 0.0  # learn again at the next tick, not after a back-off
         self.last_reason = "plan dropped by the shim; learning again"
         self.new_ops = 0
 
@@ -152,18 +171,30 @@ class SwapAgent:
             plan = self.plan_now()
         finally:
             spent = time.monotonic() - t0
-            self.next_tick = now + max(self.tick_s, spent / TICK_CPU_SHARE)
+            # While the template in force holds, learning again backs off (up to 8 times apart).
+            self.next_tick = now + max(self.tick_s, spent / TICK_CPU_SHARE) * (1 << min(self.idle_ticks, 3))
             self.new_ops = 0
         if plan is None:
             return False
         # Learning goes on after a plan: what looked like the iteration early on (a model's layers
         # while its weights are set up, or one pass after a drop) gives way to the training step
-        # once the records hold two of them, and then the new template replaces the old.
-        if self.last_plan is not None and np.array_equal(plan.template_keys, self.last_plan.template_keys):
-            return False
-        if self.last_plan is None and not len(plan.actions):
+        # once the records hold two of them. A template that is the one in force started at
+        # another op is the same; a new one replaces it once two ticks in a row have found it
+        # (an evaluation stretch in the window can show another for a while).
+        if self.last_plan is not None:
+            if _same_cycle(plan.template_keys, self.last_plan.template_keys):
+                self.candidate = None
+                self.idle_ticks += 1
+                return False
+            self.idle_ticks = 0
+            if self.candidate is None or not _same_cycle(plan.template_keys, self.candidate):
+                self.candidate = plan.template_keys
+                self.last_reason = "another iteration seen; replacing the plan if it holds"
+                return False
+        elif not len(plan.actions):
             self.last_reason = "the job fits the budget: nothing to swap"  # no plan to follow yet
             return False
+        self.candidate = None
         return self._write(plan)
 
     def plan_now(self):

@@ -226,7 +226,8 @@ def test_agent_keeps_learning_and_replaces_a_wrong_template(tmp_path):
     """H200, GPT medium in swap mode: the daemon planned on the setup's short repeats (periods of 2,
     20, 40 ops) and on the layers after a drop, and then stopped learning; the shim followed those
     templates and dropped them. Now a plan with nothing to do is not written, learning goes on
-    after a plan, and a new template replaces the one in force. Here: 40 repeats of a 2-kernel
+    after a plan, and a new template replaces the one in force once two ticks in a row found it.
+    Here: 40 repeats of a 2-kernel
     setup (fits: not written), then 100-op iterations touching A at op 0 and C at op 50 (one of them
     must be out: written), then
     that iteration with its kernels renumbered (written as generation 2)."""
@@ -261,7 +262,19 @@ def test_agent_keeps_learning_and_replaces_a_wrong_template(tmp_path):
     assert agent.last_plan.feasible and agent.last_plan.swaps  # A or C out at every op
     assert agent.tick(now=3e9) is False  # nothing new
     ctl.ctl["adopted"] = 1  # the shim follows generation 1
-    agent.feed(recs[first:])
-    assert agent.tick(now=4e9) is True and ctl.generation == 2
+    half = first + (len(recs) - first) // 2
+    agent.feed(recs[first:half])
+    assert agent.tick(now=4e9) is False and ctl.generation == 1  # seen once: a candidate
+    assert agent.last_reason == "another iteration seen; replacing the plan if it holds"
+    agent.feed(recs[half:])
+    assert agent.tick(now=5e9) is True and ctl.generation == 2  # seen again: written
     assert agent.last_plan.template_keys.tolist() == [0x2000 + p for p in range(P)]
     ctl.close(unlink=True)
+
+
+def test_a_template_started_at_another_op_is_the_same():
+    from pyobmem.daemon import _same_cycle
+
+    a = np.array([5, 1, 2, 5, 3], np.uint64)
+    assert _same_cycle(a, np.roll(a, 2)) and _same_cycle(a, a)
+    assert not _same_cycle(a, np.array([5, 1, 2, 3, 5], np.uint64)) and not _same_cycle(a, a[:4])

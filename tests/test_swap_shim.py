@@ -799,12 +799,14 @@ def test_tensors_named_by_site(fake, tmp_path):
 
 
 def test_sync_at_a_recurring_first_key_is_tentative(fake, tmp_path):
-    """swap_driver.c scenario_anchor: the template's first kernel recurs at position 2. Joining
-    mid-iteration there, the shim syncs tentatively, meets a memset where op 1 was expected and
-    waits for the iteration's start again: no drop. In the first whole iteration the sync is still
-    tentative for 3 ops (the period less one), so a goes out in the second and third only."""
+    """swap_driver.c scenario_anchor: the template's first kernel recurs at position 2, followed
+    there by the same kernel as at position 1 (two ops in common with the start). Joining
+    mid-iteration there, the shim syncs tentatively, meets a memset where op 2 was expected and
+    waits for the iteration's start again: no drop. A sync stays tentative for 3 ops (the two in
+    common, and one), so in the first whole iteration a is not swapped out after op 1: it goes out
+    in the second and third."""
     def plan(path, pid, out):
-        write_plan(path, pid, 1, [KERN_B, FUNC_A, KERN_B, KEY_SET], [(1, ActionKind.SWAP_OUT, out["a"], 2 * MIB)])
+        write_plan(path, pid, 1, [KERN_B, FUNC_A, KERN_B, FUNC_A, KEY_SET], [(1, ActionKind.SWAP_OUT, out["a"], 2 * MIB)])
 
     run = run_swap(fake, tmp_path, "anchor", plans={1: plan})
     plans = run.of(Ev.PLAN)

@@ -1077,8 +1077,9 @@ static int scenario_sites(int iters)
     return 0;
 }
 
-/* A template whose first key recurs: [op_b(t), op_a(a), op_b(t), memset(t)]. The plan (sync 1)
- * swaps a out after op 1. The host joins mid-iteration at the second op_b (then a memset): a
+/* A template whose first key recurs with two ops in common: [op_b(t), op_a(a), op_b(t), op_a(t),
+ * memset(t)] (kernel_b, kernel_a at 0 and at 2). The plan (sync 1) swaps a out after op 1. The host
+ * joins mid-iteration at the second op_b (op_b, op_a, then a memset where op_b was expected): a
  * tentative sync there, given up without a drop; then three whole iterations. */
 static int scenario_anchor(void)
 {
@@ -1087,12 +1088,14 @@ static int scenario_anchor(void)
     fill(a, 2 * MIB, 3);
     sync_point(1);
     op_b(t);
+    op_a(t, 0, 0);
     p_memset(t, 0, 16, S1);
     for (int i = 0; i < 3; i++) {
         op_b(t);
         op_a(a, 0, 0);
         fakeAdvance(-1);
         op_b(t);
+        op_a(t, 0, 0);
         p_memset(t, 0, 16, S1);
         fakeAdvance(-1);
     }
