@@ -39,6 +39,7 @@ static struct {
     int64_t next; /* position expected next; -1: waiting for template_keys[0] */
     uint32_t confirm; /* > 0: the sync is tentative for this many more ops (plan_step) */
     uint32_t confirm_ops; /* ops a sync at the first key is tentative for; 0: that key is unique */
+    uint64_t unsynced;    /* ops in a row not in step with the template (plan_step) */
     uint64_t *keys;
     struct act *acts;
     uint32_t n_acts;
@@ -239,6 +240,7 @@ static void maybe_adopt(void)
     g_plan.gen = gen;
     g_plan.next = -1;
     g_plan.confirm = 0;
+    g_plan.unsynced = 0;
     g_plan.confirm_ops = confirm_ops_of(keys, period);
     g_plan.alloc_at = -1;
     g_plan.following = 1;
@@ -255,6 +257,16 @@ fail:
 }
 
 /* The position of the op with `key` in the followed plan, or -1. */
+/* The shim leaves the plan: a PLAN drop record (position, the op issued, the one expected). */
+static void drop(int64_t at, uint64_t seen, uint64_t expected)
+{
+    ring_write(&(struct pyobmem_record){.type = PYOBMEM_EV_PLAN, .flags = 1,
+                                        .plan = {.generation = g_plan.gen, .value = (uint64_t)at, .seen = seen,
+                                                 .expected = expected}}, 1);
+    __atomic_add_fetch(&g_ctl->plan_drops, 1, __ATOMIC_RELAXED);
+    g_plan.following = 0;
+}
+
 int64_t plan_step(uint64_t key)
 {
     if (!g_plan.following || g_plan.next <= 0)
@@ -262,32 +274,34 @@ int64_t plan_step(uint64_t key)
     g_plan.alloc_at = -1; /* until this op is followed */
     if (!g_plan.following)
         return -1;
-    int64_t pos;
+    int64_t pos = -1;
     if (g_plan.next >= 0 && key == g_plan.keys[g_plan.next])
         pos = g_plan.next;
     else if (key == g_plan.keys[0]) {
         pos = 0; /* the iteration's start (or a resync to it) */
         g_plan.confirm = g_plan.confirm_ops;
-    } else if (g_plan.next < 0)
-        return -1; /* waiting for the iteration to start */
-    else if (g_plan.confirm) {
-        g_plan.next = -1; /* synced at the wrong occurrence of the first key: wait again */
+    } else if (g_plan.next >= 0 && !g_plan.confirm) {
+        drop(g_plan.next, key, g_plan.keys[g_plan.next]);
+        return -1;
+    } else { /* waiting for the iteration's start, or a tentative sync given up */
+        g_plan.next = -1;
         g_plan.confirm = 0;
-        return -1;
-    } else {
-        ring_write(&(struct pyobmem_record){.type = PYOBMEM_EV_PLAN, .flags = 1,
-                                            .plan = {.generation = g_plan.gen, .value = (uint64_t)g_plan.next,
-                                                     .seen = key, .expected = g_plan.keys[g_plan.next]}}, 1);
-        __atomic_add_fetch(&g_ctl->plan_drops, 1, __ATOMIC_RELAXED);
-        g_plan.following = 0;
-        return -1;
     }
-    g_plan.next = (pos + 1) % g_plan.period;
-    if (g_plan.confirm && --g_plan.confirm)
-        return -1;
-    g_plan.alloc_at = pos;
-    g_plan.alloc_ord = 0;
-    return pos;
+    if (pos >= 0) {
+        g_plan.next = (pos + 1) % g_plan.period;
+        if (!(g_plan.confirm && --g_plan.confirm)) { /* in step */
+            g_plan.unsynced = 0;
+            g_plan.alloc_at = pos;
+            g_plan.alloc_ord = 0;
+            return pos;
+        }
+    }
+    /* Out of step (waiting, or tentative). Two iterations' worth of ops without getting in step:
+     * the template does not describe what runs (a tentative sync never confirmed, or its first
+     * key never seen): a drop, so that the daemon learns again. */
+    if (++g_plan.unsynced > 2 * (uint64_t)g_plan.period + g_plan.confirm_ops)
+        drop(0, key, g_plan.keys[0]);
+    return -1;
 }
 
 void plan_allocation(struct sblock *b, uint64_t size)
@@ -314,21 +328,30 @@ void plan_unbind(struct sblock *b)
 /* The host waits (bounded) until the GPU has run the op that recorded b's mark: a prefetch then
  * maps its memory when the GPU is where the plan put it, not when a host running ahead issues
  * the op. Only the mark's stream is waited for; past MARK_WAIT_NS (e.g. a stream held by a host
- * flag) the prefetch goes ahead, early. */
+ * flag, or by work another thread cannot issue while this one holds the swap lock) the prefetch
+ * goes ahead, early, and so do the other prefetches of the same op (*gave_up). */
 #define MARK_WAIT_NS 500000000ull
-static void wait_mark(struct sblock *b)
+static void wait_mark(struct sblock *b, int *gave_up)
 {
     if (!b->marked)
         return;
     b->marked = 0;
+    if (*gave_up)
+        return;
     uint64_t t0 = shim_now_ns();
     struct timespec nap = {0, 20000};
-    while (real_cuEventQuery(b->mark_ev) == CUDA_ERROR_NOT_READY && shim_now_ns() - t0 < MARK_WAIT_NS)
+    while (real_cuEventQuery(b->mark_ev) == CUDA_ERROR_NOT_READY) {
+        if (shim_now_ns() - t0 >= MARK_WAIT_NS) {
+            *gave_up = 1;
+            return;
+        }
         nanosleep(&nap, NULL);
+    }
 }
 
 void run_actions(int64_t pos, uint16_t kind, uint64_t stamp, CUstream s)
 {
+    int gave_up = 0;
     size_t lo = 0, hi = g_plan.n_acts;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
@@ -352,11 +375,11 @@ void run_actions(int64_t pos, uint16_t kind, uint64_t stamp, CUstream s)
              * out: first wait for the GPU to reach the mark (the swap-out has ended by then), and
              * take the release, so that the prefetch finds the block out instead of cancelling. */
             if (b->state == SB_OUT_PENDING && b->marked) {
-                wait_mark(b);
+                wait_mark(b, &gave_up);
                 poll_releases();
             }
             if (b->state == SB_OUT) {
-                wait_mark(b);
+                wait_mark(b, &gave_up);
                 hold_budget(b->vsize, stamp);
                 swap_in(b, 1, stamp); /* a failure leaves it out: the consumer brings it back */
             }

@@ -815,3 +815,19 @@ def test_sync_at_a_recurring_first_key_is_tentative(fake, tmp_path):
     assert len(run.swaps(Ev.SWAP_OUT, run.out["a"])) == 2
     assert run.out["bad_a"] == 0
     no_misbehaviour(run)
+
+
+def test_a_template_never_in_step_is_dropped(fake, tmp_path):
+    """swap_driver.c scenario_nosync: syncs that are all tentative and all given up would leave
+    the daemon waiting for ever. After 2 x 4 + 2 ops out of step (two iterations and the
+    tentative window) the 11th op drops the plan, naming its first key."""
+    def plan(path, pid, out):
+        write_plan(path, pid, 1, [KERN_B, FUNC_A, KERN_B, KEY_SET], [])
+
+    run = run_swap(fake, tmp_path, "nosync", plans={1: plan})
+    plans = run.of(Ev.PLAN)
+    assert [(int(r["a"]), int(r["b"]), int(r["flags"])) for r in plans] == [(1, 0, 0), (1, 0, 1)]
+    drop = abi.view(plans[1:], Ev.PLAN)[0]
+    assert (int(drop["seen"]), int(drop["expected"])) == (KERN_B, KERN_B)
+    assert int(run.control["plan_drops"][0]) == 1
+    no_misbehaviour(run)

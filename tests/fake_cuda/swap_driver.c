@@ -1104,6 +1104,22 @@ static int scenario_anchor(void)
     return 0;
 }
 
+/* A plan whose template never matches what runs: [op_b, op_a, op_b, memset] followed, while the
+ * host issues op_b and memset only, 12 times. Every sync at op_b is tentative (the first key
+ * recurs) and given up at the memset: after two iterations' worth of ops out of step, a drop. */
+static int scenario_nosync(void)
+{
+    CUdeviceptr t = must_alloc(2 * MIB);
+    sync_point(1);
+    for (int i = 0; i < 12; i++) {
+        op_b(t);
+        p_memset(t, 0, 16, S1);
+    }
+    fakeAdvance(-1);
+    counters();
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
@@ -1156,6 +1172,8 @@ int main(int argc, char **argv)
         rc = scenario_ordered_budget();
     else if (!strcmp(s, "slotreuse"))
         rc = scenario_slotreuse();
+    else if (!strcmp(s, "nosync"))
+        rc = scenario_nosync();
     else if (!strcmp(s, "anchor"))
         rc = scenario_anchor();
     else if (!strcmp(s, "sites"))
