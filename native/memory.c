@@ -75,6 +75,8 @@ CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned 
         int served = rec && SHIM_UNLIKELY(g_shim.swap) &&                                                 \
                      swap_alloc(dptr, bytesize, POOL, KIND, swap_norm_stream(s, per_thread_name(#NAME)));  \
         CUresult r = served ? CUDA_SUCCESS : REAL(NAME, ARGS);                                            \
+        if (rec && r == CUDA_SUCCESS && !served && SHIM_UNLIKELY(g_shim.swap))                            \
+            swap_counted_elsewhere(bytesize);                                                             \
         if (rec && r == CUDA_SUCCESS)                                                                     \
             on_alloc(dptr, bytesize, s, PYOBMEM_ALLOC_ASYNC, served);                                     \
         return r;                                                                                         \

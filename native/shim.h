@@ -218,6 +218,8 @@ void swap_op_end(struct swap_op *op, CUresult r);
 #define SWAP_ALLOC_ASYNC 1     /* cuMemAllocAsync: the device's current pool */
 #define SWAP_ALLOC_FROM_POOL 2 /* cuMemAllocFromPoolAsync */
 int swap_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, int kind, CUstream s);
+/* A stream-ordered allocation the driver's pool served (succeeded): counted at the plan's site. */
+void swap_counted_elsewhere(size_t size);
 void swap_bind_id(uint64_t addr, uint32_t id);
 /* A free in swap mode: returns 1 and *rc when dptr is a block the shim serves. ordered: a
  * cuMemFreeAsync on stream s (takes effect at its stream point); 0: cuMemFree (waits for the

@@ -343,13 +343,22 @@ int swap_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, int kind, CUst
                       "or not made by cuMemPoolCreate) stay the driver's: not swappable");
         }
     }
-    if (kind != SWAP_ALLOC_DRIVER)
-        plan_allocation(b, size); /* counted whoever serves it, as the planner counts the trace's */
+    if (b && kind != SWAP_ALLOC_DRIVER)
+        plan_allocation(b, size); /* the driver's own: swap_counted_elsewhere, once it succeeded */
     if (b)
         *dptr = b->addr;
     pthread_mutex_unlock(&g_mu);
     unrelax(relaxed, old);
     return b != NULL;
+}
+
+void swap_counted_elsewhere(size_t size)
+{
+    if (size < __atomic_load_n(&g_ctl->min_swap_bytes, __ATOMIC_RELAXED))
+        return;
+    pthread_mutex_lock(&g_mu);
+    plan_allocation(NULL, size); /* the planner counts the trace's allocations: this one is there */
+    pthread_mutex_unlock(&g_mu);
 }
 
 void swap_bind_id(uint64_t addr, uint32_t id)
