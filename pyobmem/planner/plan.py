@@ -183,13 +183,13 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
     for j, k in enumerate(w):
         c = int(L.win_cand[k])
         out_at, q, nxt = int(L.win_s[k]) % P, int(sim.q[j]) % P, int(L.win_n[k]) % P
-        at, ord_ = (int(v) for v in L.cand_site[c])
+        name = named(c)
         swaps.append(Swap(block=int(L.cand_block[c]), addr=int(L.cand_addr[c]), size=int(L.cand_size[c]), out_at=out_at,
                           prefetch_at=q, next_at=nxt, absent=int(sim.absent[j]), stall_ns=float(sim.stall[j]),
-                          mark_at=int(sim.mark[j]) % P, site=(at, ord_) if at >= 0 else None))
-        act.append((out_at, int(abi.ActionKind.SWAP_OUT), 0, *named(c)))
-        act.append((q, int(abi.ActionKind.PREFETCH), 0, *named(c)))
-        act.append((int(sim.mark[j]) % P, int(abi.ActionKind.MARK), 0, *named(c)))
+                          mark_at=int(sim.mark[j]) % P, site=None if name[0] else name[2:]))
+        act.append((out_at, int(abi.ActionKind.SWAP_OUT), 0, *name))
+        act.append((q, int(abi.ActionKind.PREFETCH), 0, *name))
+        act.append((int(sim.mark[j]) % P, int(abi.ActionKind.MARK), 0, *name))
     # Every candidate's idle windows, as hints: beyond the plan the shim evicts the block whose
     # next access is farthest (Belady's choice on the learned iteration) instead of the least
     # recently used, the worst choice on a cycle longer than the budget. Left out when they would
