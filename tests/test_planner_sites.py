@@ -33,12 +33,16 @@ ASYNC = abi.AllocKind.ASYNC
 DATA = Path(__file__).resolve().parent / "data"
 
 
-def _trace(tmp_path, iterations: int = 6):
+def _trace(tmp_path, iterations: int = 6, pause_at: int | None = None):
+    """``pause_at``: the host pauses 5 ms before that op of every iteration (as swap mode's own
+    stalls make it pause), which moves the model's iteration phase there."""
     tr = Trace(dt_ns=10_000)
     K = tr.alloc(64 * MiB)
     T = V = U = None
     for _ in range(iterations):
         for p in range(P):
+            if p == pause_at:
+                tr.t += 5_000_000
             if p == 20:
                 T, V = tr.alloc(64 * MiB, kind=ASYNC), tr.alloc(8 * MiB, kind=ASYNC)
             if p == 23:
@@ -77,6 +81,24 @@ def test_sites_repeat_every_iteration(tmp_path):
     cap = _trace(tmp_path)
     it = detect_iterations(cap)
     assert [_iteration_sites(cap, it, r) for r in it.main_rows()] == [[(19, 0, 64 * MiB), (19, 1, 8 * MiB), (22, 0, 64 * MiB)]] * 6
+
+
+def test_planned_iteration_starts_where_least_is_live(tmp_path):
+    """A host pause before op 50 puts the model's iteration boundary there, inside T's and U's
+    lifetimes: they would cross it and be out of reach. The planner starts its iteration at the
+    position of least live bytes (op 81, after T and V are freed: K alone), so T, V and U are
+    tensors of the iteration again, at sites counted from there."""
+    cap = _trace(tmp_path, pause_at=50)
+    it = detect_iterations(cap)
+    assert cap.ops["handle"][it.start_op[it.main_rows()[0]]] == 0x1000 + 50  # the model's phase: the pause
+    L = planner.learn_iteration(cap, bandwidth=BW, by_site=True)
+    assert L.period == P and int(L.keys[0]) == 0x1000 + 81
+    assert L.cand_site.tolist()[1:] == [[38, 0], [38, 1], [41, 0]]  # T, V after op 19 = position 38
+    assert (L.cand_size // MiB).tolist() == [64, 64, 8, 64]
+    assert int(L.live.max()) == 200 * MiB and int(L.live[0]) == 64 * MiB
+    # One iteration's time (and one pause), its clock stitched from two of the model's iterations.
+    assert L.iteration_ns == pytest.approx(1_110_000 + 5_000_000)
+    assert np.all(np.diff(L.times) >= 0) and 0 <= L.times[0] and L.times[-1] < L.iteration_ns
 
 
 def test_budget_hold_waits_for_the_swap_out(tmp_path):

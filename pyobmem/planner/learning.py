@@ -21,7 +21,7 @@ import numpy as np
 from .. import abi
 from ..model.blocks import ARENA, NEVER, build_blocks
 from ..model.iterations import IterationModel, detect_iterations
-from ..model.saving import bandwidth_of, execution_clock
+from ..model.saving import Clock, bandwidth_of, execution_clock
 from ..units import format_bytes
 
 DEFAULT_MIN_SWAP_BYTES = 4 << 20  # 2 MiB segments (PyTorch's small pool, one VMM granule) are never swapped
@@ -149,12 +149,15 @@ def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, ba
     i = min(cands, key=lambda k: (abs(k - middle), -k))
     row = int(main[i])
     a, b = int(lo[i]), int(hi[i])
-    rows = pid_rows[a:b]
-    P = len(rows)
+    P = b - a
     if P > abi.PLAN_MAX_OPS:
         return NoPlan(f"an iteration of {P:,} ops exceeds the plan's limit of {abi.PLAN_MAX_OPS:,}")
+    blocks = capture.blocks
+    a, clock = _at_boundary(capture, it, main, i, lo, hi, keys_all, pid_rows,
+                            _live_bytes(blocks, pid, ops["ts_ns"][pid_rows[a:b]].astype(np.int64)))
+    b = a + P
+    rows = pid_rows[a:b]
     keys = keys_all[a:b]
-    clock = execution_clock(capture, it, row)
     t0, t1 = clock.t0, clock.t1
     T = float(max(t1 - t0, 1))
     launch_t = ops["ts_ns"][rows].astype(np.int64)
@@ -162,18 +165,10 @@ def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, ba
     times = np.clip(times, 0.0, T)
     issue = np.minimum(np.clip(np.maximum.accumulate(launch_t.astype(np.float64) - t0), 0.0, T), times)
 
-    # Live device bytes of the process at each position (launch times, as the allocations are seen).
-    blocks = capture.blocks
+    live = _live_bytes(blocks, pid, launch_t)
     mine = blocks["pid"] == pid
-    on_device = mine & (blocks["kind"] != abi.AllocKind.HOST)  # pinned host memory is not device memory
     ta, tf = blocks["t_alloc"].astype(np.int64), blocks["t_free"].astype(np.int64)
     size = blocks["size"].astype(np.int64)
-    alloc_sorted = np.sort(ta[on_device])
-    ca = np.concatenate(([0], np.cumsum(size[on_device][np.argsort(ta[on_device], kind="stable")])))
-    fr = on_device & (tf >= 0)
-    of = np.argsort(tf[fr], kind="stable")
-    cf = np.concatenate(([0], np.cumsum(size[fr][of])))
-    live = ca[np.searchsorted(alloc_sorted, launch_t, side="right")] - cf[np.searchsorted(tf[fr][of], launch_t, side="right")]
 
     # Candidates and why the others are not.
     bm = build_blocks(capture, it) if bm is None else bm
@@ -237,6 +232,53 @@ def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, ba
         win_cand=cat(wc), win_s=cat(ws), win_n=cat(wn), iteration_row=row, iteration_index=i,
         capture=capture, it=it, bm=bm, reason_of=reason_of,
     )
+
+
+def _live_bytes(blocks, pid: int, t: np.ndarray) -> np.ndarray:
+    """int64 (len(t),): bytes of process ``pid``'s live device blocks at each time ``t`` (ns, the
+    shim's clock: launch times, as the allocations are seen). Pinned host memory is not counted."""
+    on_device = (blocks["pid"] == pid) & (blocks["kind"] != abi.AllocKind.HOST)
+    ta, tf = blocks["t_alloc"].astype(np.int64), blocks["t_free"].astype(np.int64)
+    size = blocks["size"].astype(np.int64)
+    alloc_sorted = np.sort(ta[on_device])
+    ca = np.concatenate(([0], np.cumsum(size[on_device][np.argsort(ta[on_device], kind="stable")])))
+    fr = on_device & (tf >= 0)
+    of = np.argsort(tf[fr], kind="stable")
+    cf = np.concatenate(([0], np.cumsum(size[fr][of])))
+    return ca[np.searchsorted(alloc_sorted, t, side="right")] - cf[np.searchsorted(tf[fr][of], t, side="right")]
+
+
+def _at_boundary(capture, it, main, i, lo, hi, keys_all, pid_rows, live) -> tuple:
+    """(first op, Clock): the planned iteration, template iteration ``i`` of ``main`` (op ranges
+    ``lo``/``hi`` into ``pid_rows``) rotated to start at its position of least live bytes ``live``.
+
+    Why: a tensor that lives across the planned iteration's boundary belongs to neither side, so
+    it can be no candidate. The model's phase comes from the host's timing (its longest pause),
+    and swap mode's own stalls move that pause (on GPT medium at 75% it moved to the loss, so the
+    saved activations crossed the boundary and 28.8 GiB were out of reach). At the least live
+    bytes, the step boundary, only blocks live over the whole iteration cross it. The rotated
+    window takes ops of the neighbouring iteration (the next, else the previous), used only when
+    they issue the same ops; its clock is stitched from the two iterations' execution clocks."""
+    a, b = int(lo[i]), int(hi[i])
+    P, r = b - a, int(np.argmin(live)) if len(live) else 0
+    here = execution_clock(capture, it, int(main[i]))
+    rolled = np.roll(keys_all[a:b], -r)
+    for j, start in ((i + 1, a + r), (i - 1, a + r - P)):
+        if r == 0 or not 0 <= j < len(main) or start < 0 or start + P > len(keys_all):
+            continue
+        if (hi[min(i, j)] != lo[max(i, j)]) or not np.array_equal(keys_all[start : start + P], rolled):
+            continue
+        other = execution_clock(capture, it, int(main[j]))
+        first, second = (here, other) if j > i else (other, here)
+
+        def fn(t, first=first, second=second):
+            # The GPU clock maps the whole capture; the queue estimate maps one iteration each.
+            return first(t) if first.source == "gpu" else np.where(np.asarray(t) < second.t0, first(t), second(t))
+
+        ts = capture.ops["ts_ns"]
+        t_end = ts[pid_rows[start + P]] if start + P < len(pid_rows) else it.t_end[int(main[max(i, j)])]
+        return start, Clock(fn, int(fn(np.int64(ts[pid_rows[start]]))), int(fn(np.int64(t_end))), first.source)
+    return a, here
 
 
 def _sites(launch_t: np.ndarray, t_alloc: np.ndarray, counted: np.ndarray, cand: np.ndarray) -> np.ndarray:
