@@ -365,7 +365,13 @@ void run_actions(int64_t pos, uint16_t kind, uint64_t stamp, CUstream s)
         if (a->kind != kind)
             continue;
         struct sblock *b = a->site >= 0 ? g_plan.sites[a->site].b : block_at(a->addr);
-        if (!b || (a->site < 0 && (b->addr != a->addr || b->site)) || b->size != a->size || !swappable(b))
+        if (!b || (a->site < 0 && (b->addr != a->addr || b->site)) || b->size != a->size)
+            continue;
+        /* Bringing a block back is always safe; only what goes out must be swappable. A prefetch
+         * at its consumer (a host running far ahead leaves no earlier op) finds the block in flight
+         * for this very op: skipping it made every such swap-in a demand one, its memory mapped
+         * when the host issued the op instead of at the mark. */
+        if (kind != PYOBMEM_ACT_PREFETCH && !swappable(b))
             continue;
         if (kind == PYOBMEM_ACT_MARK) {
             if (b->mark_ev || (b->mark_ev = ev_new()))

@@ -766,17 +766,20 @@ def test_free_of_a_block_whose_cancelled_swap_out_is_still_queued(fake, tmp_path
 # ---------------------------------------------------------------- tensors named by their allocation site
 
 
-def test_tensors_named_by_site(fake, tmp_path):
+@pytest.mark.parametrize("prefetch_at", [2, 3], ids=["before", "at_consumer"])
+def test_tensors_named_by_site(fake, tmp_path, prefetch_at):
     """swap_driver.c scenario_sites: the plan names the tensor allocated first after op 0 (site
     (0, 0)); every iteration's x is a new block at another address, and each is the one swapped
     out after op 1 and prefetched before op 2 (landing before op 3 uses it), its bytes intact. y (site (0, 1)) is not in the
-    plan; q sits at site (0, 2), which the plan names with another size: never bound."""
+    plan; q sits at site (0, 2), which the plan names with another size: never bound.
+    Prefetched before op 3, its consumer (the plan of a host running far ahead of the GPU): a
+    planned swap-in all the same, late, not one on demand."""
     KEY_HTOD, KEY_DTOH = (abi.op_key_copy(Ev.MEMCPY, k) for k in (abi.CopyKind.HTOD, abi.CopyKind.DTOH))
 
     def plan(path, pid, out):
         write_plan(path, pid, 1, [KEY_HTOD, KEY_SET, KERN_B, FUNC_A, KEY_DTOH], [
             (1, ActionKind.SWAP_OUT, 0, LEN, 0, (0, 0)),
-            (2, ActionKind.PREFETCH, 0, LEN, 0, (0, 0)),
+            (prefetch_at, ActionKind.PREFETCH, 0, LEN, 0, (0, 0)),
             (1, ActionKind.SWAP_OUT, 0, LEN, 0, (0, 2)),
         ])
 
@@ -794,7 +797,7 @@ def test_tensors_named_by_site(fake, tmp_path):
     x_ids = [int(allocs["a"][(allocs["b"] == xs[i])][sum(xs[k] == xs[i] or ys[k] == xs[i] for k in range(i))])
              for i in range(iters)]
     assert outs["a"].tolist() == x_ids and ins["a"].tolist() == x_ids
-    assert ins["flags"].tolist() == [SwapInCause.PREFETCH] * iters
+    assert ins["flags"].tolist() == [SwapInCause.PREFETCH if prefetch_at == 2 else SwapInCause.LATE] * iters
     no_misbehaviour(run)
 
 
