@@ -68,6 +68,21 @@ CUstream g_d2h, g_h2d;
 CUevent g_h2d_ev;
 struct itable g_tab = ITABLE_OF(struct span);
 uint64_t g_tick;
+struct swap_waits g_waits;
+
+static void note_waits(void)
+{
+    pthread_mutex_lock(&g_mu);
+    struct swap_waits w = g_waits;
+    pthread_mutex_unlock(&g_mu);
+    ring_note("swap.waits=ops=%llu/%lluus drains=%llu/%lluus marks=%llu/%lluus mark_timeouts=%llu maps=%llu/%lluus "
+              "creates=%llu unmaps=%llu/%lluus releases=%llu evictions=%llu planned_outs=%llu",
+              (unsigned long long)w.ops, (unsigned long long)(w.op_ns / 1000), (unsigned long long)w.drains,
+              (unsigned long long)(w.drain_ns / 1000), (unsigned long long)w.marks, (unsigned long long)(w.mark_ns / 1000),
+              (unsigned long long)w.mark_timeouts, (unsigned long long)w.maps, (unsigned long long)(w.map_ns / 1000),
+              (unsigned long long)w.creates, (unsigned long long)w.unmaps, (unsigned long long)(w.unmap_ns / 1000),
+              (unsigned long long)w.releases, (unsigned long long)w.evictions, (unsigned long long)w.planned_outs);
+}
 uint64_t g_mapped;
 uint64_t g_swap_bytes;
 uint64_t g_leaving;
@@ -357,6 +372,7 @@ int swap_open(const char *path)
         ring_note("swap.memlock_limit=%lld", rl.rlim_cur == RLIM_INFINITY ? -1ll : (long long)rl.rlim_cur);
     ring_note("swap=on budget=%llu min_swap_bytes=%llu", (unsigned long long)c->budget_bytes,
               (unsigned long long)c->min_swap_bytes);
+    atexit(note_waits);
     return 1;
 }
 

@@ -158,7 +158,7 @@ CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int how, co
     CUstreamCaptureMode old;
     int relaxed = relax(&old);
     pthread_mutex_lock(&g_mu);
-    uint64_t stamp = ++g_tick;
+    uint64_t t_begin = shim_now_ns(), stamp = ++g_tick;
     int pushed = ctx_enter();
     if (!paused && g_out_pending)
         poll_releases();
@@ -212,6 +212,8 @@ CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int how, co
         inflight_done(op); /* the op is refused: swap_op_end will not run */
         op->active = 0;
     }
+    g_waits.op_ns += shim_now_ns() - t_begin;
+    g_waits.ops++;
     ctx_leave(pushed);
     pthread_mutex_unlock(&g_mu);
     unrelax(relaxed, old);
@@ -226,6 +228,7 @@ void swap_op_end(struct swap_op *op, CUresult r)
     CUstreamCaptureMode old;
     int relaxed = relax(&old);
     pthread_mutex_lock(&g_mu);
+    uint64_t t_end = shim_now_ns();
     int pushed = ctx_enter();
     inflight_done(op);
     if (r == CUDA_SUCCESS && !op->capturing) {
@@ -243,6 +246,7 @@ void swap_op_end(struct swap_op *op, CUresult r)
             run_actions(op->pos, PYOBMEM_ACT_SWAP_OUT, g_tick, op->stream);
         }
     }
+    g_waits.op_ns += shim_now_ns() - t_end;
     ctx_leave(pushed);
     pthread_mutex_unlock(&g_mu);
     unrelax(relaxed, old);

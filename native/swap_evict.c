@@ -58,7 +58,7 @@ void make_room(uint64_t need, uint64_t stamp)
         struct sblock *v = pick_victim(stamp, round);
         if (!v)
             break;
-        swap_out(v);
+        g_waits.evictions += swap_out(v);
     }
     drain_outs();
 }
@@ -77,7 +77,7 @@ void evict_for_budget(uint64_t need, uint64_t stamp)
         struct sblock *v = pick_victim(stamp, round);
         if (!v)
             break;
-        swap_out(v);
+        g_waits.evictions += swap_out(v);
     }
     if (resident_bytes() + need > budget && !g_noted_budget) {
         uint64_t op = need; /* the op's own blocks: none of them can go out for it */

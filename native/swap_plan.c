@@ -340,13 +340,16 @@ static void wait_mark(struct sblock *b, int *gave_up)
         return;
     uint64_t t0 = shim_now_ns();
     struct timespec nap = {0, 20000};
+    g_waits.marks++;
     while (real_cuEventQuery(b->mark_ev) == CUDA_ERROR_NOT_READY) {
         if (shim_now_ns() - t0 >= MARK_WAIT_NS) {
             *gave_up = 1;
-            return;
+            g_waits.mark_timeouts++;
+            break;
         }
         nanosleep(&nap, NULL);
     }
+    g_waits.mark_ns += shim_now_ns() - t0;
 }
 
 void run_actions(int64_t pos, uint16_t kind, uint64_t stamp, CUstream s)
@@ -394,7 +397,7 @@ void run_actions(int64_t pos, uint16_t kind, uint64_t stamp, CUstream s)
         } else {
             if (b->state == SB_IN_PENDING)
                 finish_in(b, NULL, 0);
-            swap_out(b);
+            g_waits.planned_outs += swap_out(b);
         }
     }
 }

@@ -106,7 +106,13 @@ void releaser_kick(void)
 /* Finish every swap-out in flight (synchronise the device-to-host stream only) and release. */
 void drain_outs(void)
 {
-    if (g_out_pending && real_cuStreamSynchronize(g_d2h) == CUDA_SUCCESS)
+    if (!g_out_pending)
+        return;
+    uint64_t t0 = shim_now_ns();
+    CUresult r = real_cuStreamSynchronize(g_d2h);
+    g_waits.drain_ns += shim_now_ns() - t0;
+    g_waits.drains++;
+    if (r == CUDA_SUCCESS)
         poll_releases();
 }
 

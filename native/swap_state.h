@@ -69,6 +69,18 @@ struct sblock {
     int32_t site;               /* 1 + index of the followed plan's site bound to it; 0: none */
 };
 
+/* Where the application's threads spend time in the executor (ns, counts; g_mu held), written
+ * at exit as the NOTE swap.waits: what a slow swap run spent its host time on. */
+struct swap_waits {
+    uint64_t op_ns, ops;                      /* swap_op_begin + swap_op_end, whole */
+    uint64_t drain_ns, drains;                /* waiting for every swap-out in flight (drain_outs) */
+    uint64_t mark_ns, marks, mark_timeouts;   /* a prefetch waiting for its mark (wait_mark) */
+    uint64_t map_ns, maps, creates;           /* map_block; creates: a cuMemCreate, no spare */
+    uint64_t unmap_ns, unmaps, releases;      /* unmap_block_keep; releases: a cuMemRelease */
+    uint64_t evictions, planned_outs;         /* swap-outs for the budget, and the plan's */
+};
+extern struct swap_waits g_waits;
+
 /* ---- swap.c: state and helpers ---- */
 extern pthread_mutex_t g_mu;
 extern struct pyobmem_control *g_ctl;

@@ -78,7 +78,18 @@ static void release_handle(CUmemGenericAllocationHandle h)
 }
 
 /* Create (or take a spare), map and grant access: all or nothing. */
+static CUresult map_block_timed(struct sblock *b);
+
 CUresult map_block(struct sblock *b)
+{
+    uint64_t t0 = shim_now_ns();
+    CUresult r = map_block_timed(b);
+    g_waits.map_ns += shim_now_ns() - t0;
+    g_waits.maps++;
+    return r;
+}
+
+static CUresult map_block_timed(struct sblock *b)
 {
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof prop);
@@ -86,6 +97,7 @@ CUresult map_block(struct sblock *b)
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = b->device;
     CUmemGenericAllocationHandle h = spare_take(b->vsize, b->device);
+    g_waits.creates += !h;
     CUresult r = h ? CUDA_SUCCESS : real_cuMemCreate(&h, b->vsize, &prop, 0);
     if (r != CUDA_SUCCESS)
         return r;
@@ -110,9 +122,13 @@ CUresult map_block(struct sblock *b)
  * cuMemCreate. */
 CUresult unmap_block_keep(struct sblock *b, int keep)
 {
+    uint64_t t0 = shim_now_ns();
     CUresult r = real_cuMemUnmap(b->addr, b->vsize);
-    if (r != CUDA_SUCCESS)
+    g_waits.unmaps++;
+    if (r != CUDA_SUCCESS) {
+        g_waits.unmap_ns += shim_now_ns() - t0;
         return r;
+    }
     g_mapped -= b->vsize;
     uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED);
     if (keep && budget && g_nspares < MAX_SPARES && resident_bytes() + g_leaving + b->vsize <= budget) {
@@ -120,8 +136,10 @@ CUresult unmap_block_keep(struct sblock *b, int keep)
         g_spare_bytes += b->vsize;
     } else {
         release_handle(b->handle);
+        g_waits.releases++;
     }
     b->handle = 0;
+    g_waits.unmap_ns += shim_now_ns() - t0;
     return CUDA_SUCCESS;
 }
 

@@ -216,6 +216,11 @@ def test_block_swapped_out_and_in_20_times_keeps_every_byte(fake, tmp_path, cupt
     # the pool: one chunk, noted
     assert run.out["pinned_bytes"] == 1 << 30
     assert "swap.pinned_bytes=1073741824" in run.notes()
+    # where the host's time went, noted at exit: 20 planned swap-outs, no eviction, one map per
+    # block and swap-in, each a cuMemCreate (no budget here: no spare handles are kept)
+    waits = dict(kv.split("=") for n in run.notes() if n.startswith("swap.waits=") for kv in n[len("swap.waits="):].split())
+    assert (waits["planned_outs"], waits["evictions"], waits["mark_timeouts"]) == ("20", "0", "0")
+    assert waits["maps"].split("/")[0] == "23" and waits["creates"] == "23" and waits["drains"].startswith("0/")
 
 
 def test_c16_no_synchronising_calls(fake, tmp_path):
