@@ -76,12 +76,13 @@ static void note_waits(void)
     struct swap_waits w = g_waits;
     pthread_mutex_unlock(&g_mu);
     ring_note("swap.waits=ops=%llu/%lluus drains=%llu/%lluus marks=%llu/%lluus mark_timeouts=%llu maps=%llu/%lluus "
-              "creates=%llu unmaps=%llu/%lluus releases=%llu evictions=%llu planned_outs=%llu",
+              "creates=%llu unmaps=%llu/%lluus releases=%llu evictions=%llu planned_outs=%llu handoffs=%llu",
               (unsigned long long)w.ops, (unsigned long long)(w.op_ns / 1000), (unsigned long long)w.drains,
               (unsigned long long)(w.drain_ns / 1000), (unsigned long long)w.marks, (unsigned long long)(w.mark_ns / 1000),
               (unsigned long long)w.mark_timeouts, (unsigned long long)w.maps, (unsigned long long)(w.map_ns / 1000),
               (unsigned long long)w.creates, (unsigned long long)w.unmaps, (unsigned long long)(w.unmap_ns / 1000),
-              (unsigned long long)w.releases, (unsigned long long)w.evictions, (unsigned long long)w.planned_outs);
+              (unsigned long long)w.releases, (unsigned long long)w.evictions, (unsigned long long)w.planned_outs,
+              (unsigned long long)w.handoffs);
 }
 uint64_t g_mapped;
 uint64_t g_swap_bytes;
@@ -292,7 +293,7 @@ void bring_back(struct sblock *b)
     uint64_t stamp = ++g_tick;
     int pushed = ctx_enter();
     if (b->state == SB_OUT)
-        hold_budget(b->vsize, stamp); /* the budget holds for it too */
+        hold_budget(b->vsize, b->device, stamp); /* the budget holds for it too */
     make_usable(b, &now, stamp);
     ctx_leave(pushed);
 }

@@ -279,7 +279,8 @@ static struct sblock *serve(uint64_t size, int dev, struct pool_acct *pool, CUst
         pool_count(b->pool, (int64_t)size, 0); /* counted once it is the application's */
         return b;
     }
-    hold_budget(vsize, stamp);
+    /* a stream-ordered block may take a swap-out's memory still copying: s waits for the copy */
+    hold_budget(vsize, pool ? dev : -1, stamp);
     CUdeviceptr va = b ? b->addr : 0;
     if (!b) {
         if (!(b = calloc(1, sizeof *b)))
@@ -295,12 +296,15 @@ static struct sblock *serve(uint64_t size, int dev, struct pool_acct *pool, CUst
         b->pool = pool ? pool->pool : NULL;
     }
     revive(b, size, stamp);
-    CUresult r = map_block(b);
+    CUevent after = NULL;
+    CUresult r = map_block(b, pool ? &after : NULL);
     if (r == CUDA_ERROR_OUT_OF_MEMORY) {
         cache_trim(UINT64_MAX, NULL);
         drain_outs();
-        r = map_block(b);
+        r = map_block(b, pool ? &after : NULL);
     }
+    if (r == CUDA_SUCCESS && after && real_cuStreamWaitEvent(s, after, 0) != CUDA_SUCCESS)
+        real_cuEventSynchronize(after); /* the stream cannot wait: the host does */
     if (r == CUDA_SUCCESS && table_add(b)) {
         pool_count(b->pool, (int64_t)size, (int64_t)vsize);
         return b;
@@ -409,7 +413,8 @@ int swap_free(CUdeviceptr dptr, CUstream s, int ordered, CUresult *rc)
         goto out;
     }
     table_remove(b);
-    if (b->state == SB_OUT_PENDING)
+    settle_out(b); /* its memory went to another block: out once its copy ends */
+    if (b->state == SB_OUT_PENDING && !(b->flags & SBF_GIVEN))
         cancel_out(b); /* its copy goes on; reuse is ordered after it below */
     int copying = b->copy_ev && b->state != SB_OUT && real_cuEventQuery(b->copy_ev) == CUDA_ERROR_NOT_READY;
     if (ordered && b->ordered && (b->free_ev || (b->free_ev = ev_new())) &&

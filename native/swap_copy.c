@@ -52,14 +52,18 @@ int swap_out(struct sblock *b)
 /* OUT -> IN_PENDING. */
 CUresult swap_in(struct sblock *b, int planned, uint64_t stamp)
 {
-    CUresult r = map_block(b);
+    CUevent after = NULL;
+    CUresult r = map_block(b, &after);
     if (r == CUDA_ERROR_OUT_OF_MEMORY) {
         make_room(b->vsize, stamp);
-        r = map_block(b);
+        r = map_block(b, &after);
     }
     if (r != CUDA_SUCCESS)
         return r;
-    r = real_cuMemcpyHtoDAsync_v2(b->addr, b->host, b->size, g_h2d);
+    if (after) /* the memory's last owner is still copying out: the copy in comes after it */
+        r = real_cuStreamWaitEvent(g_h2d, after, 0);
+    if (r == CUDA_SUCCESS)
+        r = real_cuMemcpyHtoDAsync_v2(b->addr, b->host, b->size, g_h2d);
     if (r == CUDA_SUCCESS) {
         r = real_cuEventRecord(b->copy_ev, g_h2d);
         if (r == CUDA_SUCCESS && real_cuEventRecord(g_h2d_ev, g_h2d) != CUDA_SUCCESS)
@@ -110,11 +114,17 @@ CUresult make_usable(struct sblock *b, const struct swap_op *op, uint64_t stamp)
     case SB_RESIDENT:
         return CUDA_SUCCESS;
     case SB_OUT_PENDING:
-        cancel_out(b);
-        return CUDA_SUCCESS;
+        if (!(b->flags & SBF_GIVEN)) {
+            cancel_out(b);
+            return CUDA_SUCCESS;
+        }
+        settle_out(b); /* its memory is another block's: it comes back once its copy out ends */
+        if (b->state != SB_OUT)
+            return CUDA_ERROR_UNKNOWN;
+        /* fallthrough */
     case SB_OUT: {
         if (!op || !op->capturing)
-            hold_budget(b->vsize, stamp); /* a demand swap-in keeps the budget too */
+            hold_budget(b->vsize, b->device, stamp); /* a demand swap-in keeps the budget too */
         CUresult r = swap_in(b, 0, stamp);
         if (r != CUDA_SUCCESS) {
             if (!g_noted_swapin) {

@@ -94,15 +94,17 @@ void evict_for_budget(uint64_t need, uint64_t stamp)
 }
 
 /* Before mapping `need` bytes: evict for the budget, and when the memory of the swap-outs still
- * in flight would put the device over it, wait for them (the device-to-host stream only: they wait for
- * their blocks' last uses, never for unrelated work). Physical memory then stays under the
- * budget, not only the bytes the executor counts. */
-void hold_budget(uint64_t need, uint64_t stamp)
+ * in flight would put the device over it, take one of their memory or wait for them (their
+ * copy events only: they wait for their blocks' last uses, never for unrelated work). Physical
+ * memory then stays under the budget, not only the bytes the executor counts. */
+void hold_budget(uint64_t need, int device, uint64_t stamp)
 {
     evict_for_budget(need, stamp);
     uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED);
-    if (budget && g_out_pending && resident_bytes() + g_leaving + need > budget)
-        drain_outs();
+    /* The memory of a swap-out still copying is taken as is (map_block): no wait. Else the
+     * oldest swap-outs in flight are waited for, as many as the budget needs. */
+    if (budget && g_out_pending && resident_bytes() + g_leaving + need > budget && !handoff_ready(need, device))
+        drain_until(need, budget);
     /* spares the drained swap-outs kept: one of `need` bytes is the memory the caller maps next */
     uint64_t keep = spare_bytes_of(need) ? need : 0, now = resident_bytes() - keep + need;
     if (budget && now > budget)

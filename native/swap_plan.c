@@ -387,12 +387,13 @@ void run_actions(int64_t pos, uint16_t kind, uint64_t stamp, CUstream s)
                 wait_mark(b, &gave_up);
                 poll_releases();
             }
+            settle_out(b); /* still copying out, its memory another block's: wait for the copy */
             if (b->state == SB_OUT) {
                 wait_mark(b, &gave_up);
-                hold_budget(b->vsize, stamp);
+                hold_budget(b->vsize, b->device, stamp);
                 swap_in(b, 1, stamp); /* a failure leaves it out: the consumer brings it back */
             }
-            else if (b->state == SB_OUT_PENDING)
+            else if (b->state == SB_OUT_PENDING && !(b->flags & SBF_GIVEN))
                 cancel_out(b);
         } else {
             if (b->state == SB_IN_PENDING)

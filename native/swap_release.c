@@ -14,6 +14,32 @@ static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
 static int g_releaser;      /* 1: started; -1: off (PYOBMEM_RELEASER=0, or it could not start) */
 static int g_releaser_stop; /* set at exit: the thread makes no driver call after it */
 
+/* A swap-out whose memory another block took (SBF_GIVEN), its copy done: only its range is
+ * unmapped (the memory is the other block's, counted there). Returns 0 when the unmap failed
+ * (tried again at the next poll). */
+static int given_out(struct sblock *b)
+{
+    if (real_cuMemUnmap(b->addr, b->vsize) != CUDA_SUCCESS)
+        return 0;
+    b->flags &= ~SBF_GIVEN;
+    b->state = SB_OUT;
+    g_out_pending--;
+    forget_uses(b);
+    emit_swap(PYOBMEM_EV_SWAP_OUT, 0, b, shim_now_ns() - b->t_issue);
+    return 1;
+}
+
+void settle_out(struct sblock *b)
+{
+    if (b->state != SB_OUT_PENDING || !(b->flags & SBF_GIVEN))
+        return;
+    uint64_t t0 = shim_now_ns();
+    real_cuEventSynchronize(b->copy_ev);
+    g_waits.drain_ns += shim_now_ns() - t0;
+    g_waits.drains++;
+    given_out(b);
+}
+
 /* OUT_PENDING blocks whose copy has completed: release their physical memory. */
 void poll_releases(void)
 {
@@ -24,6 +50,10 @@ void poll_releases(void)
         CUresult q = real_cuEventQuery(b->copy_ev);
         if (q == CUDA_ERROR_NOT_READY)
             continue;
+        if (b->flags & SBF_GIVEN) {
+            given_out(b);
+            continue;
+        }
         g_leaving -= b->vsize; /* unmap_block_keep weighs the spare against the budget without it */
         CUresult u = q == CUDA_SUCCESS ? unmap_block_keep(b, 1) : q;
         g_leaving += b->vsize;
@@ -101,6 +131,28 @@ void releaser_kick(void)
     }
     if (g_releaser > 0)
         pthread_cond_signal(&g_cv);
+}
+
+void drain_until(uint64_t need, uint64_t budget)
+{
+    while (g_out_pending && resident_bytes() + g_leaving + need > budget) {
+        struct sblock *oldest = NULL;
+        for (size_t i = 0; i < g_tab.n; i++) {
+            struct sblock *b = block_of(i);
+            if (b->state == SB_OUT_PENDING && !(b->flags & SBF_GIVEN) && (!oldest || b->t_issue < oldest->t_issue))
+                oldest = b;
+        }
+        if (!oldest)
+            break;
+        uint64_t t0 = shim_now_ns();
+        CUresult r = real_cuEventSynchronize(oldest->copy_ev);
+        g_waits.drain_ns += shim_now_ns() - t0;
+        g_waits.drains++;
+        unsigned before = g_out_pending;
+        poll_releases();
+        if (r != CUDA_SUCCESS || g_out_pending == before)
+            break; /* nothing released (an unmap failed): no busy loop */
+    }
 }
 
 /* Finish every swap-out in flight (synchronise the device-to-host stream only) and release. */

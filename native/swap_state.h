@@ -30,6 +30,8 @@ enum { SB_RESIDENT, SB_OUT_PENDING, SB_OUT, SB_IN_PENDING };
 #define SBF_OPAQUE 2u     /* named by an opaque op: never swapped */
 #define SBF_LOST 4u       /* its uses could not be tracked: never swapped */
 #define SBF_PREFETCHED 8u /* IN_PENDING because of a planned prefetch */
+#define SBF_GIVEN 16u     /* OUT_PENDING, its physical memory handed to another block (map_block):
+                           * its range stays mapped to it until the copy out ends, then unmapped */
 
 #define MAX_USES 8        /* streams tracked per block between two swaps */
 #define MAX_FENCES 32     /* streams with an opaque op in flight */
@@ -78,6 +80,7 @@ struct swap_waits {
     uint64_t map_ns, maps, creates;           /* map_block; creates: a cuMemCreate, no spare */
     uint64_t unmap_ns, unmaps, releases;      /* unmap_block_keep; releases: a cuMemRelease */
     uint64_t evictions, planned_outs;         /* swap-outs for the budget, and the plan's */
+    uint64_t handoffs;                        /* maps that took a swap-out's memory still copying */
 };
 extern struct swap_waits g_waits;
 
@@ -145,8 +148,12 @@ extern uint64_t g_peers[MAX_DEVICES];
 extern uint64_t g_spare_bytes;   /* physical memory of the spare handles */
 void peers_of(int device);
 CUresult grant(const struct sblock *b);
-/* Create (or take a spare), map and grant access: all or nothing. */
-CUresult map_block(struct sblock *b);
+/* Physical memory for b (a spare handle, else with `after` the memory of a swap-out of b's size
+ * still copying out, else cuMemCreate), mapped and its access granted: all or nothing. *after:
+ * NULL, or the event b's first use must wait for (the copy out of the memory's last owner). */
+CUresult map_block(struct sblock *b, CUevent *after);
+/* Whether map_block(after) would take a swap-out's memory for vsize bytes on device. */
+int handoff_ready(uint64_t vsize, int device);
 /* Unmap and release (keep: or keep the handle as a spare while the budget has room). */
 CUresult unmap_block_keep(struct sblock *b, int keep);
 CUresult unmap_block(struct sblock *b);
@@ -168,11 +175,17 @@ CUresult make_usable(struct sblock *b, const struct swap_op *op, uint64_t stamp)
 void poll_releases(void);
 void releaser_kick(void);
 void drain_outs(void);
+/* Wait for the swap-outs in flight, oldest first, until `need` more bytes fit `budget`. */
+void drain_until(uint64_t need, uint64_t budget);
+/* A swap-out whose memory was handed over: wait for its copy, then it is OUT. */
+void settle_out(struct sblock *b);
 void releaser_atfork_child(void);
 
 /* ---- swap_evict.c ---- */
 void evict_for_budget(uint64_t need, uint64_t stamp);
-void hold_budget(uint64_t need, uint64_t stamp);
+/* device: where `need` bytes are mapped next when the caller can take a swap-out's memory still
+ * copying (map_block with `after`), -1 when it cannot. */
+void hold_budget(uint64_t need, int device, uint64_t stamp);
 void make_room(uint64_t need, uint64_t stamp);
 
 /* ---- swap_plan.c ---- */

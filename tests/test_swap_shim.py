@@ -558,10 +558,12 @@ D = SwapInCause.DEMAND
 # copy into d evicts b (the least recently used but a); the first op, on b, brings it back and
 # evicts c. From then on each op (rounds c d b c d b c d b c d, read-backs b c d; a's read-back
 # finds it resident) brings its block back and evicts the least recently used swappable one, the
-# block the op after next touches: c -> d, d -> b, b -> c. a is never chosen.
+# block the next op touches: c -> d, d -> b, b -> c. a is never chosen. The block brought back
+# takes the memory of the one evicted for it while that one's copy out still runs (a handoff: no
+# wait on the host), so the evicted block's SWAP_OUT record comes once its copy has ended, after
+# the SWAP_IN: here at the next op, which needs it back and waits for that copy.
 _NEXT = {"c": "d", "d": "b", "b": "c"}
-PINNED_ROUNDS = [("out", "b"), ("out", "c"), ("in", "b", D)] + [
-    ev for y in "cdb" * 4 + "cd" for ev in (("out", _NEXT[y]), ("in", y, D))]
+PINNED_ROUNDS = [("out", "b")] + [ev for y in "b" + "cdb" * 4 + "cd" for ev in (("in", y, D), ("out", _NEXT[y]))]
 
 
 @pytest.mark.parametrize("variant,mode", [("ptr", "sync"), ("ptr", "async"), ("middle", "sync"), ("middle", "async"),
@@ -593,9 +595,10 @@ def test_pointer_table_copy_pins_the_block_it_points_into(fake, tmp_path, varian
     no_misbehaviour(run)
 
 
-# a not pinned: it stays out while b, c, d fit the budget; the read-backs rotate the others
-UNPINNED = [("out", "a"), ("out", "b"), ("in", "a", D), ("out", "c"), ("in", "b", D), ("out", "d"), ("in", "c", D),
-            ("out", "a"), ("in", "d", D)]
+# a not pinned: it stays out while b, c, d fit the budget; the read-backs rotate the others,
+# each taking the memory of the block evicted for it (its SWAP_OUT record once its copy ended)
+UNPINNED = [("out", "a"), ("in", "a", D), ("out", "b"), ("in", "b", D), ("out", "c"), ("in", "c", D), ("out", "d"),
+            ("in", "d", D), ("out", "a")]
 
 
 @pytest.mark.parametrize("variant,mode", [("data", "sync"), ("data", "async"), ("large", "sync"),
@@ -630,38 +633,43 @@ def hold_plan(path, pid, out):
     write_plan(path, pid, 1, [KERN_B, FUNC_A], [(1, ActionKind.SWAP_OUT, out["a"], 2 * MIB)])
 
 
-def test_allocation_and_demand_swap_in_wait_for_swap_outs_in_flight(fake, tmp_path):
+@pytest.mark.parametrize("order", ["d2h_first", "h2d_first"])
+def test_allocation_and_demand_swap_in_wait_for_swap_outs_in_flight(fake, tmp_path, order):
     """Budget 3 blocks. The planned swap-out of a is in flight (its copy queued on the shim
     stream, never run by the fake on its own) when d is allocated: b, c, d fit the bytes the
-    executor counts, but a's memory is still there, so the allocation drains the shim stream
-    first (a released before d's ALLOC). Then op_a needs a back: d is evicted and the swap-in
-    waits for that swap-out too. The device (the fake's high-water mark of physical and legacy
-    memory) never holds more than 3 blocks."""
-    run = run_swap(fake, tmp_path, "hold", budget=3 * GRAN, plans={1: hold_plan})
+    executor counts, but a's memory is still there, and d (a cuMemAlloc block, usable at once on
+    any stream) cannot wait for a copy on the GPU: the allocation waits for a's copy first (a
+    released before d's ALLOC). Then op_a needs a back: d is evicted, and a takes d's memory
+    while d's copy out still runs (a handoff): no wait on the host, the swap-in's copy ordered
+    after d's on the GPU, so d's bytes survive whichever copy stream the fake runs first. The
+    device (the fake's high-water mark of physical and legacy memory) never holds more than 3
+    blocks."""
+    env = {"FAKE_ADVANCE_REVERSE": "1"} if order == "h2d_first" else None
+    run = run_swap(fake, tmp_path, "hold", budget=3 * GRAN, plans={1: hold_plan}, env=env)
     assert run.out["a_leaving"] == 1  # in flight: still mapped after op 1
-    assert run.out["a_out_after_alloc"] == 1  # no fakeAdvance in between: the shim drained
+    assert run.out["a_out_after_alloc"] == 1  # no fakeAdvance in between: the shim waited
     assert run.out["peak_after_alloc"] == 3 * GRAN
-    assert run.out["d_out_after_demand"] == 1 and run.out["a_in_after_demand"] == 1
+    # d is still mapped (its copy out queued), its memory a's
+    assert run.out["d_out_after_demand"] == 0 and run.out["a_in_after_demand"] == 1
     assert run.out["peak_after_demand"] == 3 * GRAN
     assert run.out["device_peak"] == 3 * GRAN
     assert _swap_seq(run, "a", "b", "c", "d") == [
-        ("out", "a"),  # drained by the allocation of d
-        ("out", "d"), ("in", "a", D),  # the demand swap-in evicts d and waits for it
-        ("out", "a"), ("in", "a", D)]  # iteration 2's planned swap-out; the read-back
+        ("out", "a"),  # waited for by the allocation of d
+        ("in", "a", D), ("out", "d"),  # the demand swap-in takes d's memory; d is out once its copy ended
+        ("in", "d", D), ("out", "a")]  # d's read-back takes a's (iteration 2's swap-out of a cancelled by its own)
     recs = run.records
     ida, idd = run.block_id(run.out["a"]), run.block_id(run.out["d"])
     out_a = np.flatnonzero((recs["type"] == Ev.SWAP_OUT) & (recs["a"] == ida))
     alloc_d = np.flatnonzero((recs["type"] == Ev.ALLOC) & (recs["a"] == idd))
     assert out_a[0] < alloc_d[0]
-    out_d = np.flatnonzero((recs["type"] == Ev.SWAP_OUT) & (recs["a"] == idd))
-    in_a = np.flatnonzero((recs["type"] == Ev.SWAP_IN) & (recs["a"] == ida))
-    assert out_d[0] < in_a[0]
     # the plan was followed through iteration 2 (dropped only by the read-backs)
     assert [(int(r["a"]), int(r["b"]), int(r["flags"])) for r in run.of(Ev.PLAN)] == [(1, 1, 0), (1, 0, 1)]
-    assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"]) == (0, 0, 0)
-    # a, b, c and one more: d and the swap-ins of a map the physical handles that the swap-outs
-    # unmapped (kept as spares while the budget has room), not new ones
-    assert run.out["create_calls"] == 4
+    assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"], run.out["bad_d"]) == (0, 0, 0, 0)
+    # a, b and c: d maps a's handle (a spare, the budget had room), the swap-ins take the
+    # evicted blocks' memory; no cuMemCreate after the first three
+    assert run.out["create_calls"] == 3
+    waits = dict(kv.split("=") for n in run.notes() if n.startswith("swap.waits=") for kv in n[len("swap.waits="):].split())
+    assert waits["handoffs"] == "2" and waits["drains"].startswith("1/")
     no_misbehaviour(run)
 
 

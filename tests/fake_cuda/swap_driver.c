@@ -658,6 +658,7 @@ static int scenario_hold(void)
     CUdeviceptr d = must_alloc(2 * MIB);
     printf("d=%" PRIu64 "\n", (uint64_t)d);
     printf("a_out_after_alloc=%d\n", fakeAccess(a) == -1);
+    fill(d, 2 * MIB, 4);
     printf("peak_after_alloc=%lld\n", fakeCounter("device_peak"));
     op_b(b);
     op_a(a, 0, c); /* a is out: demand; d goes first */
@@ -670,6 +671,8 @@ static int scenario_hold(void)
     printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
     fakeAdvance(-1);
     printf("bad_c=%ld\n", check(c, 2 * MIB, 3, 0));
+    fakeAdvance(-1);
+    printf("bad_d=%ld\n", check(d, 2 * MIB, 4, 0));
     fakeAdvance(-1);
     counters();
     return 0;
