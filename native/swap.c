@@ -32,14 +32,17 @@
  *   - the application thread waits only in cuMemFree of a swap block (for that block's own
  *     last-use events, as the real cuMemFree would wait for the device), while a capture is
  *     active on the op's stream and when mapping more would put the device over the budget
- *     (hold_budget; cuStreamSynchronize of a copy stream, never of an application stream),
- *     and for a prefetch's mark event (wait_mark, bounded). No cuCtxSynchronize, no work on
- *     the legacy stream. cuMemFreeAsync takes effect at its stream point (an event).
+ *     and no swap-out still copying has memory of the size to hand over (hold_budget: the
+ *     copy events of the oldest swap-outs in flight, never an application stream). No
+ *     cuCtxSynchronize, no work on the legacy stream. cuMemFreeAsync takes effect at its
+ *     stream point (an event).
  *   - during a stream capture on the op's stream: no plan action, no event recorded on or
  *     waited by the capturing stream; touched blocks are made resident synchronously.
- *   - a planned prefetch first waits (bounded, wait_mark) until the GPU has run the op where the
- *     plan put the block's MARK: the host runs far ahead of the GPU (half an iteration on GPT
- *     medium), and mapping at issue time would bring the memory back that much too early.
+ *   - a planned prefetch maps and copies when the host issues its op, never waiting for the
+ *     GPU: the host runs ahead of the GPU (up to half an iteration on GPT medium), and that lead
+ *     is the prefetch's. MARK actions are ignored: waiting for the GPU to reach them (session 4)
+ *     made the host keep step with the GPU through the backward pass (H200, GPT medium at 60%:
+ *     842 ms a step with the waits, 736 without).
  *
  * Swap blocks live in the first context that allocates one (one pair of copy streams);
  * allocations in other contexts are served by the real allocator. One mutex guards everything;
@@ -75,11 +78,10 @@ static void note_waits(void)
     pthread_mutex_lock(&g_mu);
     struct swap_waits w = g_waits;
     pthread_mutex_unlock(&g_mu);
-    ring_note("swap.waits=ops=%llu/%lluus drains=%llu/%lluus marks=%llu/%lluus mark_timeouts=%llu maps=%llu/%lluus "
+    ring_note("swap.waits=ops=%llu/%lluus drains=%llu/%lluus maps=%llu/%lluus "
               "creates=%llu unmaps=%llu/%lluus releases=%llu evictions=%llu planned_outs=%llu handoffs=%llu",
               (unsigned long long)w.ops, (unsigned long long)(w.op_ns / 1000), (unsigned long long)w.drains,
-              (unsigned long long)(w.drain_ns / 1000), (unsigned long long)w.marks, (unsigned long long)(w.mark_ns / 1000),
-              (unsigned long long)w.mark_timeouts, (unsigned long long)w.maps, (unsigned long long)(w.map_ns / 1000),
+              (unsigned long long)(w.drain_ns / 1000), (unsigned long long)w.maps, (unsigned long long)(w.map_ns / 1000),
               (unsigned long long)w.creates, (unsigned long long)w.unmaps, (unsigned long long)(w.unmap_ns / 1000),
               (unsigned long long)w.releases, (unsigned long long)w.evictions, (unsigned long long)w.planned_outs,
               (unsigned long long)w.handoffs);

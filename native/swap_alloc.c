@@ -167,8 +167,6 @@ static void destroy_block(struct sblock *b)
             real_cuEventDestroy_v2(b->uses[i].ev);
     if (b->copy_ev)
         real_cuEventDestroy_v2(b->copy_ev);
-    if (b->mark_ev)
-        real_cuEventDestroy_v2(b->mark_ev);
     if (b->free_ev)
         real_cuEventDestroy_v2(b->free_ev);
     free(b);
@@ -241,7 +239,6 @@ static void revive(struct sblock *b, uint64_t size, uint64_t stamp)
     b->lru = stamp;
     b->stamp = b->tried = 0;
     b->inflight = 0;
-    b->marked = 0;
     b->site = 0;
     forget_uses(b);
     if (b->free_live) {

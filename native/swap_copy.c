@@ -200,7 +200,7 @@ CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int how, co
     /* the plan: prefetches before the op (never evicting one of its blocks) */
     op->pos = plan_step(key);
     if (op->pos >= 0 && !paused)
-        run_actions(op->pos, PYOBMEM_ACT_PREFETCH, stamp, s);
+        run_actions(op->pos, PYOBMEM_ACT_PREFETCH, stamp);
     CUresult fail = CUDA_SUCCESS;
     if (!op->overflow) {
         for (uint32_t i = 0; i < op->n && fail == CUDA_SUCCESS; i++)
@@ -252,8 +252,7 @@ void swap_op_end(struct swap_op *op, CUresult r)
                 b->flags |= SBF_LOST;
         }
         if (op->pos >= 0) {
-            run_actions(op->pos, PYOBMEM_ACT_MARK, g_tick, op->stream);
-            run_actions(op->pos, PYOBMEM_ACT_SWAP_OUT, g_tick, op->stream);
+            run_actions(op->pos, PYOBMEM_ACT_SWAP_OUT, g_tick);
         }
     }
     g_waits.op_ns += shim_now_ns() - t_end;

@@ -7,13 +7,18 @@
 
 static int g_noted_budget;
 
-static struct sblock *pick_victim(uint64_t stamp, uint64_t round)
+/* Under a plan's IDLE hints, a block of the size about to be mapped is taken over the block idle
+ * the longest when it is idle at least this share of that one's time: its memory then goes
+ * straight to the mapping (a handoff, swap_vmm.c) instead of the host waiting for a copy. */
+#define SAME_SIZE_SHARE 2 /* 1/2 */
+
+static struct sblock *pick_victim(uint64_t stamp, uint64_t round, uint64_t vsize)
 {
-    struct sblock *v = NULL, *busy = NULL;
+    struct sblock *v = NULL, *busy = NULL, *same = NULL;
     int64_t pos = plan_hint_position();
     if (pos >= 0) {
         /* Belady's choice on the learned iteration: the block idle the longest from here */
-        uint32_t best = 0;
+        uint32_t best = 0, best_same = 0;
         for (size_t i = 0; i < g_tab.n; i++) {
             struct sblock *b = block_of(i);
             if (b->state != SB_RESIDENT || !swappable(b) || b->stamp == stamp || b->tried == round)
@@ -23,7 +28,13 @@ static struct sblock *pick_victim(uint64_t stamp, uint64_t round)
                 best = d;
                 v = b;
             }
+            if (b->vsize == vsize && d > best_same) {
+                best_same = d;
+                same = b;
+            }
         }
+        if (same && best_same * SAME_SIZE_SHARE >= best)
+            v = same;
         if (v) {
             v->tried = round;
             return v;
@@ -55,7 +66,7 @@ void make_room(uint64_t need, uint64_t stamp)
     cache_trim(need, NULL);
     drain_outs();
     while (before - g_mapped - g_spare_bytes + g_leaving < need) {
-        struct sblock *v = pick_victim(stamp, round);
+        struct sblock *v = pick_victim(stamp, round, need);
         if (!v)
             break;
         g_waits.evictions += swap_out(v);
@@ -74,7 +85,7 @@ void evict_for_budget(uint64_t need, uint64_t stamp)
     cache_trim(resident_bytes() + need - budget, NULL); /* free cached memory before live blocks */
     uint64_t round = ++g_tick;
     while (resident_bytes() + need > budget) {
-        struct sblock *v = pick_victim(stamp, round);
+        struct sblock *v = pick_victim(stamp, round, need);
         if (!v)
             break;
         g_waits.evictions += swap_out(v);

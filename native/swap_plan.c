@@ -1,11 +1,11 @@
 /*
  * Plan following in swap mode (swap_state.h): a plan the daemon wrote into the control file is
  * adopted at an iteration boundary; each op's key advances the position; the plan's SWAP_OUT,
- * PREFETCH and MARK actions run at theirs, and its IDLE hints guide eviction.
+ * PREFETCH actions run at theirs (MARK actions are ignored: see swap.c), and its IDLE hints
+ * guide eviction.
  */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "swap_state.h"
 
@@ -216,8 +216,7 @@ static void maybe_adopt(void)
             continue;
         if (acts[i].kind == PYOBMEM_ACT_IDLE && acts[i].until < period)
             idle[ni++] = acts[i];
-        else if (acts[i].kind == PYOBMEM_ACT_SWAP_OUT || acts[i].kind == PYOBMEM_ACT_PREFETCH ||
-                 acts[i].kind == PYOBMEM_ACT_MARK)
+        else if (acts[i].kind == PYOBMEM_ACT_SWAP_OUT || acts[i].kind == PYOBMEM_ACT_PREFETCH)
             acts[k++] = acts[i];
     }
     qsort(acts, k, sizeof *acts, cmp_at);
@@ -325,36 +324,8 @@ void plan_unbind(struct sblock *b)
     b->site = 0;
 }
 
-/* The host waits (bounded) until the GPU has run the op that recorded b's mark: a prefetch then
- * maps its memory when the GPU is where the plan put it, not when a host running ahead issues
- * the op. Only the mark's stream is waited for; past MARK_WAIT_NS (e.g. a stream held by a host
- * flag, or by work another thread cannot issue while this one holds the swap lock) the prefetch
- * goes ahead, early, and so do the other prefetches of the same op (*gave_up). */
-#define MARK_WAIT_NS 500000000ull
-static void wait_mark(struct sblock *b, int *gave_up)
+void run_actions(int64_t pos, uint16_t kind, uint64_t stamp)
 {
-    if (!b->marked)
-        return;
-    b->marked = 0;
-    if (*gave_up)
-        return;
-    uint64_t t0 = shim_now_ns();
-    struct timespec nap = {0, 20000};
-    g_waits.marks++;
-    while (real_cuEventQuery(b->mark_ev) == CUDA_ERROR_NOT_READY) {
-        if (shim_now_ns() - t0 >= MARK_WAIT_NS) {
-            *gave_up = 1;
-            g_waits.mark_timeouts++;
-            break;
-        }
-        nanosleep(&nap, NULL);
-    }
-    g_waits.mark_ns += shim_now_ns() - t0;
-}
-
-void run_actions(int64_t pos, uint16_t kind, uint64_t stamp, CUstream s)
-{
-    int gave_up = 0;
     size_t lo = 0, hi = g_plan.n_acts;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
@@ -372,29 +343,16 @@ void run_actions(int64_t pos, uint16_t kind, uint64_t stamp, CUstream s)
             continue;
         /* Bringing a block back is always safe; only what goes out must be swappable. A prefetch
          * at its consumer (a host running far ahead leaves no earlier op) finds the block in flight
-         * for this very op: skipping it made every such swap-in a demand one, its memory mapped
-         * when the host issued the op instead of at the mark. */
+         * for this very op: skipping it made every such swap-in a demand one. */
         if (kind != PYOBMEM_ACT_PREFETCH && !swappable(b))
             continue;
-        if (kind == PYOBMEM_ACT_MARK) {
-            if (b->mark_ev || (b->mark_ev = ev_new()))
-                b->marked = real_cuEventRecord(b->mark_ev, s) == CUDA_SUCCESS;
-        } else if (kind == PYOBMEM_ACT_PREFETCH) {
-            /* A host running ahead issues the prefetch before the GPU has even copied the block
-             * out: first wait for the GPU to reach the mark (the swap-out has ended by then), and
-             * take the release, so that the prefetch finds the block out instead of cancelling. */
-            if (b->state == SB_OUT_PENDING && b->marked) {
-                wait_mark(b, &gave_up);
-                poll_releases();
-            }
+        if (kind == PYOBMEM_ACT_PREFETCH) {
             settle_out(b); /* still copying out, its memory another block's: wait for the copy */
             if (b->state == SB_OUT) {
-                wait_mark(b, &gave_up);
                 hold_budget(b->vsize, b->device, stamp);
                 swap_in(b, 1, stamp); /* a failure leaves it out: the consumer brings it back */
-            }
-            else if (b->state == SB_OUT_PENDING && !(b->flags & SBF_GIVEN))
-                cancel_out(b);
+            } else if (b->state == SB_OUT_PENDING && !(b->flags & SBF_GIVEN))
+                cancel_out(b); /* needed before its copy out ended: it stays */
         } else {
             if (b->state == SB_IN_PENDING)
                 finish_in(b, NULL, 0);

@@ -14,9 +14,9 @@ static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
 static int g_releaser;      /* 1: started; -1: off (PYOBMEM_RELEASER=0, or it could not start) */
 static int g_releaser_stop; /* set at exit: the thread makes no driver call after it */
 
-/* A swap-out whose memory another block took (SBF_GIVEN), its copy done: only its range is
- * unmapped (the memory is the other block's, counted there). Returns 0 when the unmap failed
- * (tried again at the next poll). */
+/* A swap-out whose memory another block took (SBF_GIVEN; its SWAP_OUT record was written then),
+ * its copy done: only its range is unmapped (the memory is the other block's, counted there).
+ * Returns 0 when the unmap failed (tried again at the next poll). */
 static int given_out(struct sblock *b)
 {
     if (real_cuMemUnmap(b->addr, b->vsize) != CUDA_SUCCESS)
@@ -25,7 +25,6 @@ static int given_out(struct sblock *b)
     b->state = SB_OUT;
     g_out_pending--;
     forget_uses(b);
-    emit_swap(PYOBMEM_EV_SWAP_OUT, 0, b, shim_now_ns() - b->t_issue);
     return 1;
 }
 

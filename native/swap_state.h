@@ -54,8 +54,6 @@ struct sblock {
     struct use uses[MAX_USES];
     CUevent copy_ev;            /* last copy of this block (on g_d2h or g_h2d) */
     int copy_h2d;               /* that copy is a swap-in (it reads the host slot) */
-    CUevent mark_ev;            /* the plan's MARK for its next prefetch (valid while marked) */
-    int marked;
     void *host;                 /* its host slot, kept from the first swap-out until it is freed */
     uint64_t t_issue;           /* ns when the last copy was issued */
     uint64_t lru;               /* op stamp of the last op touching it */
@@ -76,7 +74,6 @@ struct sblock {
 struct swap_waits {
     uint64_t op_ns, ops;                      /* swap_op_begin + swap_op_end, whole */
     uint64_t drain_ns, drains;                /* waiting for every swap-out in flight (drain_outs) */
-    uint64_t mark_ns, marks, mark_timeouts;   /* a prefetch waiting for its mark (wait_mark) */
     uint64_t map_ns, maps, creates;           /* map_block; creates: a cuMemCreate, no spare */
     uint64_t unmap_ns, unmaps, releases;      /* unmap_block_keep; releases: a cuMemRelease */
     uint64_t evictions, planned_outs;         /* swap-outs for the budget, and the plan's */
@@ -191,7 +188,7 @@ void make_room(uint64_t need, uint64_t stamp);
 /* ---- swap_plan.c ---- */
 /* The position of the op with `key` in the followed plan, or -1. */
 int64_t plan_step(uint64_t key);
-void run_actions(int64_t pos, uint16_t kind, uint64_t stamp, CUstream s);
+void run_actions(int64_t pos, uint16_t kind, uint64_t stamp);
 /* The position IDLE hints are read at (the next op's), or -1 when there are none to follow. */
 int64_t plan_hint_position(void);
 uint32_t idle_for(const struct sblock *b, int64_t pos);

@@ -126,6 +126,8 @@ static int take_leaving(struct sblock *b, CUevent *after)
     g_leaving -= o->vsize; /* its bytes are b's: mapped once, counted once */
     *after = o->copy_ev;
     g_waits.handoffs++;
+    /* o's memory is gone from it now: that is its swap-out, as the budget and the capture see it */
+    emit_swap(PYOBMEM_EV_SWAP_OUT, 0, o, shim_now_ns() - o->t_issue);
     return 1;
 }
 

@@ -120,7 +120,6 @@ def test_plan_hand_computed(learned):
     assert plan.actions.tolist() == [  # (at, kind, until, addr, size, site_at, site_ord)
         (0, int(abi.ActionKind.IDLE), 0, addr_a, 64 * MiB, N, 0),  # hint: A idle from op 0 to op 0 of the next iteration
         (0, int(abi.ActionKind.SWAP_OUT), 0, addr_a, 64 * MiB, N, 0),
-        (86, int(abi.ActionKind.MARK), 0, addr_a, 64 * MiB, N, 0),  # the prefetch waits for the GPU to run op 86
         (87, int(abi.ActionKind.PREFETCH), 0, addr_a, 64 * MiB, N, 0),
     ]
     assert plan.peak_bytes == 209 * MiB and plan.predicted_peak == 145 * MiB and plan.saved_bytes == 64 * MiB
@@ -225,16 +224,17 @@ def test_real_capture_figures():
     }
 
 
-def test_host_running_ahead_waits_for_the_mark(learned):
+def test_host_running_ahead_is_modelled_at_the_mark(learned):
     """The shim acts when the host issues an op, the GPU runs it later. With the host 1 ms ahead
     (op p issued at max(0, 20 us * p - 1000 us) of its iteration: ops 0..50 all at its start),
     A's copy out (done at 100 us) is seen at the first op issued after that, op 55 (issued at
     100 us, while the GPU runs op 5): out from op 5. The last op the host issues in time for the
     prefetch is op 99 (980 us; op 0 of the next iteration is issued at 2000 us, too late for the
-    150 us remap and 100 us copy). Mapped at 980 us, A would be back while the GPU is at op 49,
-    and the peak (ops 40..59, C live) would stay at 209 MiB; the MARK after op 86 makes the shim
-    wait at op 99 until the GPU has run op 86 (1740 us): A is out over ops 5..86 as with equal
-    clocks, the copy ends at 1990 us, and nothing starves (ops 87..99 are queued)."""
+    150 us remap and 100 us copy). The model counts A back from the GPU's position at its mark,
+    op 86 (1740 us: the latest its remap can start), not from op 49 where the GPU is when the host
+    issues op 99: A is out over ops 5..86 as with equal clocks, the copy ends at 1990 us, and
+    nothing starves. (The shim maps at op 99's issue: the model's peak is the GPU's view, and
+    the shim keeps the budget at the host's by its eviction; docs/swap.md "Cost model".)"""
     import dataclasses
 
     _, _, L = learned

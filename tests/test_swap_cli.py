@@ -125,11 +125,10 @@ def test_daemon_writes_a_plan(tmp_path):
         addr_a = int(cap.blocks["addr"][cap.blocks["block_id"] == ids["A"]][0])
         addr_x = int(cap.blocks["addr"][cap.blocks["block_id"] == ids["X"]][0])
         N = int(abi.SITE_NONE)  # both live across iterations: named by address
-        assert int(slot["n_actions"]) == 5  # A's three actions; both candidates' idle hints
-        assert slot["actions"][:5].tolist() == [(0, int(abi.ActionKind.IDLE), 0, addr_a, 64 * MiB, N, 0),
+        assert int(slot["n_actions"]) == 4  # A's swap-out and prefetch; both candidates' idle hints
+        assert slot["actions"][:4].tolist() == [(0, int(abi.ActionKind.IDLE), 0, addr_a, 64 * MiB, N, 0),
                                                 (0, int(abi.ActionKind.IDLE), 0, addr_x, 8 * MiB, N, 0),
                                                 (0, int(abi.ActionKind.SWAP_OUT), 0, addr_a, 64 * MiB, N, 0),
-                                                (86, int(abi.ActionKind.MARK), 0, addr_a, 64 * MiB, N, 0),
                                                 (87, int(abi.ActionKind.PREFETCH), 0, addr_a, 64 * MiB, N, 0)]
         # A drop makes the daemon forget the ops before it; with no new iterations, no new plan.
         ctl.ctl["plan_drops"] = 1

@@ -219,7 +219,7 @@ def test_block_swapped_out_and_in_20_times_keeps_every_byte(fake, tmp_path, cupt
     # where the host's time went, noted at exit: 20 planned swap-outs, no eviction, one map per
     # block and swap-in, each a cuMemCreate (no budget here: no spare handles are kept)
     waits = dict(kv.split("=") for n in run.notes() if n.startswith("swap.waits=") for kv in n[len("swap.waits="):].split())
-    assert (waits["planned_outs"], waits["evictions"], waits["mark_timeouts"]) == ("20", "0", "0")
+    assert (waits["planned_outs"], waits["evictions"], waits["handoffs"]) == ("20", "0", "0")
     assert waits["maps"].split("/")[0] == "23" and waits["creates"] == "23" and waits["drains"].startswith("0/")
 
 
@@ -560,10 +560,10 @@ D = SwapInCause.DEMAND
 # finds it resident) brings its block back and evicts the least recently used swappable one, the
 # block the next op touches: c -> d, d -> b, b -> c. a is never chosen. The block brought back
 # takes the memory of the one evicted for it while that one's copy out still runs (a handoff: no
-# wait on the host), so the evicted block's SWAP_OUT record comes once its copy has ended, after
-# the SWAP_IN: here at the next op, which needs it back and waits for that copy.
+# wait on the host); the evicted block's SWAP_OUT record is written then.
 _NEXT = {"c": "d", "d": "b", "b": "c"}
-PINNED_ROUNDS = [("out", "b")] + [ev for y in "b" + "cdb" * 4 + "cd" for ev in (("in", y, D), ("out", _NEXT[y]))]
+PINNED_ROUNDS = [("out", "b"), ("out", "c"), ("in", "b", D)] + [
+    ev for y in "cdb" * 4 + "cd" for ev in (("out", _NEXT[y]), ("in", y, D))]
 
 
 @pytest.mark.parametrize("variant,mode", [("ptr", "sync"), ("ptr", "async"), ("middle", "sync"), ("middle", "async"),
@@ -596,9 +596,9 @@ def test_pointer_table_copy_pins_the_block_it_points_into(fake, tmp_path, varian
 
 
 # a not pinned: it stays out while b, c, d fit the budget; the read-backs rotate the others,
-# each taking the memory of the block evicted for it (its SWAP_OUT record once its copy ended)
-UNPINNED = [("out", "a"), ("in", "a", D), ("out", "b"), ("in", "b", D), ("out", "c"), ("in", "c", D), ("out", "d"),
-            ("in", "d", D), ("out", "a")]
+# each taking the memory of the block evicted for it
+UNPINNED = [("out", "a"), ("out", "b"), ("in", "a", D), ("out", "c"), ("in", "b", D), ("out", "d"), ("in", "c", D),
+            ("out", "a"), ("in", "d", D)]
 
 
 @pytest.mark.parametrize("variant,mode", [("data", "sync"), ("data", "async"), ("large", "sync"),
@@ -655,8 +655,8 @@ def test_allocation_and_demand_swap_in_wait_for_swap_outs_in_flight(fake, tmp_pa
     assert run.out["device_peak"] == 3 * GRAN
     assert _swap_seq(run, "a", "b", "c", "d") == [
         ("out", "a"),  # waited for by the allocation of d
-        ("in", "a", D), ("out", "d"),  # the demand swap-in takes d's memory; d is out once its copy ended
-        ("in", "d", D), ("out", "a")]  # d's read-back takes a's (iteration 2's swap-out of a cancelled by its own)
+        ("out", "d"), ("in", "a", D),  # the demand swap-in takes d's memory, d's copy out still running
+        ("out", "a"), ("in", "d", D)]  # d's read-back takes a's (iteration 2's swap-out of a cancelled by its own)
     recs = run.records
     ida, idd = run.block_id(run.out["a"]), run.block_id(run.out["d"])
     out_a = np.flatnonzero((recs["type"] == Ev.SWAP_OUT) & (recs["a"] == ida))

@@ -24,8 +24,11 @@ GREEDY_MAX_RATIO = 1e6  # the greedy runs without a stall limit; the budget stop
 @dataclass(frozen=True)
 class Swap:
     """One planned idle window: the block (capture row, address, size), SWAP_OUT after position
-    ``out_at``, PREFETCH before ``prefetch_at`` once the GPU has run ``mark_at`` (positions mod
-    P), next access at ``next_at``; ``absent`` positions per iteration; ``stall_ns`` predicted;
+    ``out_at``, PREFETCH before ``prefetch_at`` (positions mod P), next access at ``next_at``;
+    ``mark_at``: the GPU position after which the model has the memory mapped again (its remap
+    and copy start in time there; the shim maps when the host issues ``prefetch_at``, earlier
+    when the host runs ahead: docs/swap.md "Cost model"); ``absent`` positions per iteration;
+    ``stall_ns`` predicted;
     ``site``: the allocation site that names a tensor of the iteration in the shim (abi.h,
     struct pyobmem_action), None for a block named by its address."""
 
@@ -103,7 +106,7 @@ class Plan:
 
     @property
     def n_actions(self) -> int:
-        """Swap-outs, marks and prefetches per iteration."""
+        """Swap-outs and prefetches per iteration."""
         return len(self.actions) - self.n_hints
 
     @property
@@ -189,7 +192,6 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
                           mark_at=int(sim.mark[j]) % P, site=None if name[0] else name[2:]))
         act.append((out_at, int(abi.ActionKind.SWAP_OUT), 0, *name))
         act.append((q, int(abi.ActionKind.PREFETCH), 0, *name))
-        act.append((int(sim.mark[j]) % P, int(abi.ActionKind.MARK), 0, *name))
     # Every candidate's idle windows, as hints: beyond the plan the shim evicts the block whose
     # next access is farthest (Belady's choice on the learned iteration) instead of the least
     # recently used, the worst choice on a cycle longer than the budget. Left out when they would
@@ -201,7 +203,7 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
     actions = np.zeros(len(act), abi.ACTION_DTYPE)
     if act:
         a = np.array(act, dtype=np.uint64)
-        o = np.lexsort((-a[:, 1].astype(np.int64), a[:, 0]))  # at one position: hints, marks, the prefetch, the swap-out
+        o = np.lexsort((-a[:, 1].astype(np.int64), a[:, 0]))  # at one position: hints, the prefetch, the swap-out
         for i, name in enumerate(("at", "kind", "until", "addr", "size", "site_at", "site_ord")):
             actions[name] = a[o, i]
     needed, needed_at = _needed(L)

@@ -92,8 +92,9 @@ def _simulate(L: LearnedIteration, w: np.ndarray, budget_bytes: int | None = Non
     start_in[o] = -_fifo(-deadline[o], dd[o])  # time reversed: the same queue backwards
     q = np.searchsorted(hx, start_in - rr, side="right") - 1
     # After the last access, never after the next use. A host running ahead issues q before the
-    # GPU has even copied the block out; the prefetch then waits at q for its MARK (the GPU's
-    # position), so what counts is when it maps the memory (t_map), not when the host issues q.
+    # GPU has even copied the block out; the model counts the memory back from the GPU's position
+    # at its mark (t_map), the latest the remap can start. (The shim maps it when the host issues
+    # q, earlier: the model's peak is the GPU's view; docs/swap.md "Cost model".)
     q = np.minimum(np.maximum(q, s + 1), n)
     mark, t_map = _marks(ext, hx, s, q, start_in - rr)
     back = np.searchsorted(ext, t_map, side="left")  # the GPU position when the memory is mapped again

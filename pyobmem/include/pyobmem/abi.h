@@ -370,11 +370,9 @@ struct pyobmem_ring_header {
 
 enum pyobmem_action_kind {
     PYOBMEM_ACT_SWAP_OUT = 1, /* after the op at `at` is issued: copy the block out, release it */
-    PYOBMEM_ACT_PREFETCH = 2, /* before the op at `at` is issued: map the block and copy it in
-                               * (first waiting until the GPU has run the block's MARK op) */
-    PYOBMEM_ACT_MARK = 3,     /* after the op at `at` is issued: record the block's mark event on
-                               * its stream; the next PREFETCH of the block waits for it, so that
-                               * a host running ahead of the GPU does not map the memory early */
+    PYOBMEM_ACT_PREFETCH = 2, /* before the op at `at` is issued: map the block and copy it in */
+    PYOBMEM_ACT_MARK = 3,     /* ignored (session 4's shim waited at the PREFETCH until the GPU had
+                               * run this op; the wait made the host keep step with the GPU) */
     PYOBMEM_ACT_IDLE = 4,     /* a hint, not an action: the block is idle after its access at `at`
                                * until its next access at `until`; when the shim must evict beyond
                                * the plan, it takes the block whose next access is farthest */
