@@ -847,3 +847,26 @@ def test_a_template_never_in_step_is_dropped(fake, tmp_path):
     assert (int(drop["seen"]), int(drop["expected"])) == (KERN_B, KERN_B)
     assert int(run.control["plan_drops"][0]) == 1
     no_misbehaviour(run)
+
+
+# ---------------------------------------------------------------- memory handed over while its copy out runs
+
+
+@pytest.mark.parametrize("order", ["d2h_first", "h2d_first"])
+def test_block_whose_memory_was_handed_over_comes_back_under_the_budget(fake, tmp_path, order):
+    """swap_driver.c scenario_handoff, query: b's memory went to a while b's copy out was still
+    queued; a pointer query on b then brings it back (bring_back): after its copy out ends it is
+    out like any block, and its swap-in keeps the budget (c goes for it, its memory b's). The
+    device never holds more than the 3-block budget."""
+    env = {"PYOBMEM_RELEASER": "0", **({"FAKE_ADVANCE_REVERSE": "1"} if order == "h2d_first" else {})}
+    run = run_swap(fake, tmp_path, "handoff", "query", budget=3 * GRAN, env=env)
+    assert run.out["a_out"] == 1 and run.out["b_given"] == 1
+    assert run.out["peak_after_handoff"] == 3 * GRAN
+    assert run.out["query_rc"] == 0 and run.out["b_in"] == 1
+    assert run.out["peak_after_query"] == 3 * GRAN
+    assert _swap_seq(run, "a", "b", "c", "d")[:5] == [
+        ("out", "a"), ("out", "b"), ("in", "a", D), ("out", "c"), ("in", "b", D)]
+    assert run.out["device_peak"] == 3 * GRAN
+    assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"], run.out["bad_d"]) == (0, 0, 0, 0)
+    no_misbehaviour(run)
+

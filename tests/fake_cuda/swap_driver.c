@@ -678,6 +678,57 @@ static int scenario_hold(void)
     return 0;
 }
 
+/* A block whose memory was handed over while its copy out runs (SBF_GIVEN), and the block that
+ * took it. Budget 3 blocks of 2 MiB, PYOBMEM_RELEASER=0: a, b, c filled; d's allocation sends a out
+ * (waited for: d is a cuMemAlloc block); op_a(a) brings a back, evicting b, and a takes b's memory
+ * while b's copy out is still queued (the shim streams do not run). Then (variant):
+ *   query  a pointer query on b: b comes back (its copy waited for), under the budget
+ *   free   a, the block that took b's memory, is freed, and x allocated: the memory a mapped is
+ *          gone only once b's range is unmapped too; x must not come on top of it
+ * device_peak after each step, then every block's bytes. */
+static int scenario_handoff(const char *variant)
+{
+    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB), x = 0;
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)c);
+    fill(a, 2 * MIB, 1);
+    fill(b, 2 * MIB, 2);
+    fill(c, 2 * MIB, 3);
+    fakeAdvance(-1);
+    CUdeviceptr d = must_alloc(2 * MIB);
+    printf("d=%" PRIu64 "\n", (uint64_t)d);
+    fill(d, 2 * MIB, 4);
+    printf("a_out=%d\n", fakeAccess(a) == -1);
+    op_a(a, 0, 0); /* demand: b evicted, its memory a's */
+    printf("b_given=%d\n", fakeAccess(b) != -1); /* its copy queued: its range still mapped */
+    printf("peak_after_handoff=%lld\n", fakeCounter("device_peak"));
+    if (!strcmp(variant, "query")) {
+        int v = 0;
+        CUresult r = ((CUresult(*)(void *, CUpointer_attribute, CUdeviceptr))get("cuPointerGetAttribute"))(
+            &v, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, b + 4096);
+        printf("query_rc=%d\nb_in=%d\n", (int)r, fakeAccess(b) != -1);
+    } else if (!strcmp(variant, "free")) {
+        printf("free_a_rc=%d\n", (int)p_free(a));
+        x = must_alloc(2 * MIB);
+        fill(x, 2 * MIB, 5);
+    }
+    printf("peak_after_%s=%lld\n", variant, fakeCounter("device_peak"));
+    fakeAdvance(-1);
+    if (strcmp(variant, "free") != 0)
+        printf("bad_a=%ld\n", check(a, 2 * MIB, 1, 0));
+    fakeAdvance(-1);
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
+    fakeAdvance(-1);
+    printf("bad_c=%ld\n", check(c, 2 * MIB, 3, 0));
+    fakeAdvance(-1);
+    printf("bad_d=%ld\n", check(d, 2 * MIB, 4, 0));
+    fakeAdvance(-1);
+    if (x)
+        printf("bad_x=%ld\n", check(x, 2 * MIB, 5, 0));
+    fakeAdvance(-1);
+    counters();
+    return 0;
+}
+
 /* The budget counts every live device block (g_shim.device_bytes): budget 3 blocks of 2 MiB, a,
  * b, c filled (LRU a, b, c), then a 512 KiB block the shim does not VMM-back (variant):
  *   small    cuMemAlloc below min_swap_bytes (the real allocator)
@@ -1167,6 +1218,8 @@ int main(int argc, char **argv)
                                argc > 4 && !strcmp(argv[4], "ordered"));
     else if (!strcmp(s, "hold"))
         rc = scenario_hold();
+    else if (!strcmp(s, "handoff"))
+        rc = scenario_handoff(argc > 2 ? argv[2] : "query");
     else if (!strcmp(s, "others"))
         rc = scenario_others(argc > 2 ? argv[2] : "small");
     else if (!strcmp(s, "ordered"))
