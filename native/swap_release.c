@@ -21,6 +21,7 @@ static int given_out(struct sblock *b)
 {
     if (real_cuMemUnmap(b->addr, b->vsize) != CUDA_SUCCESS)
         return 0;
+    b->handle = 0;
     b->flags &= ~SBF_GIVEN;
     b->state = SB_OUT;
     g_out_pending--;

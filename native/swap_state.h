@@ -31,7 +31,8 @@ enum { SB_RESIDENT, SB_OUT_PENDING, SB_OUT, SB_IN_PENDING };
 #define SBF_LOST 4u       /* its uses could not be tracked: never swapped */
 #define SBF_PREFETCHED 8u /* IN_PENDING because of a planned prefetch */
 #define SBF_GIVEN 16u     /* OUT_PENDING, its physical memory handed to another block (map_block):
-                           * its range stays mapped to it until the copy out ends, then unmapped */
+                           * its range stays mapped to it (handle: that block's) until the copy
+                           * out ends, then unmapped */
 
 #define MAX_USES 8        /* streams tracked per block between two swaps */
 #define MAX_FENCES 32     /* streams with an opaque op in flight */

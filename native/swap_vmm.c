@@ -69,8 +69,14 @@ static CUmemGenericAllocationHandle spare_take(uint64_t vsize, int device)
     return 0;
 }
 
+/* The memory of h goes once it is mapped nowhere: a swap-out that handed it over (SBF_GIVEN) and
+ * still maps it at its range is unmapped first (after its copy out: normally ended, the memory's
+ * new owner ordered after it), or the device would keep the memory the budget counts as gone. */
 static void release_handle(CUmemGenericAllocationHandle h)
 {
+    for (size_t i = 0; g_out_pending && i < g_tab.n; i++)
+        if ((block_of(i)->flags & SBF_GIVEN) && block_of(i)->handle == h)
+            settle_out(block_of(i));
     if (real_cuMemRelease(h) != CUDA_SUCCESS && !g_noted_nomem) {
         g_noted_nomem = 1;
         ring_note("swap: cuMemRelease failed; device memory leaked");
@@ -106,7 +112,8 @@ int handoff_ready(uint64_t vsize, int device)
 }
 
 /* Map the memory of o, a swap-out still copying, at b: the handle is b's from now on, and o's
- * range stays mapped to it until o's copy ends (poll_releases then unmaps it). Physical memory
+ * range stays mapped to it until o's copy ends (poll_releases then unmaps it; o->handle names it
+ * until then, for release_handle). Physical memory
  * does not grow, and no one waits on the host: b's first use waits for o's copy on the GPU
  * (*after). A host running ahead of the GPU keeps its lead where the budget would otherwise make
  * it wait for every swap-out in flight (measured on GPT medium: 851 such drains took 5.7 s of
@@ -121,7 +128,6 @@ static int take_leaving(struct sblock *b, CUevent *after)
         return 0;
     }
     b->handle = o->handle;
-    o->handle = 0;
     o->flags |= SBF_GIVEN;
     g_leaving -= o->vsize; /* its bytes are b's: mapped once, counted once */
     *after = o->copy_ev;

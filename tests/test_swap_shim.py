@@ -870,3 +870,17 @@ def test_block_whose_memory_was_handed_over_comes_back_under_the_budget(fake, tm
     assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"], run.out["bad_d"]) == (0, 0, 0, 0)
     no_misbehaviour(run)
 
+
+def test_freeing_the_block_that_took_memory_still_mapped_keeps_the_budget(fake, tmp_path):
+    """swap_driver.c scenario_handoff, free: a took b's memory while b's copy out was queued; a
+    is freed once that copy has run (the free waits for a's swap-in, ordered after it), but
+    b's range, unmapped only at the next release, still holds the memory: releasing a's handle
+    gives nothing back until then. x, allocated next, must find the memory gone, not come on
+    top of it: the device never holds more than the 3-block budget."""
+    run = run_swap(fake, tmp_path, "handoff", "free", budget=3 * GRAN, env={"PYOBMEM_RELEASER": "0"})
+    assert run.out["a_out"] == 1 and run.out["b_given"] == 1
+    assert run.out["free_a_rc"] == 0
+    assert run.out["peak_after_free"] == 3 * GRAN
+    assert run.out["device_peak"] == 3 * GRAN
+    assert (run.out["bad_b"], run.out["bad_c"], run.out["bad_d"], run.out["bad_x"]) == (0, 0, 0, 0)
+    no_misbehaviour(run)
