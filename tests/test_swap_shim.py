@@ -884,3 +884,22 @@ def test_freeing_the_block_that_took_memory_still_mapped_keeps_the_budget(fake, 
     assert run.out["device_peak"] == 3 * GRAN
     assert (run.out["bad_b"], run.out["bad_c"], run.out["bad_d"], run.out["bad_x"]) == (0, 0, 0, 0)
     no_misbehaviour(run)
+
+
+@pytest.mark.parametrize("order", ["d2h_first", "h2d_first"])
+def test_stream_ordered_block_served_with_memory_still_copying_out_waits_on_its_stream(fake, tmp_path, order):
+    """swap_driver.c scenario_handoff_ordered: y (cuMemAllocAsync on S1) evicts a and takes its
+    memory while a's copy out is queued; the memset of y issued at once on S1 runs only after
+    that copy (S1 waits for a's copy event on the GPU, the host does not): a's bytes reach the
+    host intact, y holds the memset's. No wait on the host, no cuMemCreate after a, b, c's."""
+    env = {"PYOBMEM_RELEASER": "0", **({"FAKE_ADVANCE_REVERSE": "1"} if order == "h2d_first" else {})}
+    run = run_swap(fake, tmp_path, "handoff_ordered", budget=3 * GRAN, env=env)
+    assert run.out["a_given"] == 1
+    assert run.out["peak_after_alloc"] == 3 * GRAN and run.out["device_peak"] == 3 * GRAN
+    assert (run.out["bad_y"], run.out["bad_a"], run.out["bad_b"], run.out["bad_c"]) == (0, 0, 0, 0)
+    # y first; then each read-back brings its block back with the memory of the one evicted for it
+    assert _swap_seq(run, "a", "b", "c", "y") == [
+        ("out", "a"), ("out", "b"), ("in", "a", D), ("out", "c"), ("in", "b", D), ("out", "y"), ("in", "c", D)]
+    waits = dict(kv.split("=") for n in run.notes() if n.startswith("swap.waits=") for kv in n[len("swap.waits="):].split())
+    assert (waits["handoffs"], waits["creates"], waits["drains"]) == ("4", "3", "0/0us")
+    no_misbehaviour(run)

@@ -729,6 +729,42 @@ static int scenario_handoff(const char *variant)
     return 0;
 }
 
+/* A stream-ordered block served with the memory of a swap-out still copying: budget 3 blocks of
+ * 2 MiB, a, b, c filled; y (cuMemAllocAsync on S1) evicts a and takes its memory while a's copy
+ * out is queued (the shim streams do not run); a memset of y on S1 follows at once. S1 must wait
+ * for a's copy, or the memset overwrites a's bytes before they reach the host. */
+static int scenario_handoff_ordered(void)
+{
+    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB);
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)c);
+    fill(a, 2 * MIB, 1);
+    fill(b, 2 * MIB, 2);
+    fill(c, 2 * MIB, 3);
+    fakeAdvance(-1);
+    CUdeviceptr y = must_alloc_ordered(2 * MIB, S1);
+    printf("y=%" PRIu64 "\n", (uint64_t)y);
+    printf("a_given=%d\n", fakeAccess(a) != -1); /* its copy queued: its range still mapped */
+    p_memset(y, 0x55555555u, 2 * MIB / 4, S1);
+    printf("peak_after_alloc=%lld\n", fakeCounter("device_peak"));
+    fakeAdvance(-1);
+    unsigned char *h = malloc(2 * MIB);
+    p_dtoh(h, y, 2 * MIB);
+    long bad = 0;
+    for (size_t i = 0; i < 2 * MIB; i++)
+        bad += h[i] != 0x55;
+    free(h);
+    printf("bad_y=%ld\n", bad);
+    fakeAdvance(-1);
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 1, 0));
+    fakeAdvance(-1);
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
+    fakeAdvance(-1);
+    printf("bad_c=%ld\n", check(c, 2 * MIB, 3, 0));
+    fakeAdvance(-1);
+    counters();
+    return 0;
+}
+
 /* The budget counts every live device block (g_shim.device_bytes): budget 3 blocks of 2 MiB, a,
  * b, c filled (LRU a, b, c), then a 512 KiB block the shim does not VMM-back (variant):
  *   small    cuMemAlloc below min_swap_bytes (the real allocator)
@@ -1218,6 +1254,8 @@ int main(int argc, char **argv)
                                argc > 4 && !strcmp(argv[4], "ordered"));
     else if (!strcmp(s, "hold"))
         rc = scenario_hold();
+    else if (!strcmp(s, "handoff_ordered"))
+        rc = scenario_handoff_ordered();
     else if (!strcmp(s, "handoff"))
         rc = scenario_handoff(argc > 2 ? argv[2] : "query");
     else if (!strcmp(s, "others"))
