@@ -95,12 +95,15 @@ CUresult map_block(struct sblock *b, CUevent *after)
     return r;
 }
 
-/* A swap-out still copying, of vsize bytes on device, whose memory is still its own. */
+/* A swap-out still copying, of vsize bytes on device, whose memory is still its own. Not one of
+ * an op being begun (inflight): that one is about to stay (cancel_out), and taking its memory
+ * would make it wait on the host for its copy and come back by a swap-in. */
 static struct sblock *leaving_of(uint64_t vsize, int device)
 {
     for (size_t i = 0; g_out_pending && i < g_tab.n; i++) {
         struct sblock *o = block_of(i);
-        if (o->state == SB_OUT_PENDING && !(o->flags & SBF_GIVEN) && o->handle && o->vsize == vsize && o->device == device)
+        if (o->state == SB_OUT_PENDING && !(o->flags & SBF_GIVEN) && !o->inflight && o->handle && o->vsize == vsize &&
+            o->device == device)
             return o;
     }
     return NULL;

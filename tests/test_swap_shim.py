@@ -903,3 +903,26 @@ def test_stream_ordered_block_served_with_memory_still_copying_out_waits_on_its_
     waits = dict(kv.split("=") for n in run.notes() if n.startswith("swap.waits=") for kv in n[len("swap.waits="):].split())
     assert (waits["handoffs"], waits["creates"], waits["drains"]) == ("4", "3", "0/0us")
     no_misbehaviour(run)
+
+
+def test_an_ops_own_block_still_copying_out_keeps_its_memory(fake, tmp_path):
+    """swap_driver.c scenario_ownleaving: b and c are copying out (the budget lowered to 2 blocks
+    at sync 1) when op_a(a, 0, b) needs a back and b. a takes c's memory, not b's: b's swap-out
+    is cancelled (no SWAP_OUT record, no swap-in), and the host waits only once, for a's copy
+    out before e's allocation (a cuMemAlloc block)."""
+
+    def lower(path, pid, out):
+        c = control(path)
+        c["budget_bytes"] = 2 * GRAN
+        c.flush()
+
+    run = run_swap(fake, tmp_path, "ownleaving", budget=4 * GRAN, plans={1: lower}, env={"PYOBMEM_RELEASER": "0"})
+    assert run.out["a_out"] == 1 and run.out["b_leaving"] == 1 and run.out["c_leaving"] == 1
+    assert run.out["b_in"] == 1
+    seq = _swap_seq(run, "a", "b", "c", "d", "e")
+    assert seq[:3] == [("out", "a"), ("out", "c"), ("in", "a", D)]
+    assert ("in", "b", D) not in seq and seq.index(("out", "b")) > seq.index(("in", "c", D))  # out again at c's read-back
+    waits = dict(kv.split("=") for n in run.notes() if n.startswith("swap.waits=") for kv in n[len("swap.waits="):].split())
+    assert waits["drains"].startswith("1/") and waits["handoffs"] == "4"
+    assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"], run.out["bad_d"], run.out["bad_e"]) == (0,) * 5
+    no_misbehaviour(run)

@@ -765,6 +765,46 @@ static int scenario_handoff_ordered(void)
     return 0;
 }
 
+/* An op's own block still copying out is not the memory its other blocks take: budget 4 blocks
+ * of 2 MiB, a, b, c, d filled; e's allocation sends a out (waited for); at sync 1 the test lowers
+ * the budget to 2 blocks, so op_b(e) sends b and c out (copies queued: the shim streams do not
+ * run). op_a(a, 0, b) then needs a back (d goes for it) and b, still copying: b's swap-out is
+ * cancelled, and a takes the memory of c or d, never b's (which would make b wait on the host
+ * for its copy and come back by a swap-in). */
+static int scenario_ownleaving(void)
+{
+    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB), d = must_alloc(2 * MIB);
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\nd=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)c,
+           (uint64_t)d);
+    fill(a, 2 * MIB, 1);
+    fill(b, 2 * MIB, 2);
+    fill(c, 2 * MIB, 3);
+    fill(d, 2 * MIB, 4);
+    fakeAdvance(-1);
+    CUdeviceptr e = must_alloc(2 * MIB);
+    printf("e=%" PRIu64 "\n", (uint64_t)e);
+    fill(e, 2 * MIB, 5);
+    printf("a_out=%d\n", fakeAccess(a) == -1);
+    sync_point(1); /* the budget: 2 blocks */
+    op_b(e);
+    printf("b_leaving=%d\nc_leaving=%d\n", fakeAccess(b) != -1, fakeAccess(c) != -1);
+    op_a(a, 0, b);
+    printf("b_in=%d\n", fakeAccess(b) != -1);
+    fakeAdvance(-1);
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 1, 0));
+    fakeAdvance(-1);
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
+    fakeAdvance(-1);
+    printf("bad_c=%ld\n", check(c, 2 * MIB, 3, 0));
+    fakeAdvance(-1);
+    printf("bad_d=%ld\n", check(d, 2 * MIB, 4, 0));
+    fakeAdvance(-1);
+    printf("bad_e=%ld\n", check(e, 2 * MIB, 5, 0));
+    fakeAdvance(-1);
+    counters();
+    return 0;
+}
+
 /* The budget counts every live device block (g_shim.device_bytes): budget 3 blocks of 2 MiB, a,
  * b, c filled (LRU a, b, c), then a 512 KiB block the shim does not VMM-back (variant):
  *   small    cuMemAlloc below min_swap_bytes (the real allocator)
@@ -1256,6 +1296,8 @@ int main(int argc, char **argv)
         rc = scenario_hold();
     else if (!strcmp(s, "handoff_ordered"))
         rc = scenario_handoff_ordered();
+    else if (!strcmp(s, "ownleaving"))
+        rc = scenario_ownleaving();
     else if (!strcmp(s, "handoff"))
         rc = scenario_handoff(argc > 2 ? argv[2] : "query");
     else if (!strcmp(s, "others"))
