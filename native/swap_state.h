@@ -177,6 +177,11 @@ void drain_outs(void);
 void drain_until(uint64_t need, uint64_t budget);
 /* A swap-out whose memory was handed over: wait for its copy, then it is OUT. */
 void settle_out(struct sblock *b);
+/* settle_out of every block whose range still maps h (memory it handed over). */
+void settle_handle(CUmemGenericAllocationHandle h);
+/* b, freed (out of the table) while SBF_GIVEN: free_finish(b) once its range is unmapped.
+ * Returns 0 when it cannot be deferred. */
+int given_freed(struct sblock *b);
 void releaser_atfork_child(void);
 
 /* ---- swap_evict.c ---- */
@@ -204,5 +209,7 @@ void plan_unbind(struct sblock *b);
 uint64_t cache_trim(uint64_t want, CUmemoryPool pool);
 /* cache_trim of every pool, keeping one spare handle of `keep` bytes (see hold_budget). */
 uint64_t cache_trim_keeping(uint64_t want, uint64_t keep);
+/* The rest of swap_free for a block it deferred (given_freed): cached, or given back. */
+void free_finish(struct sblock *b);
 
 #endif

@@ -74,9 +74,7 @@ static CUmemGenericAllocationHandle spare_take(uint64_t vsize, int device)
  * new owner ordered after it), or the device would keep the memory the budget counts as gone. */
 static void release_handle(CUmemGenericAllocationHandle h)
 {
-    for (size_t i = 0; g_out_pending && i < g_tab.n; i++)
-        if ((block_of(i)->flags & SBF_GIVEN) && block_of(i)->handle == h)
-            settle_out(block_of(i));
+    settle_handle(h);
     if (real_cuMemRelease(h) != CUDA_SUCCESS && !g_noted_nomem) {
         g_noted_nomem = 1;
         ring_note("swap: cuMemRelease failed; device memory leaked");

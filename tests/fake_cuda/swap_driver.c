@@ -1032,6 +1032,65 @@ static int scenario_ordered(void)
     return 0;
 }
 
+/* A stream-ordered block freed while its memory, handed over, is still copying out: budget 3
+ * blocks of 2 MiB, a (cuMemAllocAsync on S1), b, c filled; y (cuMemAllocAsync on S1) evicts a and
+ * takes its memory while a's copy out is queued (the shim streams do not run). cuMemFreeAsync(a)
+ * takes effect at its stream point: no wait on the host for a's copy (a's range, still mapped to
+ * y's memory, is unmapped once the copy ends). z, allocated on S1 after that, reuses a's cached
+ * reservation. */
+static int scenario_freegiven(void)
+{
+    freea_fn fa = (freea_fn)get("cuMemFreeAsync");
+    CUdeviceptr a = must_alloc_ordered(2 * MIB, S1), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB);
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)c);
+    fill(a, 2 * MIB, 1);
+    fill(b, 2 * MIB, 2);
+    fill(c, 2 * MIB, 3);
+    fakeAdvance(-1);
+    CUdeviceptr y = must_alloc_ordered(2 * MIB, S1);
+    printf("y=%" PRIu64 "\n", (uint64_t)y);
+    printf("a_given=%d\n", fakeAccess(a) != -1);
+    printf("free_a_rc=%d\n", (int)fa(a, S1));
+    printf("a_mapped_after_free=%d\n", fakeAccess(a) != -1); /* its copy still queued: no wait */
+    p_memset(y, 0x55555555u, 2 * MIB / 4, S1);
+    fakeAdvance(-1);
+    op_b(b); /* a's copy has ended: its range is unmapped */
+    printf("a_unmapped=%d\n", fakeAccess(a) == -1);
+    CUdeviceptr z = must_alloc_ordered(2 * MIB, S1);
+    printf("z_reused=%d\n", z == a);
+    p_memset(z, 0x66666666u, 2 * MIB / 4, S1); /* on its stream: it may hold a swap-out's memory too */
+    fakeAdvance(-1);
+    unsigned char *h = malloc(2 * MIB);
+    p_dtoh(h, y, 2 * MIB);
+    long bad = 0;
+    for (size_t i = 0; i < 2 * MIB; i++)
+        bad += h[i] != 0x55;
+    free(h);
+    printf("bad_y=%ld\n", bad);
+    fakeAdvance(-1);
+    h = malloc(2 * MIB);
+    p_dtoh(h, z, 2 * MIB);
+    bad = 0;
+    for (size_t i = 0; i < 2 * MIB; i++)
+        bad += h[i] != 0x66;
+    free(h);
+    printf("bad_z=%ld\n", bad);
+    fakeAdvance(-1);
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
+    fakeAdvance(-1);
+    printf("bad_c=%ld\n", check(c, 2 * MIB, 3, 0));
+    fakeAdvance(-1);
+    printf("free_z_rc=%d\nfree_y_rc=%d\n", (int)fa(z, S1), (int)fa(y, S1)); /* y's memory c's */
+    fakeAdvance(-1);
+    op_b(b);
+    CUmemoryPool def = NULL;
+    ((CUresult(*)(CUmemoryPool *, CUdevice))dlsym(lib, "cuDeviceGetDefaultMemPool"))(&def, 0);
+    printf("used_end=%lld\nreserved_end=%lld\n", pool_attr(def, CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
+           pool_attr(def, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT));
+    counters();
+    return 0;
+}
+
 /* The device cannot hold more of the shim's memory (FAKE_DEVICE_BYTES): later stream-ordered
  * blocks go to the driver's pool, noted once. */
 static int scenario_ordered_full(void)
@@ -1298,6 +1357,8 @@ int main(int argc, char **argv)
         rc = scenario_handoff_ordered();
     else if (!strcmp(s, "ownleaving"))
         rc = scenario_ownleaving();
+    else if (!strcmp(s, "freegiven"))
+        rc = scenario_freegiven();
     else if (!strcmp(s, "handoff"))
         rc = scenario_handoff(argc > 2 ? argv[2] : "query");
     else if (!strcmp(s, "others"))
