@@ -191,3 +191,19 @@ def test_free_of_a_block_whose_memory_was_handed_over_does_not_wait_for_its_copy
     assert run.out["device_peak"] == 3 * GRAN
     assert run.out["mappings"] == 3 and run.out["reservations"] == 4  # b, c, z; y's range unmapped
     no_misbehaviour(run)
+
+
+def test_pool_destroyed_with_a_cached_reservation_without_memory_keeps_the_count(fake, tmp_path):  # noqa: F811
+    """swap_driver.c scenario_pooldestroy: x (a created pool's block) was freed while out, its
+    reservation cached without memory; cuMemPoolDestroy gives the reservation back and nothing
+    else (no unmap, no cuMemRelease of a handle it does not have), so the count of mapped memory
+    stays a, b, c: d's allocation sends one out, and the device never holds more than the 3-block
+    budget."""
+    run = run_swap(fake, tmp_path, "pooldestroy", budget=3 * GRAN)
+    assert run.out["x_rc"] == 0 and served(run.out["x"]) and run.out["x_out"] == 1
+    assert run.out["free_x_rc"] == 0 and run.out["destroy_rc"] == 0
+    assert run.out["reservations"] == 4  # a, b, c, d: x's given back
+    assert run.out["device_peak"] == 3 * GRAN
+    assert not [n for n in run.notes() if "cuMemRelease failed" in n]
+    assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"], run.out["bad_d"]) == (0, 0, 0, 0)
+    no_misbehaviour(run)

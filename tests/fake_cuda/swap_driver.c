@@ -1091,6 +1091,43 @@ static int scenario_freegiven(void)
     return 0;
 }
 
+/* A pool destroyed with a cached reservation whose memory is gone: budget 3 blocks of 2 MiB, x
+ * (from a created pool, on S1), a, b filled; c's allocation sends x out; x is freed while out
+ * (its reservation cached, no memory) and the pool destroyed. d, allocated next, must still find
+ * the device full (a, b, c): one of them goes out for it. */
+static int scenario_pooldestroy(void)
+{
+    CUmemoryPool pd = make_pool(CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_HANDLE_TYPE_NONE);
+    CUdeviceptr x = 0;
+    printf("x_rc=%d\n", (int)((allocp_fn)dlsym(lib, "cuMemAllocFromPoolAsync"))(&x, 2 * MIB, pd, S1));
+    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB);
+    printf("x=%" PRIu64 "\na=%" PRIu64 "\nb=%" PRIu64 "\n", (uint64_t)x, (uint64_t)a, (uint64_t)b);
+    fill(x, 2 * MIB, 1);
+    fill(a, 2 * MIB, 2);
+    fill(b, 2 * MIB, 3);
+    fakeAdvance(-1);
+    CUdeviceptr c = must_alloc(2 * MIB);
+    printf("c=%" PRIu64 "\nx_out=%d\n", (uint64_t)c, fakeAccess(x) == -1);
+    fill(c, 2 * MIB, 4);
+    printf("free_x_rc=%d\n", (int)((freea_fn)get("cuMemFreeAsync"))(x, S1));
+    fakeAdvance(-1);
+    printf("destroy_rc=%d\n", (int)((CUresult(*)(CUmemoryPool))dlsym(lib, "cuMemPoolDestroy"))(pd));
+    CUdeviceptr d = must_alloc(2 * MIB);
+    printf("d=%" PRIu64 "\n", (uint64_t)d);
+    fill(d, 2 * MIB, 5);
+    fakeAdvance(-1);
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 2, 0));
+    fakeAdvance(-1);
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 3, 0));
+    fakeAdvance(-1);
+    printf("bad_c=%ld\n", check(c, 2 * MIB, 4, 0));
+    fakeAdvance(-1);
+    printf("bad_d=%ld\n", check(d, 2 * MIB, 5, 0));
+    fakeAdvance(-1);
+    counters();
+    return 0;
+}
+
 /* The device cannot hold more of the shim's memory (FAKE_DEVICE_BYTES): later stream-ordered
  * blocks go to the driver's pool, noted once. */
 static int scenario_ordered_full(void)
@@ -1359,6 +1396,8 @@ int main(int argc, char **argv)
         rc = scenario_ownleaving();
     else if (!strcmp(s, "freegiven"))
         rc = scenario_freegiven();
+    else if (!strcmp(s, "pooldestroy"))
+        rc = scenario_pooldestroy();
     else if (!strcmp(s, "handoff"))
         rc = scenario_handoff(argc > 2 ? argv[2] : "query");
     else if (!strcmp(s, "others"))
