@@ -112,12 +112,15 @@ void hold_budget(uint64_t need, int device, uint64_t stamp)
 {
     evict_for_budget(need, stamp);
     uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED);
-    /* The memory of a swap-out still copying is taken as is (map_block): no wait. Else the
+    /* A spare of `need` bytes is the memory the caller maps next (counted already), the memory
+     * of a swap-out still copying is taken as is (map_block): no wait for either. Else the
      * oldest swap-outs in flight are waited for, as many as the budget needs. */
-    if (budget && g_out_pending && resident_bytes() + g_leaving + need > budget && !handoff_ready(need, device))
-        drain_until(need, budget);
+    uint64_t keep = spare_bytes_of(need) ? need : 0;
+    if (budget && g_out_pending && resident_bytes() + g_leaving + need - keep > budget && !handoff_ready(need, device))
+        drain_until(need - keep, budget);
     /* spares the drained swap-outs kept: one of `need` bytes is the memory the caller maps next */
-    uint64_t keep = spare_bytes_of(need) ? need : 0, now = resident_bytes() - keep + need;
+    keep = spare_bytes_of(need) ? need : 0;
+    uint64_t now = resident_bytes() - keep + need;
     if (budget && now > budget)
         cache_trim_keeping(now - budget, keep);
 }

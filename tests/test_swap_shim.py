@@ -926,3 +926,25 @@ def test_an_ops_own_block_still_copying_out_keeps_its_memory(fake, tmp_path):
     assert waits["drains"].startswith("1/") and waits["handoffs"] == "4"
     assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"], run.out["bad_d"], run.out["bad_e"]) == (0,) * 5
     no_misbehaviour(run)
+
+
+def test_swap_in_on_a_spare_handle_does_not_wait_for_swap_outs_in_flight(fake, tmp_path):
+    """swap_driver.c scenario_sparewait: a's memory is a spare handle (the budget had room when
+    it was released) and b's planned swap-out is still copying when op_b(a) needs a back. The
+    spare is counted already: mapping it puts nothing more on the device (c, a, and b's memory
+    until its copy ends: 3 blocks), so the host does not wait for b's copy (b still mapped after
+    the swap-in, no drain). The device peak is the 512 KiB block's moment, 3 blocks + 512 KiB."""
+
+    def plan(path, pid, out):
+        write_plan(path, pid, 1, [KERN_B, FUNC_A], [(1, ActionKind.SWAP_OUT, out["b"], 2 * MIB)])
+
+    run = run_swap(fake, tmp_path, "sparewait", budget=3 * GRAN, plans={1: plan}, env={"PYOBMEM_RELEASER": "0"})
+    assert run.out["x_rc"] == 0 and run.out["x_free_rc"] == 0 and run.out["a_out"] == 1
+    assert run.out["b_leaving"] == 1
+    assert run.out["a_in"] == 1 and run.out["b_leaving_after"] == 1
+    assert _swap_seq(run, "a", "b", "c") == [("out", "a"), ("in", "a", D), ("out", "b"), ("in", "b", D)]
+    waits = dict(kv.split("=") for n in run.notes() if n.startswith("swap.waits=") for kv in n[len("swap.waits="):].split())
+    assert waits["drains"] == "0/0us"
+    assert run.out["device_peak"] == 3 * GRAN + MIB // 2
+    assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"]) == (0, 0, 0)
+    no_misbehaviour(run)

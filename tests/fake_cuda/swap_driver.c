@@ -805,6 +805,43 @@ static int scenario_ownleaving(void)
     return 0;
 }
 
+/* A swap-in that maps a spare handle needs no room beyond it: budget 3 blocks of 2 MiB, a, b, c
+ * filled; a 512 KiB cuMemAlloc puts the device over it, so the next op sends a out; x freed, a's
+ * memory is kept as a spare (the budget has room). The plan (sync 1) swaps b out after op 1:
+ * b's copy is queued (the shim streams do not run) when op_b(a) needs a back. a maps the spare:
+ * the device holds c, a and b's memory still copying, 3 blocks; nothing to wait for. */
+static int scenario_sparewait(void)
+{
+    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB), x = 0;
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)c);
+    fill(a, 2 * MIB, 1);
+    fill(b, 2 * MIB, 2);
+    fill(c, 2 * MIB, 3);
+    fakeAdvance(-1);
+    printf("x_rc=%d\n", (int)p_alloc(&x, MIB / 2));
+    op_b(c); /* over the budget: a goes */
+    fakeAdvance(-1);
+    printf("x_free_rc=%d\n", (int)p_free(x));
+    op_b(c); /* a's memory released, kept as a spare */
+    printf("a_out=%d\n", fakeAccess(a) == -1);
+    sync_point(1); /* plan: swap b out after op 1 */
+    op_b(c);
+    op_a(b, 0, 0);
+    printf("b_leaving=%d\n", fakeAccess(b) != -1);
+    op_b(a); /* a back on the spare */
+    printf("a_in=%d\nb_leaving_after=%d\n", fakeAccess(a) != -1, fakeAccess(b) != -1);
+    printf("peak_after_swap_in=%lld\n", fakeCounter("device_peak"));
+    fakeAdvance(-1);
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 1, 0));
+    fakeAdvance(-1);
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
+    fakeAdvance(-1);
+    printf("bad_c=%ld\n", check(c, 2 * MIB, 3, 0));
+    fakeAdvance(-1);
+    counters();
+    return 0;
+}
+
 /* The budget counts every live device block (g_shim.device_bytes): budget 3 blocks of 2 MiB, a,
  * b, c filled (LRU a, b, c), then a 512 KiB block the shim does not VMM-back (variant):
  *   small    cuMemAlloc below min_swap_bytes (the real allocator)
@@ -1398,6 +1435,8 @@ int main(int argc, char **argv)
         rc = scenario_freegiven();
     else if (!strcmp(s, "pooldestroy"))
         rc = scenario_pooldestroy();
+    else if (!strcmp(s, "sparewait"))
+        rc = scenario_sparewait();
     else if (!strcmp(s, "handoff"))
         rc = scenario_handoff(argc > 2 ? argv[2] : "query");
     else if (!strcmp(s, "others"))
