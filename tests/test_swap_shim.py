@@ -948,3 +948,17 @@ def test_swap_in_on_a_spare_handle_does_not_wait_for_swap_outs_in_flight(fake, t
     assert run.out["device_peak"] == 3 * GRAN + MIB // 2
     assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"]) == (0, 0, 0)
     no_misbehaviour(run)
+
+
+def test_swap_in_at_the_budget_maps_the_spare_handle_of_its_size(fake, tmp_path):
+    """swap_driver.c scenario_sparewait full: the device is at the budget (b, c and a's memory
+    kept as a spare) when op_b(a) needs a back. The spare is the memory a maps: it is not given
+    back first as cached memory (and created again): no cuMemRelease, no cuMemCreate after a, b
+    and c's, nothing else evicted."""
+    run = run_swap(fake, tmp_path, "sparewait", "full", budget=3 * GRAN, env={"PYOBMEM_RELEASER": "0"})
+    assert run.out["a_out"] == 1 and run.out["a_in"] == 1
+    assert _swap_seq(run, "a", "b", "c") == [("out", "a"), ("in", "a", D)]
+    assert run.out["create_calls"] == 3
+    assert run.out["device_peak"] == 3 * GRAN + MIB // 2
+    assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"]) == (0, 0, 0)
+    no_misbehaviour(run)

@@ -809,8 +809,10 @@ static int scenario_ownleaving(void)
  * filled; a 512 KiB cuMemAlloc puts the device over it, so the next op sends a out; x freed, a's
  * memory is kept as a spare (the budget has room). The plan (sync 1) swaps b out after op 1:
  * b's copy is queued (the shim streams do not run) when op_b(a) needs a back. a maps the spare:
- * the device holds c, a and b's memory still copying, 3 blocks; nothing to wait for. */
-static int scenario_sparewait(void)
+ * the device holds c, a and b's memory still copying, 3 blocks; nothing to wait for. full: no
+ * plan, op_b(a) at once, the device at the budget (b, c and the spare): the spare is the memory
+ * a maps, not cached memory to give back first (and create again). */
+static int scenario_sparewait(int full)
 {
     CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB), x = 0;
     printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)c);
@@ -825,9 +827,11 @@ static int scenario_sparewait(void)
     op_b(c); /* a's memory released, kept as a spare */
     printf("a_out=%d\n", fakeAccess(a) == -1);
     sync_point(1); /* plan: swap b out after op 1 */
-    op_b(c);
-    op_a(b, 0, 0);
-    printf("b_leaving=%d\n", fakeAccess(b) != -1);
+    if (!full) {
+        op_b(c);
+        op_a(b, 0, 0);
+        printf("b_leaving=%d\n", fakeAccess(b) != -1);
+    }
     op_b(a); /* a back on the spare */
     printf("a_in=%d\nb_leaving_after=%d\n", fakeAccess(a) != -1, fakeAccess(b) != -1);
     printf("peak_after_swap_in=%lld\n", fakeCounter("device_peak"));
@@ -1436,7 +1440,7 @@ int main(int argc, char **argv)
     else if (!strcmp(s, "pooldestroy"))
         rc = scenario_pooldestroy();
     else if (!strcmp(s, "sparewait"))
-        rc = scenario_sparewait();
+        rc = scenario_sparewait(argc > 2 && !strcmp(argv[2], "full"));
     else if (!strcmp(s, "handoff"))
         rc = scenario_handoff(argc > 2 ? argv[2] : "query");
     else if (!strcmp(s, "others"))
