@@ -75,6 +75,8 @@ struct swap_waits g_waits;
 
 static void note_waits(void)
 {
+    if (!g_shim.swap) /* a fork child: it traced, the counters are its parent's */
+        return;
     pthread_mutex_lock(&g_mu);
     struct swap_waits w = g_waits;
     pthread_mutex_unlock(&g_mu);

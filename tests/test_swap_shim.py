@@ -962,3 +962,14 @@ def test_swap_in_at_the_budget_maps_the_spare_handle_of_its_size(fake, tmp_path)
     assert run.out["device_peak"] == 3 * GRAN + MIB // 2
     assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"]) == (0, 0, 0)
     no_misbehaviour(run)
+
+
+def test_a_fork_child_writes_no_swap_waits_note(fake, tmp_path):
+    """swap_driver.c scenario_forkexit: a child forked after the parent swapped (a data loader's
+    worker) exits normally; it traced, it did not swap, and the one swap.waits NOTE is the
+    parent's, written at its own exit."""
+    run = run_swap(fake, tmp_path, "forkexit", budget=3 * GRAN)
+    assert run.out["child_status"] == 0 and run.out["bad_b"] == 0
+    waits = [n for n in run.notes() if n.startswith("swap.waits=")]
+    assert len(waits) == 1 and " evictions=1 " in waits[0]
+    no_misbehaviour(run)

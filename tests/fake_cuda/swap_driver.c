@@ -11,6 +11,7 @@
 #include <time.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "fake_cuda.h"
@@ -846,6 +847,30 @@ static int scenario_sparewait(int full)
     return 0;
 }
 
+/* A fork child (a data loader's worker) exits: it traced, it did not swap, so it writes no
+ * swap.waits NOTE of its own (the parent's counters, inherited, are the parent's to write).
+ * Budget 3 blocks: d's allocation sends a out first, so the parent has waits to note. */
+static int scenario_forkexit(void)
+{
+    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB);
+    fill(a, 2 * MIB, 1);
+    fill(b, 2 * MIB, 2);
+    fill(c, 2 * MIB, 3);
+    fakeAdvance(-1);
+    CUdeviceptr d = must_alloc(2 * MIB);
+    printf("d=%" PRIu64 "\n", (uint64_t)d);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0)
+        exit(0); /* atexit handlers run, as at a worker's normal end */
+    int st = -1;
+    waitpid(pid, &st, 0);
+    printf("child_status=%d\n", st);
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
+    counters();
+    return 0;
+}
+
 /* The budget counts every live device block (g_shim.device_bytes): budget 3 blocks of 2 MiB, a,
  * b, c filled (LRU a, b, c), then a 512 KiB block the shim does not VMM-back (variant):
  *   small    cuMemAlloc below min_swap_bytes (the real allocator)
@@ -1441,6 +1466,8 @@ int main(int argc, char **argv)
         rc = scenario_pooldestroy();
     else if (!strcmp(s, "sparewait"))
         rc = scenario_sparewait(argc > 2 && !strcmp(argv[2], "full"));
+    else if (!strcmp(s, "forkexit"))
+        rc = scenario_forkexit();
     else if (!strcmp(s, "handoff"))
         rc = scenario_handoff(argc > 2 ? argv[2] : "query");
     else if (!strcmp(s, "others"))
