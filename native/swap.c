@@ -75,6 +75,8 @@ struct swap_waits g_waits;
 
 static void note_waits(void)
 {
+    if (!g_shim.swap) /* a fork child: it traced, the counters are its parent's */
+        return;
     pthread_mutex_lock(&g_mu);
     struct swap_waits w = g_waits;
     pthread_mutex_unlock(&g_mu);
@@ -294,6 +296,7 @@ void bring_back(struct sblock *b)
     struct swap_op now = {.active = 1, .capturing = 1};
     uint64_t stamp = ++g_tick;
     int pushed = ctx_enter();
+    settle_out(b); /* its memory another block's: out once its copy ends, then like any block out */
     if (b->state == SB_OUT)
         hold_budget(b->vsize, b->device, stamp); /* the budget holds for it too */
     make_usable(b, &now, stamp);

@@ -375,7 +375,7 @@ void swap_bind_id(uint64_t addr, uint32_t id)
  * its memory cannot be unmapped. */
 static int release_block(struct sblock *b, CUresult *rc)
 {
-    if (b->state != SB_OUT && (*rc = unmap_block(b)) != CUDA_SUCCESS)
+    if (b->handle && (*rc = unmap_block(b)) != CUDA_SUCCESS) /* a cached reservation has none */
         return 0;
     *rc = real_cuMemAddressFree(b->addr, b->vsize);
     destroy_block(b);
@@ -410,7 +410,10 @@ int swap_free(CUdeviceptr dptr, CUstream s, int ordered, CUresult *rc)
         goto out;
     }
     table_remove(b);
-    settle_out(b); /* its memory went to another block: out once its copy ends */
+    /* Its memory went to another block while its copy out runs: a cuMemFree waits for the copy
+     * (as for its last uses), a cuMemFreeAsync does not (free_finish, once the copy has ended). */
+    if (!(ordered && b->ordered))
+        settle_out(b);
     if (b->state == SB_OUT_PENDING && !(b->flags & SBF_GIVEN))
         cancel_out(b); /* its copy goes on; reuse is ordered after it below */
     int copying = b->copy_ev && b->state != SB_OUT && real_cuEventQuery(b->copy_ev) == CUDA_ERROR_NOT_READY;
@@ -432,6 +435,13 @@ int swap_free(CUdeviceptr dptr, CUstream s, int ordered, CUresult *rc)
     host_free(b->host, b->size); /* later copies into the slot are ordered after its last one */
     b->host = NULL;
     forget_uses(b);
+    if ((b->flags & SBF_GIVEN) && !given_freed(b))
+        settle_out(b); /* no room to defer it: the host waits */
+    if (b->flags & SBF_GIVEN) { /* its range still maps the other block's memory */
+        if (b->ordered)
+            pool_count(b->pool, -(int64_t)b->size, -(int64_t)b->vsize);
+        goto out;
+    }
     if (b->ordered) {
         pool_count(b->pool, -(int64_t)b->size, b->state == SB_OUT ? -(int64_t)b->vsize : 0);
         b->state = SB_RESIDENT;
@@ -452,6 +462,19 @@ out:
     unrelax(relaxed, old);
     *rc = r;
     return 1;
+}
+
+void free_finish(struct sblock *b)
+{
+    CUresult r;
+    struct pool_acct *p = pool_find(b->pool);
+    b->state = SB_RESIDENT;
+    if (b->ordered && p && p->eligible && cache_put(b))
+        return; /* its reservation, reused at its free's stream point (C20); not a destroyed pool's */
+    if (b->free_live)
+        real_cuEventSynchronize(b->free_ev);
+    b->free_live = 0;
+    release_block(b, &r);
 }
 
 /* ---- pool queries ---- */

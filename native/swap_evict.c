@@ -76,13 +76,14 @@ void make_room(uint64_t need, uint64_t stamp)
 
 /* Keep mapped bytes (less those on their way out) plus `need` under the budget by swapping out
  * the least recently used blocks: before a plan exists this is the whole policy; under a plan,
- * the safety net for a plan whose swap-outs come later than predicted. */
-void evict_for_budget(uint64_t need, uint64_t stamp)
+ * the safety net for a plan whose swap-outs come later than predicted. keep: the bytes of a spare
+ * handle the caller maps next (counted already), never given back for it. */
+static void evict_keeping(uint64_t need, uint64_t keep, uint64_t stamp)
 {
     uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED);
     if (!budget || resident_bytes() + need <= budget)
         return;
-    cache_trim(resident_bytes() + need - budget, NULL); /* free cached memory before live blocks */
+    cache_trim_keeping(resident_bytes() + need - budget, keep); /* cached memory before live blocks */
     uint64_t round = ++g_tick;
     while (resident_bytes() + need > budget) {
         struct sblock *v = pick_victim(stamp, round, need);
@@ -104,20 +105,25 @@ void evict_for_budget(uint64_t need, uint64_t stamp)
     }
 }
 
+void evict_for_budget(uint64_t need, uint64_t stamp) { evict_keeping(need, 0, stamp); }
+
 /* Before mapping `need` bytes: evict for the budget, and when the memory of the swap-outs still
  * in flight would put the device over it, take one of their memory or wait for them (their
  * copy events only: they wait for their blocks' last uses, never for unrelated work). Physical
  * memory then stays under the budget, not only the bytes the executor counts. */
 void hold_budget(uint64_t need, int device, uint64_t stamp)
 {
-    evict_for_budget(need, stamp);
-    uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED);
-    /* The memory of a swap-out still copying is taken as is (map_block): no wait. Else the
+    /* A spare of `need` bytes is the memory the caller maps next (counted already), the memory
+     * of a swap-out still copying is taken as is (map_block): no wait for either. Else the
      * oldest swap-outs in flight are waited for, as many as the budget needs. */
-    if (budget && g_out_pending && resident_bytes() + g_leaving + need > budget && !handoff_ready(need, device))
-        drain_until(need, budget);
+    uint64_t keep = spare_bytes_of(need) ? need : 0;
+    evict_keeping(need - keep, keep, stamp);
+    uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED);
+    if (budget && g_out_pending && resident_bytes() + g_leaving + need - keep > budget && !handoff_ready(need, device))
+        drain_until(need - keep, budget);
     /* spares the drained swap-outs kept: one of `need` bytes is the memory the caller maps next */
-    uint64_t keep = spare_bytes_of(need) ? need : 0, now = resident_bytes() - keep + need;
+    keep = spare_bytes_of(need) ? need : 0;
+    uint64_t now = resident_bytes() - keep + need;
     if (budget && now > budget)
         cache_trim_keeping(now - budget, keep);
 }

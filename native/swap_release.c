@@ -21,11 +21,37 @@ static int given_out(struct sblock *b)
 {
     if (real_cuMemUnmap(b->addr, b->vsize) != CUDA_SUCCESS)
         return 0;
+    b->handle = 0;
     b->flags &= ~SBF_GIVEN;
     b->state = SB_OUT;
     g_out_pending--;
     forget_uses(b);
     return 1;
+}
+
+/* Blocks freed while their range still mapped memory they had handed over (SBF_GIVEN), out of
+ * the table: finished (free_finish) once their copy out has ended and the range is unmapped, so
+ * that a cuMemFreeAsync never waits for that copy on the host. */
+#define MAX_FREED 256
+static struct sblock *g_freed[MAX_FREED];
+static size_t g_nfreed;
+
+int given_freed(struct sblock *b)
+{
+    if (g_nfreed == MAX_FREED)
+        return 0;
+    g_freed[g_nfreed++] = b;
+    return 1;
+}
+
+void settle_handle(CUmemGenericAllocationHandle h)
+{
+    for (size_t i = 0; g_out_pending && i < g_tab.n; i++)
+        if ((block_of(i)->flags & SBF_GIVEN) && block_of(i)->handle == h)
+            settle_out(block_of(i));
+    for (size_t i = 0; g_out_pending && i < g_nfreed; i++)
+        if ((g_freed[i]->flags & SBF_GIVEN) && g_freed[i]->handle == h)
+            settle_out(g_freed[i]); /* finished at the next poll */
 }
 
 void settle_out(struct sblock *b)
@@ -65,6 +91,13 @@ void poll_releases(void)
         g_leaving -= b->vsize;
         forget_uses(b);
         emit_swap(PYOBMEM_EV_SWAP_OUT, 0, b, shim_now_ns() - b->t_issue);
+    }
+    for (size_t i = g_nfreed; i-- > 0;) {
+        struct sblock *b = g_freed[i];
+        if ((b->flags & SBF_GIVEN) && (real_cuEventQuery(b->copy_ev) == CUDA_ERROR_NOT_READY || !given_out(b)))
+            continue;
+        g_freed[i] = g_freed[--g_nfreed];
+        free_finish(b);
     }
 }
 

@@ -31,7 +31,8 @@ enum { SB_RESIDENT, SB_OUT_PENDING, SB_OUT, SB_IN_PENDING };
 #define SBF_LOST 4u       /* its uses could not be tracked: never swapped */
 #define SBF_PREFETCHED 8u /* IN_PENDING because of a planned prefetch */
 #define SBF_GIVEN 16u     /* OUT_PENDING, its physical memory handed to another block (map_block):
-                           * its range stays mapped to it until the copy out ends, then unmapped */
+                           * its range stays mapped to it (handle: that block's) until the copy
+                           * out ends, then unmapped */
 
 #define MAX_USES 8        /* streams tracked per block between two swaps */
 #define MAX_FENCES 32     /* streams with an opaque op in flight */
@@ -176,6 +177,11 @@ void drain_outs(void);
 void drain_until(uint64_t need, uint64_t budget);
 /* A swap-out whose memory was handed over: wait for its copy, then it is OUT. */
 void settle_out(struct sblock *b);
+/* settle_out of every block whose range still maps h (memory it handed over). */
+void settle_handle(CUmemGenericAllocationHandle h);
+/* b, freed (out of the table) while SBF_GIVEN: free_finish(b) once its range is unmapped.
+ * Returns 0 when it cannot be deferred. */
+int given_freed(struct sblock *b);
 void releaser_atfork_child(void);
 
 /* ---- swap_evict.c ---- */
@@ -203,5 +209,7 @@ void plan_unbind(struct sblock *b);
 uint64_t cache_trim(uint64_t want, CUmemoryPool pool);
 /* cache_trim of every pool, keeping one spare handle of `keep` bytes (see hold_budget). */
 uint64_t cache_trim_keeping(uint64_t want, uint64_t keep);
+/* The rest of swap_free for a block it deferred (given_freed): cached, or given back. */
+void free_finish(struct sblock *b);
 
 #endif

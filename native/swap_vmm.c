@@ -69,8 +69,12 @@ static CUmemGenericAllocationHandle spare_take(uint64_t vsize, int device)
     return 0;
 }
 
+/* The memory of h goes once it is mapped nowhere: a swap-out that handed it over (SBF_GIVEN) and
+ * still maps it at its range is unmapped first (after its copy out: normally ended, the memory's
+ * new owner ordered after it), or the device would keep the memory the budget counts as gone. */
 static void release_handle(CUmemGenericAllocationHandle h)
 {
+    settle_handle(h);
     if (real_cuMemRelease(h) != CUDA_SUCCESS && !g_noted_nomem) {
         g_noted_nomem = 1;
         ring_note("swap: cuMemRelease failed; device memory leaked");
@@ -89,12 +93,15 @@ CUresult map_block(struct sblock *b, CUevent *after)
     return r;
 }
 
-/* A swap-out still copying, of vsize bytes on device, whose memory is still its own. */
+/* A swap-out still copying, of vsize bytes on device, whose memory is still its own. Not one of
+ * an op being begun (inflight): that one is about to stay (cancel_out), and taking its memory
+ * would make it wait on the host for its copy and come back by a swap-in. */
 static struct sblock *leaving_of(uint64_t vsize, int device)
 {
     for (size_t i = 0; g_out_pending && i < g_tab.n; i++) {
         struct sblock *o = block_of(i);
-        if (o->state == SB_OUT_PENDING && !(o->flags & SBF_GIVEN) && o->handle && o->vsize == vsize && o->device == device)
+        if (o->state == SB_OUT_PENDING && !(o->flags & SBF_GIVEN) && !o->inflight && o->handle && o->vsize == vsize &&
+            o->device == device)
             return o;
     }
     return NULL;
@@ -106,7 +113,8 @@ int handoff_ready(uint64_t vsize, int device)
 }
 
 /* Map the memory of o, a swap-out still copying, at b: the handle is b's from now on, and o's
- * range stays mapped to it until o's copy ends (poll_releases then unmaps it). Physical memory
+ * range stays mapped to it until o's copy ends (poll_releases then unmaps it; o->handle names it
+ * until then, for release_handle). Physical memory
  * does not grow, and no one waits on the host: b's first use waits for o's copy on the GPU
  * (*after). A host running ahead of the GPU keeps its lead where the budget would otherwise make
  * it wait for every swap-out in flight (measured on GPT medium: 851 such drains took 5.7 s of
@@ -121,7 +129,6 @@ static int take_leaving(struct sblock *b, CUevent *after)
         return 0;
     }
     b->handle = o->handle;
-    o->handle = 0;
     o->flags |= SBF_GIVEN;
     g_leaving -= o->vsize; /* its bytes are b's: mapped once, counted once */
     *after = o->copy_ev;

@@ -168,3 +168,42 @@ def test_cached_memory_counts_against_the_budget_and_goes_first(fake, tmp_path):
     assert run.out["device_peak"] == 3 * GRAN
     assert [int(r["a"]) for r in run.swaps(Ev.SWAP_OUT)] == [run.block_id(run.out["y"])]
     no_misbehaviour(run)
+
+
+@pytest.mark.parametrize("order", ["d2h_first", "h2d_first"])
+def test_free_of_a_block_whose_memory_was_handed_over_does_not_wait_for_its_copy(fake, tmp_path, order):  # noqa: F811
+    """swap_driver.c scenario_freegiven: y (cuMemAllocAsync) takes a's memory while a's copy out
+    is queued; cuMemFreeAsync(a) then takes effect at its stream point without waiting for that
+    copy on the host: a's range is still mapped when the free returns (the shim streams have not
+    run), unmapped at the first op after the copy, and a's reservation is cached: z, the next
+    allocation of its size on S1, reuses it. The same for y, freed while c holds its memory.
+    Every byte intact, the pool's counts back to the cached block alone (z's 2 MiB, mapped)."""
+    env = {"PYOBMEM_RELEASER": "0", **({"FAKE_ADVANCE_REVERSE": "1"} if order == "h2d_first" else {})}
+    run = run_swap(fake, tmp_path, "freegiven", budget=3 * GRAN, env=env)
+    assert run.out["a_given"] == 1 and run.out["free_a_rc"] == 0
+    assert run.out["a_mapped_after_free"] == 1  # no host wait: its copy out still queued
+    assert run.out["a_unmapped"] == 1 and run.out["z_reused"] == 1
+    assert (run.out["bad_y"], run.out["bad_z"], run.out["bad_b"], run.out["bad_c"]) == (0, 0, 0, 0)
+    assert run.out["free_z_rc"] == 0 and run.out["free_y_rc"] == 0
+    assert run.out["used_end"] == 0 and run.out["reserved_end"] == GRAN
+    waits = dict(kv.split("=") for n in run.notes() if n.startswith("swap.waits=") for kv in n[len("swap.waits="):].split())
+    assert (waits["drains"], waits["handoffs"]) == ("0/0us", "3")
+    assert run.out["device_peak"] == 3 * GRAN
+    assert run.out["mappings"] == 3 and run.out["reservations"] == 4  # b, c, z; y's range unmapped
+    no_misbehaviour(run)
+
+
+def test_pool_destroyed_with_a_cached_reservation_without_memory_keeps_the_count(fake, tmp_path):  # noqa: F811
+    """swap_driver.c scenario_pooldestroy: x (a created pool's block) was freed while out, its
+    reservation cached without memory; cuMemPoolDestroy gives the reservation back and nothing
+    else (no unmap, no cuMemRelease of a handle it does not have), so the count of mapped memory
+    stays a, b, c: d's allocation sends one out, and the device never holds more than the 3-block
+    budget."""
+    run = run_swap(fake, tmp_path, "pooldestroy", budget=3 * GRAN)
+    assert run.out["x_rc"] == 0 and served(run.out["x"]) and run.out["x_out"] == 1
+    assert run.out["free_x_rc"] == 0 and run.out["destroy_rc"] == 0
+    assert run.out["reservations"] == 4  # a, b, c, d: x's given back
+    assert run.out["device_peak"] == 3 * GRAN
+    assert not [n for n in run.notes() if "cuMemRelease failed" in n]
+    assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"], run.out["bad_d"]) == (0, 0, 0, 0)
+    no_misbehaviour(run)

@@ -847,3 +847,129 @@ def test_a_template_never_in_step_is_dropped(fake, tmp_path):
     assert (int(drop["seen"]), int(drop["expected"])) == (KERN_B, KERN_B)
     assert int(run.control["plan_drops"][0]) == 1
     no_misbehaviour(run)
+
+
+# ---------------------------------------------------------------- memory handed over while its copy out runs
+
+
+@pytest.mark.parametrize("order", ["d2h_first", "h2d_first"])
+def test_block_whose_memory_was_handed_over_comes_back_under_the_budget(fake, tmp_path, order):
+    """swap_driver.c scenario_handoff, query: b's memory went to a while b's copy out was still
+    queued; a pointer query on b then brings it back (bring_back): after its copy out ends it is
+    out like any block, and its swap-in keeps the budget (c goes for it, its memory b's). The
+    device never holds more than the 3-block budget."""
+    env = {"PYOBMEM_RELEASER": "0", **({"FAKE_ADVANCE_REVERSE": "1"} if order == "h2d_first" else {})}
+    run = run_swap(fake, tmp_path, "handoff", "query", budget=3 * GRAN, env=env)
+    assert run.out["a_out"] == 1 and run.out["b_given"] == 1
+    assert run.out["peak_after_handoff"] == 3 * GRAN
+    assert run.out["query_rc"] == 0 and run.out["b_in"] == 1
+    assert run.out["peak_after_query"] == 3 * GRAN
+    assert _swap_seq(run, "a", "b", "c", "d")[:5] == [
+        ("out", "a"), ("out", "b"), ("in", "a", D), ("out", "c"), ("in", "b", D)]
+    assert run.out["device_peak"] == 3 * GRAN
+    assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"], run.out["bad_d"]) == (0, 0, 0, 0)
+    no_misbehaviour(run)
+
+
+def test_freeing_the_block_that_took_memory_still_mapped_keeps_the_budget(fake, tmp_path):
+    """swap_driver.c scenario_handoff, free: a took b's memory while b's copy out was queued; a
+    is freed once that copy has run (the free waits for a's swap-in, ordered after it), but
+    b's range, unmapped only at the next release, still holds the memory: releasing a's handle
+    gives nothing back until then. x, allocated next, must find the memory gone, not come on
+    top of it: the device never holds more than the 3-block budget."""
+    run = run_swap(fake, tmp_path, "handoff", "free", budget=3 * GRAN, env={"PYOBMEM_RELEASER": "0"})
+    assert run.out["a_out"] == 1 and run.out["b_given"] == 1
+    assert run.out["free_a_rc"] == 0
+    assert run.out["peak_after_free"] == 3 * GRAN
+    assert run.out["device_peak"] == 3 * GRAN
+    assert (run.out["bad_b"], run.out["bad_c"], run.out["bad_d"], run.out["bad_x"]) == (0, 0, 0, 0)
+    no_misbehaviour(run)
+
+
+@pytest.mark.parametrize("order", ["d2h_first", "h2d_first"])
+def test_stream_ordered_block_served_with_memory_still_copying_out_waits_on_its_stream(fake, tmp_path, order):
+    """swap_driver.c scenario_handoff_ordered: y (cuMemAllocAsync on S1) evicts a and takes its
+    memory while a's copy out is queued; the memset of y issued at once on S1 runs only after
+    that copy (S1 waits for a's copy event on the GPU, the host does not): a's bytes reach the
+    host intact, y holds the memset's. No wait on the host, no cuMemCreate after a, b, c's."""
+    env = {"PYOBMEM_RELEASER": "0", **({"FAKE_ADVANCE_REVERSE": "1"} if order == "h2d_first" else {})}
+    run = run_swap(fake, tmp_path, "handoff_ordered", budget=3 * GRAN, env=env)
+    assert run.out["a_given"] == 1
+    assert run.out["peak_after_alloc"] == 3 * GRAN and run.out["device_peak"] == 3 * GRAN
+    assert (run.out["bad_y"], run.out["bad_a"], run.out["bad_b"], run.out["bad_c"]) == (0, 0, 0, 0)
+    # y first; then each read-back brings its block back with the memory of the one evicted for it
+    assert _swap_seq(run, "a", "b", "c", "y") == [
+        ("out", "a"), ("out", "b"), ("in", "a", D), ("out", "c"), ("in", "b", D), ("out", "y"), ("in", "c", D)]
+    waits = dict(kv.split("=") for n in run.notes() if n.startswith("swap.waits=") for kv in n[len("swap.waits="):].split())
+    assert (waits["handoffs"], waits["creates"], waits["drains"]) == ("4", "3", "0/0us")
+    no_misbehaviour(run)
+
+
+def test_an_ops_own_block_still_copying_out_keeps_its_memory(fake, tmp_path):
+    """swap_driver.c scenario_ownleaving: b and c are copying out (the budget lowered to 2 blocks
+    at sync 1) when op_a(a, 0, b) needs a back and b. a takes c's memory, not b's: b's swap-out
+    is cancelled (no SWAP_OUT record, no swap-in), and the host waits only once, for a's copy
+    out before e's allocation (a cuMemAlloc block)."""
+
+    def lower(path, pid, out):
+        c = control(path)
+        c["budget_bytes"] = 2 * GRAN
+        c.flush()
+
+    run = run_swap(fake, tmp_path, "ownleaving", budget=4 * GRAN, plans={1: lower}, env={"PYOBMEM_RELEASER": "0"})
+    assert run.out["a_out"] == 1 and run.out["b_leaving"] == 1 and run.out["c_leaving"] == 1
+    assert run.out["b_in"] == 1
+    seq = _swap_seq(run, "a", "b", "c", "d", "e")
+    assert seq[:3] == [("out", "a"), ("out", "c"), ("in", "a", D)]
+    assert ("in", "b", D) not in seq and seq.index(("out", "b")) > seq.index(("in", "c", D))  # out again at c's read-back
+    waits = dict(kv.split("=") for n in run.notes() if n.startswith("swap.waits=") for kv in n[len("swap.waits="):].split())
+    assert waits["drains"].startswith("1/") and waits["handoffs"] == "4"
+    assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"], run.out["bad_d"], run.out["bad_e"]) == (0,) * 5
+    no_misbehaviour(run)
+
+
+def test_swap_in_on_a_spare_handle_does_not_wait_for_swap_outs_in_flight(fake, tmp_path):
+    """swap_driver.c scenario_sparewait: a's memory is a spare handle (the budget had room when
+    it was released) and b's planned swap-out is still copying when op_b(a) needs a back. The
+    spare is counted already: mapping it puts nothing more on the device (c, a, and b's memory
+    until its copy ends: 3 blocks), so the host does not wait for b's copy (b still mapped after
+    the swap-in, no drain). The device peak is the 512 KiB block's moment, 3 blocks + 512 KiB."""
+
+    def plan(path, pid, out):
+        write_plan(path, pid, 1, [KERN_B, FUNC_A], [(1, ActionKind.SWAP_OUT, out["b"], 2 * MIB)])
+
+    run = run_swap(fake, tmp_path, "sparewait", budget=3 * GRAN, plans={1: plan}, env={"PYOBMEM_RELEASER": "0"})
+    assert run.out["x_rc"] == 0 and run.out["x_free_rc"] == 0 and run.out["a_out"] == 1
+    assert run.out["b_leaving"] == 1
+    assert run.out["a_in"] == 1 and run.out["b_leaving_after"] == 1
+    assert _swap_seq(run, "a", "b", "c") == [("out", "a"), ("in", "a", D), ("out", "b"), ("in", "b", D)]
+    waits = dict(kv.split("=") for n in run.notes() if n.startswith("swap.waits=") for kv in n[len("swap.waits="):].split())
+    assert waits["drains"] == "0/0us"
+    assert run.out["device_peak"] == 3 * GRAN + MIB // 2
+    assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"]) == (0, 0, 0)
+    no_misbehaviour(run)
+
+
+def test_swap_in_at_the_budget_maps_the_spare_handle_of_its_size(fake, tmp_path):
+    """swap_driver.c scenario_sparewait full: the device is at the budget (b, c and a's memory
+    kept as a spare) when op_b(a) needs a back. The spare is the memory a maps: it is not given
+    back first as cached memory (and created again): no cuMemRelease, no cuMemCreate after a, b
+    and c's, nothing else evicted."""
+    run = run_swap(fake, tmp_path, "sparewait", "full", budget=3 * GRAN, env={"PYOBMEM_RELEASER": "0"})
+    assert run.out["a_out"] == 1 and run.out["a_in"] == 1
+    assert _swap_seq(run, "a", "b", "c") == [("out", "a"), ("in", "a", D)]
+    assert run.out["create_calls"] == 3
+    assert run.out["device_peak"] == 3 * GRAN + MIB // 2
+    assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"]) == (0, 0, 0)
+    no_misbehaviour(run)
+
+
+def test_a_fork_child_writes_no_swap_waits_note(fake, tmp_path):
+    """swap_driver.c scenario_forkexit: a child forked after the parent swapped (a data loader's
+    worker) exits normally; it traced, it did not swap, and the one swap.waits NOTE is the
+    parent's, written at its own exit."""
+    run = run_swap(fake, tmp_path, "forkexit", budget=3 * GRAN)
+    assert run.out["child_status"] == 0 and run.out["bad_b"] == 0
+    waits = [n for n in run.notes() if n.startswith("swap.waits=")]
+    assert len(waits) == 1 and " evictions=1 " in waits[0]
+    no_misbehaviour(run)

@@ -7,8 +7,9 @@ swap mode (``resident_bytes``) as step functions (``step_function``), readable o
 (``drops_hint``). Times are CLOCK_MONOTONIC ns, sizes bytes, all int64.
 
 Times of the swap records (native/swap.c): a SWAP_OUT is recorded when the block's device memory was
-released; a SWAP_IN when the block was handed back to its consumer, ``duration_ns`` after its
-memory was mapped again. So a block is off the device over [SWAP_OUT ts, SWAP_IN ts - duration).
+released, or handed to another block (its copy out may still run then); a SWAP_IN when the block
+was handed back to its consumer, ``duration_ns`` after its memory was mapped again. So a block is
+off the device over [SWAP_OUT ts, SWAP_IN ts - duration).
 """
 
 from __future__ import annotations

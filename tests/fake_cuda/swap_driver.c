@@ -11,6 +11,7 @@
 #include <time.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "fake_cuda.h"
@@ -678,6 +679,198 @@ static int scenario_hold(void)
     return 0;
 }
 
+/* A block whose memory was handed over while its copy out runs (SBF_GIVEN), and the block that
+ * took it. Budget 3 blocks of 2 MiB, PYOBMEM_RELEASER=0: a, b, c filled; d's allocation sends a out
+ * (waited for: d is a cuMemAlloc block); op_a(a) brings a back, evicting b, and a takes b's memory
+ * while b's copy out is still queued (the shim streams do not run). Then (variant):
+ *   query  a pointer query on b: b comes back (its copy waited for), under the budget
+ *   free   a, the block that took b's memory, is freed, and x allocated: the memory a mapped is
+ *          gone only once b's range is unmapped too; x must not come on top of it
+ * device_peak after each step, then every block's bytes. */
+static int scenario_handoff(const char *variant)
+{
+    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB), x = 0;
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)c);
+    fill(a, 2 * MIB, 1);
+    fill(b, 2 * MIB, 2);
+    fill(c, 2 * MIB, 3);
+    fakeAdvance(-1);
+    CUdeviceptr d = must_alloc(2 * MIB);
+    printf("d=%" PRIu64 "\n", (uint64_t)d);
+    fill(d, 2 * MIB, 4);
+    printf("a_out=%d\n", fakeAccess(a) == -1);
+    op_a(a, 0, 0); /* demand: b evicted, its memory a's */
+    printf("b_given=%d\n", fakeAccess(b) != -1); /* its copy queued: its range still mapped */
+    printf("peak_after_handoff=%lld\n", fakeCounter("device_peak"));
+    if (!strcmp(variant, "query")) {
+        int v = 0;
+        CUresult r = ((CUresult(*)(void *, CUpointer_attribute, CUdeviceptr))get("cuPointerGetAttribute"))(
+            &v, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, b + 4096);
+        printf("query_rc=%d\nb_in=%d\n", (int)r, fakeAccess(b) != -1);
+    } else if (!strcmp(variant, "free")) {
+        printf("free_a_rc=%d\n", (int)p_free(a));
+        x = must_alloc(2 * MIB);
+        fill(x, 2 * MIB, 5);
+    }
+    printf("peak_after_%s=%lld\n", variant, fakeCounter("device_peak"));
+    fakeAdvance(-1);
+    if (strcmp(variant, "free") != 0)
+        printf("bad_a=%ld\n", check(a, 2 * MIB, 1, 0));
+    fakeAdvance(-1);
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
+    fakeAdvance(-1);
+    printf("bad_c=%ld\n", check(c, 2 * MIB, 3, 0));
+    fakeAdvance(-1);
+    printf("bad_d=%ld\n", check(d, 2 * MIB, 4, 0));
+    fakeAdvance(-1);
+    if (x)
+        printf("bad_x=%ld\n", check(x, 2 * MIB, 5, 0));
+    fakeAdvance(-1);
+    counters();
+    return 0;
+}
+
+/* A stream-ordered block served with the memory of a swap-out still copying: budget 3 blocks of
+ * 2 MiB, a, b, c filled; y (cuMemAllocAsync on S1) evicts a and takes its memory while a's copy
+ * out is queued (the shim streams do not run); a memset of y on S1 follows at once. S1 must wait
+ * for a's copy, or the memset overwrites a's bytes before they reach the host. */
+static int scenario_handoff_ordered(void)
+{
+    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB);
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)c);
+    fill(a, 2 * MIB, 1);
+    fill(b, 2 * MIB, 2);
+    fill(c, 2 * MIB, 3);
+    fakeAdvance(-1);
+    CUdeviceptr y = must_alloc_ordered(2 * MIB, S1);
+    printf("y=%" PRIu64 "\n", (uint64_t)y);
+    printf("a_given=%d\n", fakeAccess(a) != -1); /* its copy queued: its range still mapped */
+    p_memset(y, 0x55555555u, 2 * MIB / 4, S1);
+    printf("peak_after_alloc=%lld\n", fakeCounter("device_peak"));
+    fakeAdvance(-1);
+    unsigned char *h = malloc(2 * MIB);
+    p_dtoh(h, y, 2 * MIB);
+    long bad = 0;
+    for (size_t i = 0; i < 2 * MIB; i++)
+        bad += h[i] != 0x55;
+    free(h);
+    printf("bad_y=%ld\n", bad);
+    fakeAdvance(-1);
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 1, 0));
+    fakeAdvance(-1);
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
+    fakeAdvance(-1);
+    printf("bad_c=%ld\n", check(c, 2 * MIB, 3, 0));
+    fakeAdvance(-1);
+    counters();
+    return 0;
+}
+
+/* An op's own block still copying out is not the memory its other blocks take: budget 4 blocks
+ * of 2 MiB, a, b, c, d filled; e's allocation sends a out (waited for); at sync 1 the test lowers
+ * the budget to 2 blocks, so op_b(e) sends b and c out (copies queued: the shim streams do not
+ * run). op_a(a, 0, b) then needs a back (d goes for it) and b, still copying: b's swap-out is
+ * cancelled, and a takes the memory of c or d, never b's (which would make b wait on the host
+ * for its copy and come back by a swap-in). */
+static int scenario_ownleaving(void)
+{
+    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB), d = must_alloc(2 * MIB);
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\nd=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)c,
+           (uint64_t)d);
+    fill(a, 2 * MIB, 1);
+    fill(b, 2 * MIB, 2);
+    fill(c, 2 * MIB, 3);
+    fill(d, 2 * MIB, 4);
+    fakeAdvance(-1);
+    CUdeviceptr e = must_alloc(2 * MIB);
+    printf("e=%" PRIu64 "\n", (uint64_t)e);
+    fill(e, 2 * MIB, 5);
+    printf("a_out=%d\n", fakeAccess(a) == -1);
+    sync_point(1); /* the budget: 2 blocks */
+    op_b(e);
+    printf("b_leaving=%d\nc_leaving=%d\n", fakeAccess(b) != -1, fakeAccess(c) != -1);
+    op_a(a, 0, b);
+    printf("b_in=%d\n", fakeAccess(b) != -1);
+    fakeAdvance(-1);
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 1, 0));
+    fakeAdvance(-1);
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
+    fakeAdvance(-1);
+    printf("bad_c=%ld\n", check(c, 2 * MIB, 3, 0));
+    fakeAdvance(-1);
+    printf("bad_d=%ld\n", check(d, 2 * MIB, 4, 0));
+    fakeAdvance(-1);
+    printf("bad_e=%ld\n", check(e, 2 * MIB, 5, 0));
+    fakeAdvance(-1);
+    counters();
+    return 0;
+}
+
+/* A swap-in that maps a spare handle needs no room beyond it: budget 3 blocks of 2 MiB, a, b, c
+ * filled; a 512 KiB cuMemAlloc puts the device over it, so the next op sends a out; x freed, a's
+ * memory is kept as a spare (the budget has room). The plan (sync 1) swaps b out after op 1:
+ * b's copy is queued (the shim streams do not run) when op_b(a) needs a back. a maps the spare:
+ * the device holds c, a and b's memory still copying, 3 blocks; nothing to wait for. full: no
+ * plan, op_b(a) at once, the device at the budget (b, c and the spare): the spare is the memory
+ * a maps, not cached memory to give back first (and create again). */
+static int scenario_sparewait(int full)
+{
+    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB), x = 0;
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)c);
+    fill(a, 2 * MIB, 1);
+    fill(b, 2 * MIB, 2);
+    fill(c, 2 * MIB, 3);
+    fakeAdvance(-1);
+    printf("x_rc=%d\n", (int)p_alloc(&x, MIB / 2));
+    op_b(c); /* over the budget: a goes */
+    fakeAdvance(-1);
+    printf("x_free_rc=%d\n", (int)p_free(x));
+    op_b(c); /* a's memory released, kept as a spare */
+    printf("a_out=%d\n", fakeAccess(a) == -1);
+    sync_point(1); /* plan: swap b out after op 1 */
+    if (!full) {
+        op_b(c);
+        op_a(b, 0, 0);
+        printf("b_leaving=%d\n", fakeAccess(b) != -1);
+    }
+    op_b(a); /* a back on the spare */
+    printf("a_in=%d\nb_leaving_after=%d\n", fakeAccess(a) != -1, fakeAccess(b) != -1);
+    printf("peak_after_swap_in=%lld\n", fakeCounter("device_peak"));
+    fakeAdvance(-1);
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 1, 0));
+    fakeAdvance(-1);
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
+    fakeAdvance(-1);
+    printf("bad_c=%ld\n", check(c, 2 * MIB, 3, 0));
+    fakeAdvance(-1);
+    counters();
+    return 0;
+}
+
+/* A fork child (a data loader's worker) exits: it traced, it did not swap, so it writes no
+ * swap.waits NOTE of its own (the parent's counters, inherited, are the parent's to write).
+ * Budget 3 blocks: d's allocation sends a out first, so the parent has waits to note. */
+static int scenario_forkexit(void)
+{
+    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB);
+    fill(a, 2 * MIB, 1);
+    fill(b, 2 * MIB, 2);
+    fill(c, 2 * MIB, 3);
+    fakeAdvance(-1);
+    CUdeviceptr d = must_alloc(2 * MIB);
+    printf("d=%" PRIu64 "\n", (uint64_t)d);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0)
+        exit(0); /* atexit handlers run, as at a worker's normal end */
+    int st = -1;
+    waitpid(pid, &st, 0);
+    printf("child_status=%d\n", st);
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
+    counters();
+    return 0;
+}
+
 /* The budget counts every live device block (g_shim.device_bytes): budget 3 blocks of 2 MiB, a,
  * b, c filled (LRU a, b, c), then a 512 KiB block the shim does not VMM-back (variant):
  *   small    cuMemAlloc below min_swap_bytes (the real allocator)
@@ -901,6 +1094,102 @@ static int scenario_ordered(void)
     fill(y, LEN, 4);
     printf("bad_after_trim=%ld\n", check(y, LEN, 4, 0));
     fa(y, S1);
+    counters();
+    return 0;
+}
+
+/* A stream-ordered block freed while its memory, handed over, is still copying out: budget 3
+ * blocks of 2 MiB, a (cuMemAllocAsync on S1), b, c filled; y (cuMemAllocAsync on S1) evicts a and
+ * takes its memory while a's copy out is queued (the shim streams do not run). cuMemFreeAsync(a)
+ * takes effect at its stream point: no wait on the host for a's copy (a's range, still mapped to
+ * y's memory, is unmapped once the copy ends). z, allocated on S1 after that, reuses a's cached
+ * reservation. */
+static int scenario_freegiven(void)
+{
+    freea_fn fa = (freea_fn)get("cuMemFreeAsync");
+    CUdeviceptr a = must_alloc_ordered(2 * MIB, S1), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB);
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)c);
+    fill(a, 2 * MIB, 1);
+    fill(b, 2 * MIB, 2);
+    fill(c, 2 * MIB, 3);
+    fakeAdvance(-1);
+    CUdeviceptr y = must_alloc_ordered(2 * MIB, S1);
+    printf("y=%" PRIu64 "\n", (uint64_t)y);
+    printf("a_given=%d\n", fakeAccess(a) != -1);
+    printf("free_a_rc=%d\n", (int)fa(a, S1));
+    printf("a_mapped_after_free=%d\n", fakeAccess(a) != -1); /* its copy still queued: no wait */
+    p_memset(y, 0x55555555u, 2 * MIB / 4, S1);
+    fakeAdvance(-1);
+    op_b(b); /* a's copy has ended: its range is unmapped */
+    printf("a_unmapped=%d\n", fakeAccess(a) == -1);
+    CUdeviceptr z = must_alloc_ordered(2 * MIB, S1);
+    printf("z_reused=%d\n", z == a);
+    p_memset(z, 0x66666666u, 2 * MIB / 4, S1); /* on its stream: it may hold a swap-out's memory too */
+    fakeAdvance(-1);
+    unsigned char *h = malloc(2 * MIB);
+    p_dtoh(h, y, 2 * MIB);
+    long bad = 0;
+    for (size_t i = 0; i < 2 * MIB; i++)
+        bad += h[i] != 0x55;
+    free(h);
+    printf("bad_y=%ld\n", bad);
+    fakeAdvance(-1);
+    h = malloc(2 * MIB);
+    p_dtoh(h, z, 2 * MIB);
+    bad = 0;
+    for (size_t i = 0; i < 2 * MIB; i++)
+        bad += h[i] != 0x66;
+    free(h);
+    printf("bad_z=%ld\n", bad);
+    fakeAdvance(-1);
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
+    fakeAdvance(-1);
+    printf("bad_c=%ld\n", check(c, 2 * MIB, 3, 0));
+    fakeAdvance(-1);
+    printf("free_z_rc=%d\nfree_y_rc=%d\n", (int)fa(z, S1), (int)fa(y, S1)); /* y's memory c's */
+    fakeAdvance(-1);
+    op_b(b);
+    CUmemoryPool def = NULL;
+    ((CUresult(*)(CUmemoryPool *, CUdevice))dlsym(lib, "cuDeviceGetDefaultMemPool"))(&def, 0);
+    printf("used_end=%lld\nreserved_end=%lld\n", pool_attr(def, CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
+           pool_attr(def, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT));
+    counters();
+    return 0;
+}
+
+/* A pool destroyed with a cached reservation whose memory is gone: budget 3 blocks of 2 MiB, x
+ * (from a created pool, on S1), a, b filled; c's allocation sends x out; x is freed while out
+ * (its reservation cached, no memory) and the pool destroyed. d, allocated next, must still find
+ * the device full (a, b, c): one of them goes out for it. */
+static int scenario_pooldestroy(void)
+{
+    CUmemoryPool pd = make_pool(CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_HANDLE_TYPE_NONE);
+    CUdeviceptr x = 0;
+    printf("x_rc=%d\n", (int)((allocp_fn)dlsym(lib, "cuMemAllocFromPoolAsync"))(&x, 2 * MIB, pd, S1));
+    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB);
+    printf("x=%" PRIu64 "\na=%" PRIu64 "\nb=%" PRIu64 "\n", (uint64_t)x, (uint64_t)a, (uint64_t)b);
+    fill(x, 2 * MIB, 1);
+    fill(a, 2 * MIB, 2);
+    fill(b, 2 * MIB, 3);
+    fakeAdvance(-1);
+    CUdeviceptr c = must_alloc(2 * MIB);
+    printf("c=%" PRIu64 "\nx_out=%d\n", (uint64_t)c, fakeAccess(x) == -1);
+    fill(c, 2 * MIB, 4);
+    printf("free_x_rc=%d\n", (int)((freea_fn)get("cuMemFreeAsync"))(x, S1));
+    fakeAdvance(-1);
+    printf("destroy_rc=%d\n", (int)((CUresult(*)(CUmemoryPool))dlsym(lib, "cuMemPoolDestroy"))(pd));
+    CUdeviceptr d = must_alloc(2 * MIB);
+    printf("d=%" PRIu64 "\n", (uint64_t)d);
+    fill(d, 2 * MIB, 5);
+    fakeAdvance(-1);
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 2, 0));
+    fakeAdvance(-1);
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 3, 0));
+    fakeAdvance(-1);
+    printf("bad_c=%ld\n", check(c, 2 * MIB, 4, 0));
+    fakeAdvance(-1);
+    printf("bad_d=%ld\n", check(d, 2 * MIB, 5, 0));
+    fakeAdvance(-1);
     counters();
     return 0;
 }
@@ -1167,6 +1456,20 @@ int main(int argc, char **argv)
                                argc > 4 && !strcmp(argv[4], "ordered"));
     else if (!strcmp(s, "hold"))
         rc = scenario_hold();
+    else if (!strcmp(s, "handoff_ordered"))
+        rc = scenario_handoff_ordered();
+    else if (!strcmp(s, "ownleaving"))
+        rc = scenario_ownleaving();
+    else if (!strcmp(s, "freegiven"))
+        rc = scenario_freegiven();
+    else if (!strcmp(s, "pooldestroy"))
+        rc = scenario_pooldestroy();
+    else if (!strcmp(s, "sparewait"))
+        rc = scenario_sparewait(argc > 2 && !strcmp(argv[2], "full"));
+    else if (!strcmp(s, "forkexit"))
+        rc = scenario_forkexit();
+    else if (!strcmp(s, "handoff"))
+        rc = scenario_handoff(argc > 2 ? argv[2] : "query");
     else if (!strcmp(s, "others"))
         rc = scenario_others(argc > 2 ? argv[2] : "small");
     else if (!strcmp(s, "ordered"))
