@@ -161,6 +161,18 @@ static void counters(void)
 #define MIB ((size_t)1 << 20)
 #define LEN (4 * MIB + 100) /* a block of 3 granules, the last one partly used */
 
+/* a, b, c: three 2 MiB cuMemAlloc blocks, printed, filled with seeds 1, 2, 3 (the LRU order a, b, c). */
+static void blocks_abc(CUdeviceptr *a, CUdeviceptr *b, CUdeviceptr *c)
+{
+    *a = must_alloc(2 * MIB);
+    *b = must_alloc(2 * MIB);
+    *c = must_alloc(2 * MIB);
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\n", (uint64_t)*a, (uint64_t)*b, (uint64_t)*c);
+    fill(*a, 2 * MIB, 1);
+    fill(*b, 2 * MIB, 2);
+    fill(*c, 2 * MIB, 3);
+}
+
 /* Iterations of [op_b(T), op_a(A, LEN, B), op_b(T)]; the plan (written by the test) prefetches
  * A at 0 and swaps it out at 1. Odd iterations let the prefetch land before the consumer
  * (advance first), even ones do not (late). */
@@ -341,11 +353,8 @@ static int scenario_never(void)
 /* Budget without a plan: LRU idle eviction before an allocation over the budget. */
 static int scenario_budget(void)
 {
-    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB);
-    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)c);
-    fill(a, 2 * MIB, 1);
-    fill(b, 2 * MIB, 2);
-    fill(c, 2 * MIB, 3);
+    CUdeviceptr a, b, c;
+    blocks_abc(&a, &b, &c);
     op_a(a, 0, 0);
     op_a(b, 0, 0);
     op_a(c, 0, 0);
@@ -646,11 +655,8 @@ static int scenario_ptrtable(const char *variant, const char *mode, int ordered)
  * template: the plan is dropped there). */
 static int scenario_hold(void)
 {
-    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB);
-    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)c);
-    fill(a, 2 * MIB, 1);
-    fill(b, 2 * MIB, 2);
-    fill(c, 2 * MIB, 3);
+    CUdeviceptr a, b, c;
+    blocks_abc(&a, &b, &c);
     fakeAdvance(-1);
     sync_point(1); /* plan: swap a out after op 1 */
     op_b(b);
@@ -689,11 +695,8 @@ static int scenario_hold(void)
  * device_peak after each step, then every block's bytes. */
 static int scenario_handoff(const char *variant)
 {
-    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB), x = 0;
-    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)c);
-    fill(a, 2 * MIB, 1);
-    fill(b, 2 * MIB, 2);
-    fill(c, 2 * MIB, 3);
+    CUdeviceptr a, b, c, x = 0;
+    blocks_abc(&a, &b, &c);
     fakeAdvance(-1);
     CUdeviceptr d = must_alloc(2 * MIB);
     printf("d=%" PRIu64 "\n", (uint64_t)d);
@@ -736,11 +739,8 @@ static int scenario_handoff(const char *variant)
  * for a's copy, or the memset overwrites a's bytes before they reach the host. */
 static int scenario_handoff_ordered(void)
 {
-    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB);
-    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)c);
-    fill(a, 2 * MIB, 1);
-    fill(b, 2 * MIB, 2);
-    fill(c, 2 * MIB, 3);
+    CUdeviceptr a, b, c;
+    blocks_abc(&a, &b, &c);
     fakeAdvance(-1);
     CUdeviceptr y = must_alloc_ordered(2 * MIB, S1);
     printf("y=%" PRIu64 "\n", (uint64_t)y);
@@ -815,11 +815,8 @@ static int scenario_ownleaving(void)
  * a maps, not cached memory to give back first (and create again). */
 static int scenario_sparewait(int full)
 {
-    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB), x = 0;
-    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)c);
-    fill(a, 2 * MIB, 1);
-    fill(b, 2 * MIB, 2);
-    fill(c, 2 * MIB, 3);
+    CUdeviceptr a, b, c, x = 0;
+    blocks_abc(&a, &b, &c);
     fakeAdvance(-1);
     printf("x_rc=%d\n", (int)p_alloc(&x, MIB / 2));
     op_b(c); /* over the budget: a goes */
@@ -852,10 +849,8 @@ static int scenario_sparewait(int full)
  * Budget 3 blocks: d's allocation sends a out first, so the parent has waits to note. */
 static int scenario_forkexit(void)
 {
-    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB);
-    fill(a, 2 * MIB, 1);
-    fill(b, 2 * MIB, 2);
-    fill(c, 2 * MIB, 3);
+    CUdeviceptr a, b, c;
+    blocks_abc(&a, &b, &c);
     fakeAdvance(-1);
     CUdeviceptr d = must_alloc(2 * MIB);
     printf("d=%" PRIu64 "\n", (uint64_t)d);
@@ -881,11 +876,8 @@ static int scenario_forkexit(void)
  * freed, bringing a back fits again: nothing else is evicted. */
 static int scenario_others(const char *variant)
 {
-    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB), x = 0;
-    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)c);
-    fill(a, 2 * MIB, 1);
-    fill(b, 2 * MIB, 2);
-    fill(c, 2 * MIB, 3);
+    CUdeviceptr a, b, c, x = 0;
+    blocks_abc(&a, &b, &c);
     fakeAdvance(-1);
     CUresult r = CUDA_ERROR_INVALID_VALUE;
     size_t pitch = 0;
@@ -1215,11 +1207,8 @@ static int scenario_ordered_full(void)
  * under one that does not. */
 static int scenario_belady(void)
 {
-    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB);
-    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)c);
-    fill(a, 2 * MIB, 1);
-    fill(b, 2 * MIB, 2);
-    fill(c, 2 * MIB, 3);
+    CUdeviceptr a, b, c;
+    blocks_abc(&a, &b, &c);
     fakeAdvance(-1);
     sync_point(1); /* the test writes the plan */
     op_b(a);
@@ -1244,10 +1233,8 @@ static int scenario_belady(void)
  * answers as for any live pointer. */
 static int scenario_ptrquery(const char *which)
 {
-    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB);
-    fill(a, 2 * MIB, 1);
-    fill(b, 2 * MIB, 2);
-    fill(c, 2 * MIB, 3);
+    CUdeviceptr a, b, c;
+    blocks_abc(&a, &b, &c);
     op_a(b, 0, c);
     fakeAdvance(-1);
     CUdeviceptr d = must_alloc(2 * MIB);
@@ -1276,10 +1263,8 @@ static int scenario_ptrquery(const char *which)
  * released meanwhile; without it (PYOBMEM_RELEASER=0), only at the next op. */
 static int scenario_release(void)
 {
-    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB), x = 0;
-    fill(a, 2 * MIB, 1);
-    fill(b, 2 * MIB, 2);
-    fill(c, 2 * MIB, 3);
+    CUdeviceptr a, b, c, x = 0;
+    blocks_abc(&a, &b, &c);
     fakeAdvance(-1);
     printf("x_rc=%d\n", (int)p_alloc(&x, MIB / 2));
     op_a(c, 0, 0); /* over the budget: a's copy out is queued */
@@ -1302,10 +1287,8 @@ static int scenario_release(void)
  * a is freed. The free must wait for that copy before unmapping a. */
 static int scenario_cancelfree(void)
 {
-    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), c = must_alloc(2 * MIB), x = 0;
-    fill(a, 2 * MIB, 1);
-    fill(b, 2 * MIB, 2);
-    fill(c, 2 * MIB, 3);
+    CUdeviceptr a, b, c, x = 0;
+    blocks_abc(&a, &b, &c);
     fakeAdvance(-1);
     printf("x_rc=%d\n", (int)p_alloc(&x, MIB / 2));
     op_a(c, 0, 0); /* over the budget: a's copy out is queued, not run */
