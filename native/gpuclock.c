@@ -37,7 +37,12 @@
 #define GC_MAX_CTX 8
 #define GC_REFS 4                     /* reference events per context: one current, older ones retiring */
 #define GC_REF_PERIOD_NS 1000000000ull /* a new reference every second: float ms stays sub-µs */
-#define GC_POLL_NS 1000000            /* the thread polls every 1 ms */
+/* The thread's nap adapts to the sample rate: each wake costs the application's CPU time when
+ * they share a core (a launch-bound LSTM pinned to one CPU: 6% per step at a fixed 1 ms), so it
+ * sleeps as long as the pool allows: doubled while a pass finds under 1/16 of the pool to read,
+ * halved when it finds over 1/4, within [GC_NAP_MIN_NS, GC_NAP_MAX_NS]. */
+#define GC_NAP_MIN_NS 1000000ull
+#define GC_NAP_MAX_NS 16000000ull
 
 enum { SLOT_FREE = 0, SLOT_TAKEN = 1, SLOT_PENDING = 2 };
 enum { CTX_EMPTY = 0, CTX_FILLING = 1, CTX_READY = 2, CTX_FAILED = 3 };
@@ -67,6 +72,7 @@ uint64_t g_gpuclock_next = UINT64_MAX; /* atomic: next op seq to sample; UINT64_
 __thread uint64_t shim_tls_op;
 
 static uint64_t g_every, g_pool;
+static uint64_t g_nap_fixed_ns; /* PYOBMEM_GPU_CLOCK_POLL_US: a fixed nap; 0: adaptive */
 static struct gc_ctx g_ctx[GC_MAX_CTX];
 static int g_thread; /* atomic: 0 not started, 1 running, -1 could not start */
 static int g_stop, g_stopped; /* atomic */
@@ -101,6 +107,7 @@ void gpuclock_init(void)
 {
     g_every = env_u64(PYOBMEM_ENV_GPU_CLOCK_EVERY, GC_DEFAULT_EVERY, UINT32_MAX);
     uint64_t pool = env_u64(PYOBMEM_ENV_GPU_CLOCK_POOL, GC_DEFAULT_POOL, GC_MAX_POOL);
+    g_nap_fixed_ns = env_u64(PYOBMEM_ENV_GPU_CLOCK_POLL_US, 0, 1000000) * 1000;
     g_pool = 1;
     while (g_pool < pool) /* a power of two: the cursor wraps with a mask */
         g_pool <<= 1;
@@ -156,14 +163,17 @@ static void emit_sample(struct gc_ctx *c, struct gc_slot *s)
         __atomic_add_fetch(&g_samples, 1, __ATOMIC_RELAXED);
 }
 
-/* One pass over a context's pending samples; a new reference when the current one is old. */
-static void ctx_poll(struct gc_ctx *c, uint64_t now)
+/* One pass over a context's pending samples; a new reference when the current one is old.
+ * Returns how many slots were pending. */
+static uint64_t ctx_poll(struct gc_ctx *c, uint64_t now)
 {
     int used[GC_REFS] = {0};
+    uint64_t pending = 0;
     for (uint64_t i = 0; i < g_pool; i++) {
         struct gc_slot *s = &c->slots[i];
         if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != SLOT_PENDING)
             continue;
+        pending++;
         CUresult q = real_cuEventQuery(s->ev);
         if (q == CUDA_ERROR_NOT_READY) {
             used[s->ref] = 1;
@@ -178,13 +188,25 @@ static void ctx_poll(struct gc_ctx *c, uint64_t now)
         if (r != cur && !used[r])
             c->ref_live[r] = 0; /* no pending sample names it: free to record again */
     if (now - c->ref_at < GC_REF_PERIOD_NS)
-        return;
+        return pending;
     for (uint32_t r = 0; r < GC_REFS; r++)
         if (!c->ref_live[r]) {
             if (ref_record(c, r))
                 __atomic_store_n(&c->cur_ref, r, __ATOMIC_RELEASE);
-            return;
+            break;
         }
+    return pending;
+}
+
+static uint64_t next_nap(uint64_t nap, uint64_t pending)
+{
+    if (g_nap_fixed_ns)
+        return g_nap_fixed_ns;
+    if (pending > g_pool / 4 && nap > GC_NAP_MIN_NS)
+        return nap / 2;
+    if (pending < g_pool / 16 && nap < GC_NAP_MAX_NS)
+        return nap * 2;
+    return nap;
 }
 
 static void *poller(void *arg)
@@ -193,10 +215,10 @@ static void *poller(void *arg)
     shim_tls_guard++; /* nothing this thread calls is the application's */
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     real_cuThreadExchangeStreamCaptureMode(&mode);
-    struct timespec nap = {0, GC_POLL_NS};
+    uint64_t nap_ns = GC_NAP_MIN_NS;
     for (;;) {
         int last = __atomic_load_n(&g_stop, __ATOMIC_ACQUIRE);
-        uint64_t now = shim_now_ns();
+        uint64_t now = shim_now_ns(), pending = 0;
         for (int i = 0; i < GC_MAX_CTX; i++) {
             struct gc_ctx *c = &g_ctx[i];
             if (__atomic_load_n(&c->state, __ATOMIC_ACQUIRE) != CTX_READY)
@@ -205,12 +227,15 @@ static void *poller(void *arg)
                 __atomic_store_n(&c->state, CTX_FAILED, __ATOMIC_RELEASE);
                 continue;
             }
-            ctx_poll(c, now);
+            uint64_t n = ctx_poll(c, now);
+            pending = n > pending ? n : pending;
             CUcontext popped;
             real_cuCtxPopCurrent_v2(&popped);
         }
         if (last)
             break; /* one last pass after the stop: what completed by exit is written */
+        nap_ns = next_nap(nap_ns, pending);
+        struct timespec nap = {(time_t)(nap_ns / 1000000000ull), (long)(nap_ns % 1000000000ull)};
         nanosleep(&nap, NULL);
     }
     uint64_t n = __atomic_load_n(&g_samples, __ATOMIC_RELAXED), k = __atomic_load_n(&g_skipped, __ATOMIC_RELAXED);
