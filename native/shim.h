@@ -143,11 +143,13 @@ struct param_layout {
     uint32_t *size;
     uint32_t n_slots;  /* 8-byte words of the argument buffer (known layouts) */
     uint8_t *slots;    /* per word at offset 8*i: SLOT_* (launch.c), atomic; NULL: none */
+    uint64_t epoch;    /* atomic: the handle-freeing epoch (params.c) it was last queried in */
 };
 /* Layout of a function or kernel handle; queried and cached on first sight (which also emits
  * the KERNEL_NAME records). Never NULL. */
 const struct param_layout *params_get(uintptr_t handle);
-/* A cached handle the driver handed out again: query its layout again (a reused address). */
+/* A cached handle the driver handed out again: query its layout again if a module, library or
+ * context was freed since it was last queried (the address may be another kernel's now). */
 void params_refresh(uintptr_t handle);
 /* memory.c: the host-alias table's lock around fork. */
 void host_alias_atfork_prepare(void);

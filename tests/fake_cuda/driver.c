@@ -577,11 +577,14 @@ static int scenario_steps(int steps, int ms)
 
 /* A module unloaded and another loaded: cuModuleGetFunction hands out the same handle for a
  * kernel of one pointer parameter. Its argument array has one entry; the word after it points
- * nowhere: a stale 3-parameter layout would read through it. */
+ * nowhere: a stale 3-parameter layout would read through it. Before the unload, the handle
+ * handed out again is the same kernel (cuDNN asks for its handles before every launch). */
 static int scenario_reuse(void)
 {
     typedef CUresult (*get_fn)(CUfunction *, CUmodule, const char *);
+    typedef CUresult (*unload_fn)(CUmodule);
     get_fn getf = GET(get_fn, "cuModuleGetFunction");
+    unload_fn unload = GET(unload_fn, "cuModuleUnload");
     p_cuInit(0);
     CUdeviceptr x = must_alloc(4096), y = must_alloc(4096);
     CUfunction f = NULL;
@@ -589,6 +592,10 @@ static int scenario_reuse(void)
     int k = 0;
     void *args3[] = {&x, &k, &y};
     printf("launch3_rc=%d\n", (int)p_launch(f, 1, 1, 1, 1, 1, 1, 0, 0, args3, NULL));
+    int q = fakeParamQueries();
+    getf(&f, (CUmodule)0x1, "r3");
+    printf("regets_queries=%d\n", fakeParamQueries() - q);
+    printf("unload_rc=%d\n", (int)unload((CUmodule)0x1));
     printf("get1_rc=%d\n", (int)getf(&f, (CUmodule)0x2, "r1"));
     struct { void *args[1]; void *poison[2]; } one = {{&y}, {(void *)0x10, (void *)0x10}};
     printf("launch1_rc=%d\n", (int)p_launch(f, 1, 1, 1, 1, 1, 1, 0, 0, one.args, NULL));

@@ -205,6 +205,12 @@ API CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
     return CUDA_SUCCESS;
 }
 
+API CUresult cuModuleUnload(CUmodule m)
+{
+    (void)m;
+    return CUDA_SUCCESS;
+}
+
 API CUresult cuFuncGetParamInfo(CUfunction f, size_t i, size_t *po, size_t *ps)
 {
     if (f == FAKE_FUNC_A)
@@ -408,6 +414,7 @@ static const struct sym syms[] = {
     S("cuStreamEndCapture", 10000, cuStreamEndCapture, NULL),
     S("cuLaunchKernel", 4000, cuLaunchKernel, (void *)cuLaunchKernel_ptsz),
     S("cuModuleGetFunction", 2000, cuModuleGetFunction, NULL),
+    S("cuModuleUnload", 2000, cuModuleUnload, NULL),
     S("cuLaunchKernelEx", 11060, cuLaunchKernelEx, (void *)cuLaunchKernelEx_ptsz),
     S("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel, NULL),
     S("cuGraphInstantiate", 11000, cuGraphInstantiateWithFlags, NULL),
