@@ -9,6 +9,11 @@ CC := gcc
 endif
 WERROR ?= -Werror
 CFLAGS ?= -O2 -g -Wall -Wextra $(WERROR) -fvisibility=hidden
+# SELFTIME=1: a shim that times its own parts and prints them at exit (native/selftime.c); rebuild
+# with `make -B native SELFTIME=1`, and without it to go back.
+ifeq ($(SELFTIME),1)
+CFLAGS += -DPYOBMEM_SELF_TIME
+endif
 SHIM := pyobmem/libpyobmem.so
 SHIM_SRC := $(wildcard native/*.c)
 SHIM_HDR := $(wildcard native/*.h native/*.def pyobmem/include/pyobmem/*.h)

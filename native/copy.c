@@ -77,11 +77,13 @@ static void copy_prep(uint64_t w[4], int kind, uint64_t dst, uint64_t src, uint6
 
 static void emit_copy(int kind, int async, uint64_t dst, uint64_t src, uint64_t bytes, CUstream s)
 {
+    ST_BEGIN(t0);
     uint64_t dw = kind == PYOBMEM_COPY_DTOH ? 0 : blocks_access_word(dst);
     uint64_t sw = kind == PYOBMEM_COPY_HTOD ? 0 : blocks_access_word(src);
     ring_write(&(struct pyobmem_record){.type = PYOBMEM_EV_MEMCPY, .flags = (uint16_t)(kind | (async ? PYOBMEM_COPY_ASYNC : 0)),
                                         .memcpy = {.op = shim_next_op(), .dst = dw, .src = sw, .bytes = bytes,
                                                    .stream = (uint64_t)(uintptr_t)s}}, 1);
+    ST_END(t0, ST_COPY_RECORD);
 }
 
 static void emit_set(int async, uint64_t dst, uint64_t value, uint64_t bytes, CUstream s)

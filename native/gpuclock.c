@@ -319,6 +319,7 @@ void gpuclock_sample(uint64_t seq, CUstream s)
     if (seq < next || !__atomic_compare_exchange_n(&g_gpuclock_next, &next, seq + g_every, 0, __ATOMIC_RELAXED,
                                                   __ATOMIC_RELAXED))
         return; /* another thread took this one */
+    ST_BEGIN(t0);
     shim_tls_guard++;
     CUcontext ctx = NULL;
     CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -346,6 +347,7 @@ void gpuclock_sample(uint64_t seq, CUstream s)
     if (!slot)
         __atomic_add_fetch(&g_skipped, 1, __ATOMIC_RELAXED);
     shim_tls_guard--;
+    ST_END(t0, ST_GPUCLOCK_SAMPLE);
 }
 
 void gpuclock_atfork_child(void)

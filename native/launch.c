@@ -223,11 +223,13 @@ static void emit_launch(uint16_t flags, uintptr_t handle, uint64_t stream, uint6
 void record_launch(uintptr_t handle, uint64_t stream, uint64_t grid, void **kernelParams, void **extra,
                    uint16_t flags)
 {
+    ST_BEGIN(t0);
     struct touched t;
     t.n = 0;
     t.truncated = 0;
     uint32_t words = scan_launch_args(handle, kernelParams, extra, &t, &flags);
     emit_launch(flags, handle, stream, grid, words, &t);
+    ST_END(t0, ST_LAUNCH_RECORD);
 }
 
 CUresult launch_swap_begin(struct launch_swap *ls, uintptr_t handle, CUstream run_stream, void **kernelParams,
@@ -294,7 +296,9 @@ static inline int hooks_record_launches(void)
         SWAP_LAUNCH(NAME, f, s, GRID(gx, gy, gz), kernelParams, extra, 0,                                        \
                     REAL(NAME, (f, gx, gy, gz, bx, by, bz, shmem, s, kernelParams, extra)))                     \
         int rec = hooks_record_launches();                                                                       \
+        ST_BEGIN(t0_);                                                                                           \
         CUresult r = REAL(NAME, (f, gx, gy, gz, bx, by, bz, shmem, s, kernelParams, extra));                    \
+        ST_END(t0_, ST_LAUNCH_DRIVER);                                                                           \
         if (rec && r == CUDA_SUCCESS)                                                                            \
             record_launch((uintptr_t)f, (uint64_t)(uintptr_t)s, GRID(gx, gy, gz), kernelParams, extra, 0);       \
         GPUCLOCK(NAME, s, r);                                                                                    \

@@ -213,9 +213,12 @@ void params_refresh(uintptr_t handle)
 {
     if (!handle)
         return;
+    ST_BEGIN(t0);
     const struct param_layout *cur = find(handle);
-    if (!cur || __atomic_load_n(&cur->epoch, __ATOMIC_ACQUIRE) == __atomic_load_n(&g_epoch, __ATOMIC_ACQUIRE))
+    if (!cur || __atomic_load_n(&cur->epoch, __ATOMIC_ACQUIRE) == __atomic_load_n(&g_epoch, __ATOMIC_ACQUIRE)) {
+        ST_END(t0, ST_PARAMS_REFRESH);
         return; /* not cached (its first launch queries it), or nothing was freed since */
+    }
     pthread_mutex_lock(&g_mu);
     for (uint32_t i = slot_of(handle), k = 0; k < CACHE_SIZE; i = (i + 1) & (CACHE_SIZE - 1), k++) {
         uintptr_t key = __atomic_load_n(&g_table[i].key, __ATOMIC_ACQUIRE);
@@ -234,6 +237,7 @@ void params_refresh(uintptr_t handle)
         break;
     }
     pthread_mutex_unlock(&g_mu);
+    ST_END(t0, ST_PARAMS_REFRESH);
 }
 
 /* ---- the calls that hand out function and kernel handles: N of them at OUT ---- */

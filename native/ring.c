@@ -140,6 +140,7 @@ int ring_write(const struct pyobmem_record *recs, unsigned n)
 {
     if (!g_hdr)
         return 0;
+    ST_BEGIN(t0);
     uint64_t ts = shim_now_ns();
     if (SHIM_UNLIKELY(__atomic_load_n(&g_pending_drops, __ATOMIC_RELAXED)))
         flush_pending_drops(ts);
@@ -147,6 +148,7 @@ int ring_write(const struct pyobmem_record *recs, unsigned n)
     if (!reserve(n, &pos)) {
         __atomic_add_fetch(&g_hdr->dropped, n, __ATOMIC_RELAXED);
         __atomic_add_fetch(&g_pending_drops, n, __ATOMIC_RELAXED);
+        ST_END(t0, ST_RING_WRITE);
         return 0;
     }
     publish(pos, recs, n, ts);
@@ -154,6 +156,7 @@ int ring_write(const struct pyobmem_record *recs, unsigned n)
 #pragma GCC unroll 4
     for (unsigned k = 0; k < RING_PREFETCH; k++)
         __builtin_prefetch(&g_recs[(next + k) & g_mask], 1, 3);
+    ST_END(t0, ST_RING_WRITE);
     return 1;
 }
 

@@ -9,6 +9,7 @@ exact records drained from the ring.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -252,6 +253,27 @@ def test_c07_reused_handle_gets_its_new_layout(fake, tmp_path):
     assert len(launches) == 2 and all(int(f) & LaunchFlag.NO_LAYOUT == 0 for f in launches["flags"])
     assert accesses(run, int(launches["a"][0])) == [word(1, 0), word(2, 0)]  # x and y, as (ptr, int, ptr)
     assert accesses(run, int(launches["a"][1])) == [word(2, 0)]  # y alone: the one parameter of the new kernel
+
+
+def test_selftime_build_counts_the_shims_parts(fake, tmp_path):
+    """`make native SELFTIME=1` builds a shim that times its own parts and prints them at exit: one
+    line per part, with the calls the basic scenario makes (5 launches recorded; through
+    cuLaunchKernel the 3 neither Ex nor cooperative and one that fails; 3 copies; a ring write
+    per group of records: a launch and its accesses are one)."""
+    shim = tmp_path / "libpyobmem_selftime.so"
+    subprocess.run(["make", "-s", "-B", "native", f"SHIM={shim}", "SELFTIME=1"], cwd=ROOT, check=True,
+                   capture_output=True)
+    run = run_driver(fake, tmp_path, "basic", env={"LD_PRELOAD": str(shim)})
+    calls = {m[0]: int(m[1]) for m in re.findall(r"^pyobmem selftime (\w+) calls=(\d+) ns_each=[\d.]+ total_ms=[\d.]+$",
+                                                run.stderr, re.M)}
+    assert calls["launch_record"] == len(run.of(Ev.LAUNCH)) == 5
+    flags = run.of(Ev.LAUNCH)["flags"].astype(int)
+    plain = int(np.sum((flags & (LaunchFlag.EX | LaunchFlag.COOPERATIVE)) == 0))
+    assert calls["launch_driver"] == plain + 1 == 4 and run.out["bad_launch_rc"] != 0
+    assert calls["copy_record"] == len(run.of(Ev.MEMCPY)) == 3
+    assert len(run.of(Ev.LAUNCH)) + len(run.of(Ev.MEMCPY)) + len(run.of(Ev.MEMSET)) < calls["ring_write"] < len(run.records)
+    # the normal build prints nothing of it
+    assert "selftime" not in run_driver(fake, tmp_path, "basic").stderr
 
 
 def test_copies_and_sets(fake, tmp_path):
