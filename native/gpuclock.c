@@ -37,10 +37,11 @@
 #define GC_MAX_CTX 8
 #define GC_REFS 4                     /* reference events per context: one current, older ones retiring */
 #define GC_REF_PERIOD_NS 1000000000ull /* a new reference every second: float ms stays sub-µs */
-/* The thread's nap adapts to the sample rate: each wake costs the application's CPU time when
- * they share a core (a launch-bound LSTM pinned to one CPU: 6% per step at a fixed 1 ms), so it
- * sleeps as long as the pool allows: doubled while a pass finds under 1/16 of the pool to read,
- * halved when it finds over 1/4, within [GC_NAP_MIN_NS, GC_NAP_MAX_NS]. */
+/* The thread's nap adapts to the rate samples complete: each wake takes CPU time from an
+ * application that shares its core, so it sleeps as long as the pool allows: doubled while a
+ * pass reads under 1/16 of the pool, back to the least at once when it reads over 1/4 (a burst
+ * after an idle phase must not overflow the pool), within [GC_NAP_MIN_NS, GC_NAP_MAX_NS]. The
+ * exit wakes it (a condition variable), so a long nap never delays or outlives the exit. */
 #define GC_NAP_MIN_NS 1000000ull
 #define GC_NAP_MAX_NS 16000000ull
 
@@ -73,6 +74,8 @@ __thread uint64_t shim_tls_op;
 
 static uint64_t g_every, g_pool;
 static uint64_t g_nap_fixed_ns; /* PYOBMEM_GPU_CLOCK_POLL_US: a fixed nap; 0: adaptive */
+static pthread_mutex_t g_nap_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_nap_cv; /* CLOCK_MONOTONIC; signalled by gpuclock_exit */
 static struct gc_ctx g_ctx[GC_MAX_CTX];
 static int g_thread; /* atomic: 0 not started, 1 running, -1 could not start */
 static int g_stop, g_stopped; /* atomic */
@@ -103,11 +106,36 @@ static int have_driver(void)
            real_cuThreadExchangeStreamCaptureMode;
 }
 
+static void nap_init(void)
+{
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&g_nap_cv, &a);
+    pthread_condattr_destroy(&a);
+}
+
+/* Sleep ns, or less when the exit asks the thread to stop. */
+static void nap(uint64_t ns)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    uint64_t t = (uint64_t)until.tv_nsec + ns;
+    until.tv_sec += (time_t)(t / 1000000000ull);
+    until.tv_nsec = (long)(t % 1000000000ull);
+    pthread_mutex_lock(&g_nap_mu);
+    while (!__atomic_load_n(&g_stop, __ATOMIC_ACQUIRE) &&
+           pthread_cond_timedwait(&g_nap_cv, &g_nap_mu, &until) == 0)
+        ;
+    pthread_mutex_unlock(&g_nap_mu);
+}
+
 void gpuclock_init(void)
 {
     g_every = env_u64(PYOBMEM_ENV_GPU_CLOCK_EVERY, GC_DEFAULT_EVERY, UINT32_MAX);
     uint64_t pool = env_u64(PYOBMEM_ENV_GPU_CLOCK_POOL, GC_DEFAULT_POOL, GC_MAX_POOL);
-    g_nap_fixed_ns = env_u64(PYOBMEM_ENV_GPU_CLOCK_POLL_US, 0, 1000000) * 1000;
+    g_nap_fixed_ns = env_u64(PYOBMEM_ENV_GPU_CLOCK_POLL_US, 0, GC_NAP_MAX_NS / 1000) * 1000;
+    nap_init();
     g_pool = 1;
     while (g_pool < pool) /* a power of two: the cursor wraps with a mask */
         g_pool <<= 1;
@@ -164,16 +192,15 @@ static void emit_sample(struct gc_ctx *c, struct gc_slot *s)
 }
 
 /* One pass over a context's pending samples; a new reference when the current one is old.
- * Returns how many slots were pending. */
+ * Returns how many had completed (read and freed). */
 static uint64_t ctx_poll(struct gc_ctx *c, uint64_t now)
 {
     int used[GC_REFS] = {0};
-    uint64_t pending = 0;
+    uint64_t ready = 0;
     for (uint64_t i = 0; i < g_pool; i++) {
         struct gc_slot *s = &c->slots[i];
         if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != SLOT_PENDING)
             continue;
-        pending++;
         CUresult q = real_cuEventQuery(s->ev);
         if (q == CUDA_ERROR_NOT_READY) {
             used[s->ref] = 1;
@@ -182,31 +209,32 @@ static uint64_t ctx_poll(struct gc_ctx *c, uint64_t now)
         if (q == CUDA_SUCCESS)
             emit_sample(c, s);
         __atomic_store_n(&s->state, SLOT_FREE, __ATOMIC_RELEASE);
+        ready++;
     }
     uint32_t cur = __atomic_load_n(&c->cur_ref, __ATOMIC_ACQUIRE);
     for (uint32_t r = 0; r < GC_REFS; r++)
         if (r != cur && !used[r])
             c->ref_live[r] = 0; /* no pending sample names it: free to record again */
     if (now - c->ref_at < GC_REF_PERIOD_NS)
-        return pending;
+        return ready;
     for (uint32_t r = 0; r < GC_REFS; r++)
         if (!c->ref_live[r]) {
             if (ref_record(c, r))
                 __atomic_store_n(&c->cur_ref, r, __ATOMIC_RELEASE);
             break;
         }
-    return pending;
+    return ready;
 }
 
-static uint64_t next_nap(uint64_t nap, uint64_t pending)
+static uint64_t next_nap(uint64_t cur, uint64_t ready)
 {
     if (g_nap_fixed_ns)
         return g_nap_fixed_ns;
-    if (pending > g_pool / 4 && nap > GC_NAP_MIN_NS)
-        return nap / 2;
-    if (pending < g_pool / 16 && nap < GC_NAP_MAX_NS)
-        return nap * 2;
-    return nap;
+    if (ready > g_pool / 4)
+        return GC_NAP_MIN_NS;
+    if (ready < g_pool / 16 && cur < GC_NAP_MAX_NS)
+        return cur * 2;
+    return cur;
 }
 
 static void *poller(void *arg)
@@ -218,7 +246,7 @@ static void *poller(void *arg)
     uint64_t nap_ns = GC_NAP_MIN_NS;
     for (;;) {
         int last = __atomic_load_n(&g_stop, __ATOMIC_ACQUIRE);
-        uint64_t now = shim_now_ns(), pending = 0;
+        uint64_t now = shim_now_ns(), ready = 0;
         for (int i = 0; i < GC_MAX_CTX; i++) {
             struct gc_ctx *c = &g_ctx[i];
             if (__atomic_load_n(&c->state, __ATOMIC_ACQUIRE) != CTX_READY)
@@ -228,15 +256,14 @@ static void *poller(void *arg)
                 continue;
             }
             uint64_t n = ctx_poll(c, now);
-            pending = n > pending ? n : pending;
+            ready = n > ready ? n : ready;
             CUcontext popped;
             real_cuCtxPopCurrent_v2(&popped);
         }
         if (last)
             break; /* one last pass after the stop: what completed by exit is written */
-        nap_ns = next_nap(nap_ns, pending);
-        struct timespec nap = {(time_t)(nap_ns / 1000000000ull), (long)(nap_ns % 1000000000ull)};
-        nanosleep(&nap, NULL);
+        nap_ns = next_nap(nap_ns, ready);
+        nap(nap_ns);
     }
     uint64_t n = __atomic_load_n(&g_samples, __ATOMIC_RELAXED), k = __atomic_load_n(&g_skipped, __ATOMIC_RELAXED);
     ring_note(PYOBMEM_NOTE_GPU_CLOCK "=every=%llu pool=%llu samples=%llu skipped=%llu", (unsigned long long)g_every,
@@ -250,10 +277,13 @@ static void gpuclock_exit(void)
 {
     if (__atomic_load_n(&g_thread, __ATOMIC_ACQUIRE) != 1)
         return;
+    pthread_mutex_lock(&g_nap_mu);
     __atomic_store_n(&g_stop, 1, __ATOMIC_RELEASE);
-    struct timespec nap = {0, 100000};
+    pthread_cond_signal(&g_nap_cv);
+    pthread_mutex_unlock(&g_nap_mu);
+    struct timespec wait = {0, 100000};
     for (int i = 0; i < 2000 && !__atomic_load_n(&g_stopped, __ATOMIC_ACQUIRE); i++)
-        nanosleep(&nap, NULL);
+        nanosleep(&wait, NULL);
 }
 
 static void start_thread(void)
@@ -352,6 +382,10 @@ void gpuclock_sample(uint64_t seq, CUstream s)
 
 void gpuclock_atfork_child(void)
 {
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    g_nap_mu = fresh; /* the parent's poller may have held it at the fork */
+    if (g_inited)
+        nap_init();
     memset(g_ctx, 0, sizeof g_ctx);
     g_thread = 0;
     g_stop = g_stopped = 0;

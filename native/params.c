@@ -226,6 +226,8 @@ void params_refresh(uintptr_t handle)
             break; /* not cached: its first launch queries it */
         if (key != handle)
             continue;
+        if (__atomic_load_n(&g_table[i].layout->epoch, __ATOMIC_ACQUIRE) == __atomic_load_n(&g_epoch, __ATOMIC_ACQUIRE))
+            break; /* another thread queried it meanwhile */
         struct param_layout *nl = first_sight(handle, 0);
         if (nl && same_layout(nl, g_table[i].layout)) {
             __atomic_store_n(&g_table[i].layout->epoch, nl->epoch, __ATOMIC_RELEASE);
@@ -267,6 +269,7 @@ DEF_GETTER(cuKernelGetFunction, (CUfunction *pFunc, CUkernel kernel), (pFunc, ke
 #define DEF_FREER(NAME, PARAMS, ARGS)                           \
     CUresult CUDAAPI NAME PARAMS                                \
     {                                                           \
+        shim_init_once();                                       \
         __atomic_add_fetch(&g_epoch, 1, __ATOMIC_ACQ_REL);      \
         CUresult r = REAL(NAME, ARGS);                          \
         __atomic_add_fetch(&g_epoch, 1, __ATOMIC_ACQ_REL);      \
@@ -277,6 +280,11 @@ DEF_FREER(cuLibraryUnload, (CUlibrary library), (library))
 DEF_FREER(cuCtxDestroy_v2, (CUcontext ctx), (ctx))
 DEF_FREER(cuDevicePrimaryCtxRelease_v2, (CUdevice dev), (dev))
 DEF_FREER(cuDevicePrimaryCtxReset_v2, (CUdevice dev), (dev))
+DEF_FREER(cuCtxDestroy, (CUcontext ctx), (ctx))
+DEF_FREER(cuDevicePrimaryCtxRelease, (CUdevice dev), (dev))
+DEF_FREER(cuDevicePrimaryCtxReset, (CUdevice dev), (dev))
+DEF_FREER(cuCtxDetach, (CUcontext ctx), (ctx))
+DEF_FREER(cuGreenCtxDestroy, (CUgreenCtx hCtx), (hCtx))
 
 void params_atfork_prepare(void) { pthread_mutex_lock(&g_mu); }
 void params_atfork_parent(void) { pthread_mutex_unlock(&g_mu); }

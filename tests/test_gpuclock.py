@@ -64,3 +64,13 @@ def test_gpuclock_fork_child_starts_its_own(fake, tmp_path):
     # the child leaves with _exit: its sample is written only if its thread read it back in time
     assert [int(s) for s in g[g["pid"] == child]["a"]] in ([], [1])
     assert set(g["pid"].tolist()) <= {parent, child}
+
+
+def test_gpuclock_exit_wakes_a_long_nap(fake, tmp_path):
+    """The poller naps up to 16 ms (PYOBMEM_GPU_CLOCK_POLL_US asks for more: capped); the exit
+    wakes it, so its last pass still reads every sample and writes the note. With a 1 s nap
+    sleeping through the 200 ms exit wait, the note and 4 of 5 samples were lost (review, session 6)."""
+    env = {"PYOBMEM_GPU_CLOCK_EVERY": "4", "PYOBMEM_GPU_CLOCK_POLL_US": "1000000"}
+    run = run_driver(fake, tmp_path, "steps", 5, 20, env=env)
+    assert len(run.of(Ev.GPU_TIME)) == 5
+    assert _note(run, "gpu_clock") == {"every": "4", "pool": "256", "samples": "5", "skipped": "0"}

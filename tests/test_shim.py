@@ -240,13 +240,14 @@ def test_c07_layouts_cached_per_handle(fake, tmp_path):
     assert len(run.of(Ev.KERNEL_NAME)) == 1 + 2
 
 
-def test_c07_reused_handle_gets_its_new_layout(fake, tmp_path):
+@pytest.mark.parametrize("freer", ["cuModuleUnload", "cuLibraryUnload", "cuDevicePrimaryCtxReset"])
+def test_c07_reused_handle_gets_its_new_layout(fake, tmp_path, freer):
     """A module unloaded and another loaded: cuModuleGetFunction hands out the same handle for a
     kernel of one pointer (XLA's autotuner does this by the hundred). The cached 3-parameter layout
     would read the argument array's missing entries, a pointer to nowhere (a segmentation fault
     under JAX on the H200): the shim queries a handle again when the driver hands it out after a
     module was unloaded, and only then (a handle asked for again before that is the same kernel)."""
-    run = run_driver(fake, tmp_path, "reuse")  # exits 0 (run_driver asserts it): no fault
+    run = run_driver(fake, tmp_path, "reuse", freer)  # exits 0 (run_driver asserts it): no fault
     assert [run.out[k] for k in ("get3_rc", "launch3_rc", "unload_rc", "get1_rc", "launch1_rc")] == [0, 0, 0, 0, 0]
     assert run.out["regets_queries"] == 0
     launches = run.of(Ev.LAUNCH)

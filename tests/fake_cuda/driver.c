@@ -579,12 +579,12 @@ static int scenario_steps(int steps, int ms)
  * kernel of one pointer parameter. Its argument array has one entry; the word after it points
  * nowhere: a stale 3-parameter layout would read through it. Before the unload, the handle
  * handed out again is the same kernel (cuDNN asks for its handles before every launch). */
-static int scenario_reuse(void)
+static int scenario_reuse(const char *freer)
 {
     typedef CUresult (*get_fn)(CUfunction *, CUmodule, const char *);
-    typedef CUresult (*unload_fn)(CUmodule);
+    typedef CUresult (*unload_fn)(void *); /* CUmodule, CUlibrary or CUdevice (0) */
     get_fn getf = GET(get_fn, "cuModuleGetFunction");
-    unload_fn unload = GET(unload_fn, "cuModuleUnload");
+    unload_fn unload = GET(unload_fn, freer);
     p_cuInit(0);
     CUdeviceptr x = must_alloc(4096), y = must_alloc(4096);
     CUfunction f = NULL;
@@ -595,7 +595,7 @@ static int scenario_reuse(void)
     int q = fakeParamQueries();
     getf(&f, (CUmodule)0x1, "r3");
     printf("regets_queries=%d\n", fakeParamQueries() - q);
-    printf("unload_rc=%d\n", (int)unload((CUmodule)0x1));
+    printf("unload_rc=%d\n", unload ? (int)unload(strcmp(freer, "cuDevicePrimaryCtxReset") ? (void *)0x1 : NULL) : -1);
     printf("get1_rc=%d\n", (int)getf(&f, (CUmodule)0x2, "r1"));
     struct { void *args[1]; void *poison[2]; } one = {{&y}, {(void *)0x10, (void *)0x10}};
     printf("launch1_rc=%d\n", (int)p_launch(f, 1, 1, 1, 1, 1, 1, 0, 0, one.args, NULL));
@@ -631,7 +631,7 @@ int main(int argc, char **argv)
     else if (!strcmp(s, "flood"))
         rc = scenario_flood(argc > 2 ? atoi(argv[2]) : 1000);
     else if (!strcmp(s, "reuse"))
-        rc = scenario_reuse();
+        rc = scenario_reuse(argc > 2 ? argv[2] : "cuModuleUnload");
     else if (!strcmp(s, "hostmem"))
         rc = scenario_hostmem();
     else if (!strcmp(s, "steps"))

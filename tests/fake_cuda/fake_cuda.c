@@ -211,6 +211,18 @@ API CUresult cuModuleUnload(CUmodule m)
     return CUDA_SUCCESS;
 }
 
+API CUresult cuLibraryUnload(CUlibrary l)
+{
+    (void)l;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuDevicePrimaryCtxReset_v2(CUdevice d)
+{
+    (void)d;
+    return CUDA_SUCCESS;
+}
+
 API CUresult cuFuncGetParamInfo(CUfunction f, size_t i, size_t *po, size_t *ps)
 {
     if (f == FAKE_FUNC_A)
@@ -415,6 +427,8 @@ static const struct sym syms[] = {
     S("cuLaunchKernel", 4000, cuLaunchKernel, (void *)cuLaunchKernel_ptsz),
     S("cuModuleGetFunction", 2000, cuModuleGetFunction, NULL),
     S("cuModuleUnload", 2000, cuModuleUnload, NULL),
+    S("cuLibraryUnload", 12000, cuLibraryUnload, NULL),
+    S("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2, NULL),
     S("cuLaunchKernelEx", 11060, cuLaunchKernelEx, (void *)cuLaunchKernelEx_ptsz),
     S("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel, NULL),
     S("cuGraphInstantiate", 11000, cuGraphInstantiateWithFlags, NULL),

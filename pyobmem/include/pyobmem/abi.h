@@ -36,7 +36,7 @@
 #define PYOBMEM_ENV_RELEASER "PYOBMEM_RELEASER" /* swap mode: "0": no release thread (releases at ops only) */
 #define PYOBMEM_ENV_GPU_CLOCK_EVERY "PYOBMEM_GPU_CLOCK_EVERY" /* GPU time sample every N ops (default 32; 0: off) */
 #define PYOBMEM_ENV_GPU_CLOCK_POOL "PYOBMEM_GPU_CLOCK_POOL"   /* timing events per context (default 256) */
-#define PYOBMEM_ENV_GPU_CLOCK_POLL_US "PYOBMEM_GPU_CLOCK_POLL_US" /* fixed poll period in µs (default: adaptive, 1-16 ms) */
+#define PYOBMEM_ENV_GPU_CLOCK_POLL_US "PYOBMEM_GPU_CLOCK_POLL_US" /* fixed poll period in µs, at most 16000 (default: adaptive, 1-16 ms) */
 
 /* Event types (pyobmem_record.type). Each has a payload struct below, its union member in
  * struct pyobmem_record named as the type in lower case (PYOBMEM_EV_ALLOC: .alloc). */
