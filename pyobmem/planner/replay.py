@@ -105,11 +105,11 @@ def _handoff(st: "_State", vsize: int) -> int:
 class _State:
     """The shim's state during the walk (units: block instances; see ``replay``)."""
 
-    def __init__(self, units: dict, budget: int, bandwidth: float, P: int):
+    def __init__(self, units: dict, budget: int, bandwidth: float, P: int, hints: bool = True):
         for k, v in units.items():
             setattr(self, k, v)
         n = len(self.size)
-        self.budget, self.bw, self.P = budget, bandwidth, P
+        self.budget, self.bw, self.P, self.hints = budget, bandwidth, P, hints
         self.state = np.full(n, RES, np.int8)
         self.live = np.zeros(n, bool)
         self.given = np.zeros(n, bool)
@@ -192,7 +192,7 @@ class _State:
         """pick_victim: Belady's choice by the IDLE hints at the next op, else the least recently used."""
         p = self.op + 1
         ok = self.live & self.cand & (self.state == RES) & (self.stamp != self.op)
-        hinted = ok & (self.last < p) & (self.next > p) & (self.next - self.last >= 2) & (self.next < INF)
+        hinted = self.hints & ok & (self.last < p) & (self.next > p) & (self.next - self.last >= 2) & (self.next < INF)
         if np.any(hinted):
             idle = np.where(hinted, self.next - p, -1.0)
             v = int(np.argmax(idle))
@@ -324,17 +324,20 @@ def _host_coupling(L: LearnedIteration, ext: np.ndarray, hx: np.ndarray) -> tupl
     return np.where(held & (j >= 0), j, -1), c
 
 
-def replay(L: LearnedIteration, windows: np.ndarray, q_offset: np.ndarray, budget_bytes: int) -> Replay:
+def replay(L: LearnedIteration, windows: np.ndarray, q_offset: np.ndarray, budget_bytes: int, *,
+           hints: bool = True) -> Replay:
     """Replay the shim under ``budget_bytes`` (bytes) following the plan's windows ``windows``
     (rows of L's windows) with their PREFETCH ``q_offset`` ops after their SWAP_OUT position, on
-    the host's clock (the module's docstring). Returns the middle iteration's figures (Replay)."""
+    the host's clock (the module's docstring). ``hints``: the plan carries the IDLE hints of every
+    candidate window (eviction beyond it by Belady's choice; else the least recently used).
+    Returns the middle iteration's figures (Replay)."""
     P, T, K = L.period, L.iteration_ns, ITERATIONS
     ext = np.concatenate([L.times + k * T for k in range(K + 1)])
     hx = np.concatenate([L.issue + k * T for k in range(K + 1)])
     dur = np.diff(ext)
     coupled, cost = _host_coupling(L, ext, hx)
     units, uses, events = _units(L, K)
-    st = _State(units, int(budget_bytes), L.bandwidth, P)
+    st = _State(units, int(budget_bytes), L.bandwidth, P, hints)
     # The plan's actions by position, on the unit of their iteration.
     unit_of = _unit_cands(L, st)
     outs: list[list] = [[] for _ in range(K * P)]
