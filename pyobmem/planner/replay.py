@@ -60,7 +60,9 @@ class Replay:
     swap-outs (drains); counts as ``NOTE swap.waits`` has them: ``drains`` (waits for a swap-out's
     copy), ``evictions`` (swap-outs beyond the plan), ``planned_outs``, ``handoffs``, ``maps`` and
     ``creates`` (maps that made new memory), ``demand_ins`` (swap-ins an op waited for),
-    ``prefetches`` (planned swap-ins), ``cancels`` (swap-outs a use or a free cancelled)."""
+    ``prefetches`` (planned swap-ins) and of them ``prefetch_hits`` / ``late_ins`` (the copy had
+    ended / had not when the host began the op that uses it: ``Capture.swaps``' causes),
+    ``cancels`` (swap-outs a use or a free cancelled)."""
 
     iteration_ns: float
     time_ratio: float
@@ -73,6 +75,8 @@ class Replay:
     creates: int
     demand_ins: int
     prefetches: int
+    prefetch_hits: int
+    late_ins: int
     cancels: int
     gpu_ns: np.ndarray = field(default=None, repr=False)  # (P,) when the GPU starts each op of the middle iteration
     host_ns: np.ndarray = field(default=None, repr=False)  # (P,) when the host issues it
@@ -117,6 +121,7 @@ class _State:
         self.out_end = np.zeros(n)
         self.in_end = np.zeros(n)
         self.use_end = np.zeros(n)  # GPU end of its last use so far
+        self.slot = np.zeros(n, bool)  # it has a host slot (from its first swap-out)
         self.pending: list[int] = []  # swap-outs still copying, in issue order
         self.cache: dict[int, list] = {}  # vsize -> [GPU time its free completes] of cached mapped blocks
         self.others = 0  # device bytes of blocks the shim does not serve
@@ -127,7 +132,7 @@ class _State:
         self.op = -1
         self.barrier = 0.0  # a handoff made the stream wait for that copy
         self.count = {k: 0 for k in ("drains", "evictions", "planned_outs", "handoffs", "maps", "creates",
-                                     "demand_ins", "prefetches", "cancels")}
+                                     "demand_ins", "prefetches", "prefetch_hits", "late_ins", "cancels")}
         self.host_wait = 0.0
         self.counting = False
 
@@ -154,7 +159,10 @@ class _State:
         self.pending = keep
 
     def swap_out(self, u: int) -> None:
-        ready = max(self.use_end[u], self.in_end[u], self.H)
+        # After its last use; a host slot is written only after the last copy that reads it: the
+        # block's own swap-in for its kept slot, the latest swap-in of all for a slot new to it.
+        ready = max(self.use_end[u], self.in_end[u] if self.slot[u] else self.h2d, self.H)
+        self.slot[u] = True
         self.d2h = self.out_end[u] = max(self.d2h, ready) + self.size[u] / self.bw * 1e9
         self.state[u] = OUT_PENDING
         self.leaving += self.vsize[u]
@@ -377,7 +385,9 @@ def replay(L: LearnedIteration, windows: np.ndarray, q_offset: np.ndarray, budge
                 st.add("prefetches")
         wait = st.barrier
         for u in op_units:  # make_usable
-            if st.swap_in(u):
+            if st.state[u] == IN_PENDING:  # prefetched: a hit when its copy has ended by now
+                st.add("prefetch_hits" if st.in_end[u] <= st.H else "late_ins")
+            elif st.swap_in(u):
                 st.add("demand_ins")
             if st.state[u] == IN_PENDING:
                 wait = max(wait, st.in_end[u])
