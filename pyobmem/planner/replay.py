@@ -122,6 +122,7 @@ class _State:
         self.in_end = np.zeros(n)
         self.use_end = np.zeros(n)  # GPU end of its last use so far
         self.slot = np.zeros(n, bool)  # it has a host slot (from its first swap-out)
+        self.lru = np.where(self.last > -INF, self.last, -1.0)  # the op that last touched it or allocated it
         self.pending: list[int] = []  # swap-outs still copying, in issue order
         self.cache: dict[int, list] = {}  # vsize -> [GPU time its free completes] of cached mapped blocks
         self.others = 0  # device bytes of blocks the shim does not serve
@@ -209,7 +210,7 @@ class _State:
             return s if same[s] > 0 and 2 * same[s] >= idle[v] else v
         if not np.any(ok):
             return -1
-        idle_first = np.where(ok, self.last + np.where(self.use_end <= self.H, 0.0, 1e12), INF)
+        idle_first = np.where(ok, self.lru + np.where(self.use_end <= self.H, 0.0, 1e12), INF)
         return int(np.argmin(idle_first))
 
     def evict(self, need: int) -> None:
@@ -333,11 +334,12 @@ def _host_coupling(L: LearnedIteration, ext: np.ndarray, hx: np.ndarray) -> tupl
 
 
 def replay(L: LearnedIteration, windows: np.ndarray, q_offset: np.ndarray, budget_bytes: int, *,
-           hints: bool = True) -> Replay:
+           hints: bool = True, bandwidth: float | None = None) -> Replay:
     """Replay the shim under ``budget_bytes`` (bytes) following the plan's windows ``windows``
     (rows of L's windows) with their PREFETCH ``q_offset`` ops after their SWAP_OUT position, on
     the host's clock (the module's docstring). ``hints``: the plan carries the IDLE hints of every
     candidate window (eviction beyond it by Belady's choice; else the least recently used).
+    ``bandwidth``: B/s of each copy engine with both at work (default L's, the one-way figure).
     Returns the middle iteration's figures (Replay)."""
     P, T, K = L.period, L.iteration_ns, ITERATIONS
     ext = np.concatenate([L.times + k * T for k in range(K + 1)])
@@ -345,7 +347,7 @@ def replay(L: LearnedIteration, windows: np.ndarray, q_offset: np.ndarray, budge
     dur = np.diff(ext)
     coupled, cost = _host_coupling(L, ext, hx)
     units, uses, events = _units(L, K)
-    st = _State(units, int(budget_bytes), L.bandwidth, P, hints)
+    st = _State(units, int(budget_bytes), float(bandwidth or L.bandwidth), P, hints)
     # The plan's actions by position, on the unit of their iteration.
     unit_of = _unit_cands(L, st)
     outs: list[list] = [[] for _ in range(K * P)]
@@ -399,6 +401,7 @@ def replay(L: LearnedIteration, windows: np.ndarray, q_offset: np.ndarray, budge
         for u, nxt in uses[k]:
             st.use_end[u] = g_prev_end
             st.last[u], st.next[u] = k, nxt
+            st.lru[u] = k
         for u in outs[k]:  # the plan's swap-outs at the op's end
             if st.live[u] and st.state[u] in (RES, IN_PENDING):
                 st.state[u] = RES
@@ -432,6 +435,7 @@ def _alloc(st: _State, u: int, gpu_now: float) -> None:
     """An allocation after the op: cached memory of its class, else the budget held and a map."""
     st.live[u] = True
     st.state[u] = RES
+    st.lru[u] = st.op + 0.5  # revive: stamped now, after the op it follows
     if not st.served[u]:
         st.others += int(st.size[u])
         return
