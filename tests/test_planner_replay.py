@@ -116,3 +116,6 @@ def test_real_gpt_medium_plans_replayed_against_the_h200_runs():
     assert 200 < r50.drains < 300 and 350e6 < r50.host_wait_ns < 500e6
     assert 80 < r50.handoffs < 180 and r50.evictions < 40
     assert max(MEASURED[b] / got[b].time_ratio for b in MEASURED) < 1.25
+    # Without a plan (the least recently used evicted): ~1.9x measured in the runs' first steps.
+    bare = replay.replay(L, np.zeros(0, np.int64), np.zeros(0, np.int64), 18359517184, hints=False)
+    assert 1.45 < bare.time_ratio < 1.55 and bare.planned_outs == 0 and 500 < bare.evictions < 620

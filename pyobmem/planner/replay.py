@@ -29,10 +29,13 @@ This walk follows the learned iteration's ops in host issue order, three iterati
 - Host costs: each map, VMM create + map + access (``MAP_NS + MAP_NS_PER_GIB``), each cached
   block given back, unmap + release (DESIGN.md's measured VMM costs).
 
-Not modelled: spare handles (released memory kept for a map of its size: fewer creates, the
-same count), the release thread's unmaps holding the executor's lock, the shim's per-op time,
-copies of the application on the copy engines, the 100 us release poll, non-candidate shim
-blocks going out (only candidates are evicted), several streams.
+Not modelled: spare handles (released memory kept for a map of its size: fewer creates and
+handoffs, the same count), the release thread's unmaps holding the executor's lock, the shim's own
+time per op (event records, release polls), copies of the application on the copy engines, the
+100 us release poll, more than one stream, shim blocks that are no candidates going out (only
+candidates are evicted), a cuMemAlloc block never taking a handoff. A swap-in on demand makes the
+op's stream wait for its copy, not the host (``finish_in``), as the shim does outside a capture.
+Its inputs are the unswapped capture's timing (the GPU clock samples every 32 ops).
 """
 
 from __future__ import annotations
@@ -82,7 +85,8 @@ class Replay:
     host_ns: np.ndarray = field(default=None, repr=False)  # (P,) when the host issues it
 
     def to_json(self) -> dict:
-        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in self.__dict__.items() if not k.endswith("_ns") or k in ("iteration_ns", "host_wait_ns")}
+        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in self.__dict__.items()
+                if k not in ("gpu_ns", "host_ns")}
 
 
 def map_ns(vsize: int) -> float:
@@ -109,15 +113,15 @@ def _handoff(st: "_State", vsize: int) -> int:
 class _State:
     """The shim's state during the walk (units: block instances; see ``replay``)."""
 
-    def __init__(self, units: dict, budget: int, bandwidth: float, P: int, hints: bool = True):
+    def __init__(self, units: dict, budget: int, bandwidth: float, hints: bool = True):
         for k, v in units.items():
             setattr(self, k, v)
         n = len(self.size)
-        self.budget, self.bw, self.P, self.hints = budget, bandwidth, P, hints
+        self.budget, self.bw, self.hints = budget, bandwidth, hints
         self.state = np.full(n, RES, np.int8)
         self.live = np.zeros(n, bool)
         self.given = np.zeros(n, bool)
-        self.stamp = np.full(n, -1, np.int64)
+        self.stamp = np.full(n, -1, np.int64)  # the op being begun names it: never evicted nor handed over for it
         self.out_end = np.zeros(n)
         self.in_end = np.zeros(n)
         self.use_end = np.zeros(n)  # GPU end of its last use so far
@@ -347,7 +351,7 @@ def replay(L: LearnedIteration, windows: np.ndarray, q_offset: np.ndarray, budge
     dur = np.diff(ext)
     coupled, cost = _host_coupling(L, ext, hx)
     units, uses, events = _units(L, K)
-    st = _State(units, int(budget_bytes), float(bandwidth or L.bandwidth), P, hints)
+    st = _State(units, int(budget_bytes), float(bandwidth or L.bandwidth), hints)
     # The plan's actions by position, on the unit of their iteration.
     unit_of = _unit_cands(L, st)
     outs: list[list] = [[] for _ in range(K * P)]
@@ -407,8 +411,12 @@ def replay(L: LearnedIteration, windows: np.ndarray, q_offset: np.ndarray, budge
                 st.state[u] = RES
                 st.swap_out(u)
                 st.add("planned_outs")
-        for t, kind, u in events[k]:
-            (_alloc if kind > 0 else _free)(st, u, g_prev_end)
+        st.stamp[op_units] = -1  # swap_op_end: its blocks may go out for the allocations after it
+        for _, kind, u in events[k]:
+            if kind > 0:
+                _alloc(st, u)
+            else:
+                _free(st, u, g_prev_end)
     G[K * P] = g_prev_end
     it_ns = float(G[2 * P] - G[P])
     c = st.count
@@ -431,7 +439,7 @@ def _unit_cands(L: LearnedIteration, st: _State) -> dict:
     return out
 
 
-def _alloc(st: _State, u: int, gpu_now: float) -> None:
+def _alloc(st: _State, u: int) -> None:
     """An allocation after the op: cached memory of its class, else the budget held and a map."""
     st.live[u] = True
     st.state[u] = RES
