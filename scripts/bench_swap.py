@@ -41,7 +41,8 @@ measured). ``time_ratio``: that over the baseline's. ``loss_identical``: the per
 (float.hex, from the workload's JSON) equal bit for bit. ``predicted_time_ratio``: the daemon's
 planner on the swap run's capture, run by the daemon's own SwapAgent.plan_now (so with the
 daemon's learning options, e.g. by_site) on the records up to the last plan the shim adopted (the
-daemon stores no plan figures in the capture; see ``prediction`` in each row);
+daemon stores no plan figures in the capture; see ``prediction`` in each row): the host-clock
+replay's ratio (``planner.replay``; ``prediction.model_time_ratio``: the cost model's);
 ``prediction_within_1_15``: the measured ratio within 1.15x of it either way. Swap statistics
 come from ``Capture.swaps`` / ``Capture.plans``. ``allocator_env``: the allocator variables of
 each run's environment (before the launcher's presets).
@@ -598,9 +599,11 @@ def daemon_prediction(path: Path, budget_bytes: int, min_swap_bytes: int) -> dic
                     "planning_s": round(time.monotonic() - t, 3)})
         return res
     res.update({
-        "predicted_time_ratio": plan.time_ratio if plan.feasible else None,
+        "predicted_time_ratio": _predicted(plan) if plan.feasible else None,
         "feasible": bool(plan.feasible),
-        "best_time_ratio": plan.time_ratio,
+        "best_time_ratio": _predicted(plan),
+        "model_time_ratio": plan.time_ratio,
+        "replay": plan.replay.to_json() if plan.replay is not None else None,
         "budget_bytes": int(budget_bytes),
         "peak_bytes": plan.peak_bytes,
         "predicted_peak_bytes": plan.predicted_peak,
@@ -618,6 +621,11 @@ def daemon_prediction(path: Path, budget_bytes: int, min_swap_bytes: int) -> dic
     if not plan.feasible:
         res["reason"] = agent.last_reason
     return res
+
+
+def _predicted(plan) -> float:
+    """The plan's predicted time ratio: the host-clock replay's (planner.replay), else the cost model's."""
+    return plan.predicted_time_ratio if plan.predicted_time_ratio is not None else plan.time_ratio
 
 
 def analyse_capture(path: Path, budget_bytes: int, min_swap_bytes: int | None = None) -> dict:

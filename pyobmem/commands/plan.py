@@ -75,6 +75,16 @@ def plan_json(plan, cap, best=None) -> dict:
     return d
 
 
+def _replay_lines(plan) -> list:
+    """The host-clock replay's prediction (``planner.replay``), when the plan has one."""
+    r = plan.replay
+    if r is None:
+        return []
+    return [f"              {r.time_ratio:.3f}x replayed on the host's clock (per iteration: {r.drains:,} host waits "
+            f"for swap-outs, {format_duration(int(r.host_wait_ns))}; {r.evictions:,} evictions beyond the plan, "
+            f"{r.handoffs:,} handoffs, {r.demand_ins:,} swap-ins on demand)"]
+
+
 def infeasible_message(plan, cap) -> str:
     """The one line for a budget no plan reaches."""
     if plan.needed_bytes > plan.budget_bytes:
@@ -183,7 +193,9 @@ def format_plan(plan, cap, path: str, budget=None, best=None) -> str:
         f"as its copies allow, the budget hold waiting for swap-outs)",
         f"  predicted   {pred[0]}",
         *[f"              {p}" for p in pred[1:]],
-        f"  time        {plan.time_ratio:.3f}x the iteration (stalls {format_duration(int(plan.stall_ns))} per iteration)",
+        f"  time        {plan.time_ratio:.3f}x the iteration by the cost model (stalls {format_duration(int(plan.stall_ns))} "
+        f"per iteration)",
+        *_replay_lines(plan),
         f"  swapped     {len({s.block for s in plan.swaps})} blocks, {format_bytes(plan.swapped_bytes)}; "
         f"{plan.n_actions:,} actions per iteration, {plan.n_hints:,} idle hints for eviction",
     ]

@@ -14,8 +14,9 @@ time: when the shim acts). Sizes bytes; bandwidth B/s.
 By concern: ``budget`` (the budget and byte sizes as the user writes them), ``learning`` (the
 learned iteration: positions, clocks, live bytes, candidates and their idle windows),
 ``simulation`` (the cost model: copy engines, release, prefetch timing, the budget hold, the
-predictions), ``policy`` (which windows the plan swaps), ``plan`` (the plan the shim follows and
-the model's bound on it). docs/swap.md has the formulas.
+predictions), ``policy`` (which windows the plan swaps), ``replay`` (the shim's executor replayed
+on the host's clock: the plan's predicted time), ``plan`` (the plan the shim follows and the
+model's bound on it). docs/swap.md has the formulas.
 """
 
 from .budget import BARE_NUMBER, Budget, parse_budget, parse_size

@@ -27,6 +27,7 @@ from ..units import format_bytes
 DEFAULT_MIN_SWAP_BYTES = 4 << 20  # 2 MiB segments (PyTorch's small pool, one VMM granule) are never swapped
 MIN_MATCHING = 2  # iterations whose op keys equal the template, at least
 MIN_CONFIDENCE = 0.9  # model confidence (mean template match) of the main regime, at least
+NEVER_FREED = 1 << 62  # LearnedIteration.blk_free of a block never freed
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,13 @@ class LearnedIteration:
     Windows (cyclic idle gaps of candidates), one row each: ``win_cand`` (candidate row), ``win_s``
     (last access position), ``win_n`` (next access position, + P when it wraps).
     ``iteration_row``: the row of the IterationModel; ``it``/``bm`` kept for the bound.
+    The process's device blocks live in the iteration (what the shim's budget counts; the host
+    replay, ``planner.replay``), one row each: ``blk_size`` (bytes), ``blk_alloc`` / ``blk_free``
+    (position of the last op issued before the allocation / the free: < 0 before the iteration,
+    >= P after it, ``NEVER_FREED`` when never freed), ``blk_t_alloc`` / ``blk_t_free`` (ns from the
+    iteration's start on the host's clock, to order those between two ops), ``blk_served`` (the
+    shim VMM-backs it: cuMemAlloc or stream-ordered, >= min_swap_bytes), ``blk_cand`` (its
+    candidate row, -1 for none).
     """
 
     pid: int
@@ -87,6 +95,13 @@ class LearnedIteration:
     it: object = field(default=None, repr=False)
     bm: object = field(default=None, repr=False)
     reason_of: dict = field(default_factory=dict, repr=False)
+    blk_size: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    blk_alloc: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    blk_free: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    blk_t_alloc: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64), repr=False)
+    blk_t_free: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64), repr=False)
+    blk_served: np.ndarray = field(default_factory=lambda: np.zeros(0, bool), repr=False)
+    blk_cand: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
 
     @property
     def period(self) -> int:
@@ -222,6 +237,7 @@ def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, ba
         ws.append(p[ok])
         wn.append(nxt[ok])
     cat = lambda xs: np.concatenate(xs).astype(np.int64) if xs else np.zeros(0, np.int64)  # noqa: E731
+    blk = _iteration_blocks(blocks, pid, ops["ts_ns"][pid_rows].astype(np.int64), a, P, cand, min_swap_bytes)
     return LearnedIteration(
         pid=pid, keys=keys, op_rows=rows.astype(np.int64), times=times, issue=issue, iteration_ns=T, live=live.astype(np.int64),
         matching=matching, iterations=len(main), steps=len(it.step_rows()), step=it.step_number(i),
@@ -230,8 +246,30 @@ def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, ba
         cand_block=cand.astype(np.int64), cand_addr=blocks["addr"][cand].astype(np.uint64),
         cand_size=size[cand], cand_pos=cand_pos, cand_site=site, excluded=excluded,
         win_cand=cat(wc), win_s=cat(ws), win_n=cat(wn), iteration_row=row, iteration_index=i,
-        capture=capture, it=it, bm=bm, reason_of=reason_of,
+        capture=capture, it=it, bm=bm, reason_of=reason_of, **blk,
     )
+
+
+def _iteration_blocks(blocks, pid: int, launch_t: np.ndarray, a: int, P: int, cand: np.ndarray, min_swap_bytes: int) -> dict:
+    """LearnedIteration's ``blk_*`` fields: process ``pid``'s device blocks live at some time of
+    the iteration (ops ``a .. a+P-1`` of its ops issued at ``launch_t``, ns), with the positions
+    of the ops issued last before their allocation and free (the shim acts on them then)."""
+    t = np.maximum.accumulate(launch_t)
+    t0 = int(t[a])
+    t1 = int(t[a + P]) if a + P < len(t) else np.iinfo(np.int64).max
+    ta, tf = blocks["t_alloc"].astype(np.int64), blocks["t_free"].astype(np.int64)
+    rows = np.flatnonzero((blocks["pid"] == pid) & (blocks["kind"] != abi.AllocKind.HOST) & (ta < t1) & ((tf < 0) | (tf >= t0)))
+    pos = lambda x: np.searchsorted(t, x, side="right") - 1 - a  # noqa: E731
+    freed = tf[rows] >= 0
+    size = blocks["size"][rows].astype(np.int64)
+    kind = blocks["kind"][rows]
+    served = ((kind == abi.AllocKind.DRIVER) | (kind == abi.AllocKind.ASYNC)) & (size >= min_swap_bytes)
+    of = np.full(len(blocks), -1, np.int64)
+    of[cand] = np.arange(len(cand))
+    return dict(blk_size=size, blk_alloc=pos(ta[rows]).astype(np.int64),
+                blk_free=np.where(freed, pos(tf[rows]), NEVER_FREED).astype(np.int64),
+                blk_t_alloc=(ta[rows] - t0).astype(np.float64), blk_t_free=np.where(freed, tf[rows] - t0, np.inf).astype(np.float64),
+                blk_served=served, blk_cand=of[rows])
 
 
 def _live_bytes(blocks, pid: int, t: np.ndarray) -> np.ndarray:

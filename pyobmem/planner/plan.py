@@ -15,6 +15,7 @@ from ..model.tensors import build_tensors
 from .budget import Budget, parse_budget
 from .learning import DEFAULT_MIN_SWAP_BYTES, LearnedIteration, NoPlan, learn_iteration
 from .policy import _cover
+from .replay import Replay, replay
 from .simulation import _needed, _nominal_absence, _reach, _simulate
 
 MAX_RATIO = 2.0  # the planner never predicts a slower iteration than this
@@ -51,7 +52,10 @@ class Plan:
     ``template_keys`` (uint64 (P,)); ``actions`` (structured ``abi.ACTION_DTYPE`` array sorted by
     position, prefetches first at one position); ``swaps`` (list of Swap); ``peak_bytes`` (peak of
     live bytes without swapping), ``predicted_peak`` (with the plan), ``saved_bytes``;
-    ``time_ratio`` (predicted iteration time over the unswapped one), ``stall_ns`` (per iteration);
+    ``time_ratio`` (the cost model's predicted iteration time over the unswapped one, memory at the
+    GPU's time), ``stall_ns`` (per iteration); ``predicted_time_ratio`` (the prediction: the shim's
+    executor replayed on the host's clock, ``planner.replay``; None when not replayed) and ``replay``
+    (its figures: waits, evictions, handoffs per iteration);
     ``feasible`` (the predicted peak fits the budget); ``needed_bytes`` (the least any plan could
     reach on this iteration: at some position the blocks that cannot be out together) and
     ``needed_at`` (that position); ``reach_bytes`` / ``reach_at``: the least peak any plan can
@@ -94,6 +98,8 @@ class Plan:
     reach_op_row: int = -1  # the capture op row at ``reach_at``
     candidates: tuple = (0, 0)
     excluded: dict = field(default_factory=dict, repr=False)
+    predicted_time_ratio: float | None = None
+    replay: Replay | None = field(default=None, repr=False)
 
     @property
     def saved_bytes(self) -> int:
@@ -129,6 +135,8 @@ class Plan:
             "peak_bytes": self.peak_bytes, "peak_at": self.peak_at, "predicted_peak_bytes": self.predicted_peak,
             "saved_bytes": self.saved_bytes, "bound_bytes": self.bound_bytes,
             "time_ratio": round(self.time_ratio, 6), "stall_ns": round(self.stall_ns),
+            "predicted_time_ratio": None if self.predicted_time_ratio is None else round(self.predicted_time_ratio, 6),
+            "replay": self.replay.to_json() if self.replay is not None else None,
             "needed_bytes": self.needed_bytes, "needed_at": self.needed_at,
             "reach_bytes": self.reach_bytes, "reach_at": self.reach_at, "iteration": self.step,
             "candidates": {"blocks": self.candidates[0], "bytes": self.candidates[1]},
@@ -151,14 +159,18 @@ class Plan:
         import dataclasses
 
         return dataclasses.replace(self, swaps=[], actions=self.actions[self.actions["kind"] == abi.ActionKind.IDLE],
-                                   predicted_peak=self.peak_bytes, time_ratio=1.0, stall_ns=0.0)
+                                   predicted_peak=self.peak_bytes, time_ratio=1.0, stall_ns=0.0,
+                                   predicted_time_ratio=None, replay=None)
 
 
 
-def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, max_ratio: float = MAX_RATIO) -> Plan:
+def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, max_ratio: float = MAX_RATIO,
+              replayed: bool = True) -> Plan:
     """The plan for ``budget_bytes`` (the method: the docstrings of ``policy`` and ``simulation``).
     ``bound``: also compute the model's saving bound at the predicted ratio (``saving_curve`` on the
-    same iteration, tensor level; costs a tensor model)."""
+    same iteration, tensor level; costs a tensor model). ``replayed``: predict its time by the
+    host-clock replay of the shim (``planner.replay``, ~0.3 s on a 1,640-op iteration): the
+    chosen windows, with their IDLE hints when the plan carries them."""
     budget_bytes = int(budget_bytes)
     P = L.period
     peak_at = int(np.argmax(L.live)) if P else 0
@@ -207,6 +219,10 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
         for i, name in enumerate(("at", "kind", "until", "addr", "size", "site_at", "site_ord")):
             actions[name] = a[o, i]
     needed, needed_at = _needed(L)
+    rep = None
+    if replayed and P and len(L.blk_size):
+        hinted = int(np.count_nonzero(actions["kind"] == abi.ActionKind.IDLE)) > 0
+        rep = replay(L, w, sim.q[: len(w)] - (L.win_s[w] + P), budget_bytes, hints=hinted)
     bound_bytes, ratio = None, sim.ratio
     if bound and L.capture is not None:
         curve = model_curve(L)
@@ -226,6 +242,7 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
         iteration_index=L.iteration_index, steps=L.steps, step=L.step, reach_bytes=reach, reach_at=reach_at,
         reach_op_row=int(L.op_rows[reach_at]) if P else -1,
         candidates=(len(L.cand_block), int(L.cand_size.sum())), excluded=dict(L.excluded),
+        predicted_time_ratio=None if rep is None else rep.time_ratio, replay=rep,
     )
 
 

@@ -1,0 +1,121 @@
+"""The host-clock replay of the shim's executor (``planner.replay``) on small synthetic iterations,
+and its prediction on the H200's GPT-2 medium capture against the measured swap runs.
+
+The synthetic iteration (``_learned``): P = 10 ops, op k runs on the GPU at k ms (1 ms each, T =
+10 ms). Two tensors allocated in every iteration, both candidates, their figures by the shim's
+rules at the shim's budget of 80 MiB:
+
+- A, 64 MiB, allocated after op 0, used by ops 1 and 8, freed after op 8: one idle window (1, 8);
+- B, allocated after op 3 (32 MiB, or 64 MiB: A's size), used by op 4, freed after op 5.
+
+Copies at 64 MiB per ms unless a test says otherwise: A's copy out, after the GPU ends op 1 (at
+2 ms), ends at 3 ms. In the middle iteration (from 10 ms) the host allocates B at about 10.03 ms:
+A is still copying out, and A and B together pass the budget.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pyobmem import planner
+from pyobmem.capture import read_capture
+from pyobmem.planner import LearnedIteration, replay
+
+MiB = 1 << 20
+MS = 1e6
+P = 10
+BUDGET = 80 * MiB
+
+
+def _learned(issue_ms, b_size=32 * MiB, bandwidth=64 * MiB / 1e-3) -> LearnedIteration:
+    times = np.arange(P) * MS
+    issue = np.minimum(np.asarray(issue_ms, float) * MS, times)
+    sizes = np.array([64 * MiB, b_size], np.int64)
+    return LearnedIteration(
+        pid=1, keys=np.arange(P, dtype=np.uint64), op_rows=np.arange(P), times=times, issue=issue, iteration_ns=P * MS,
+        live=np.zeros(P, np.int64), matching=4, iterations=4, steps=4, step=1, confidence=1.0, bandwidth=bandwidth,
+        min_swap_bytes=4 * MiB, cand_block=np.arange(2), cand_addr=np.zeros(2, np.uint64), cand_size=sizes,
+        cand_pos=[np.array([1, 8]), np.array([4])], cand_site=np.array([[0, 0], [3, 0]]), excluded={},
+        win_cand=np.array([0]), win_s=np.array([1]), win_n=np.array([8]),
+        blk_size=sizes, blk_alloc=np.array([0, 3]), blk_free=np.array([8, 5]),
+        blk_t_alloc=issue[[0, 3]] + 1, blk_t_free=issue[[8, 5]] + 1, blk_served=np.ones(2, bool), blk_cand=np.arange(2),
+    )
+
+
+FAR_AHEAD = [0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08, 0.09]  # the whole iteration issued in 0.1 ms
+IN_STEP_LATE = [0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 7, 8, 9]  # ... until op 7, where it waits for the GPU
+
+
+def test_far_ahead_host_waits_for_a_swap_out_of_another_size():
+    """The plan swaps A out after op 1 and prefetches it before op 7. B (32 MiB) cannot take A's
+    memory: the host waits for A's copy. The host begins the middle iteration at 10 ms (it waits
+    for the GPU there) over the budget with the last iteration's A and B cached: it gives A's
+    memory back first (the largest class, the GPU is done with it), so op 10 starts
+    ``unmap_ns(64 MiB)`` late, and A's copy out ends 3 ms after that; A's allocation gives B's
+    cached memory back and maps A; three ops of 10 us later the host allocates B and waits. The
+    GPU does not wait for that: the host was that far ahead."""
+    r = replay.replay(_learned(FAR_AHEAD), np.array([0]), np.array([6]), BUDGET)
+    assert (r.drains, r.handoffs, r.evictions, r.planned_outs, r.prefetches, r.demand_ins) == (1, 0, 0, 1, 1, 0)
+    late = replay.unmap_ns(64 * MiB)
+    host = 10 * MS + late + replay.unmap_ns(32 * MiB) + replay.map_ns(64 * MiB) + 3 * 0.01 * MS
+    assert r.host_wait_ns == pytest.approx(13 * MS + late - host)
+    assert r.time_ratio == pytest.approx(1 + late / (10 * MS))
+
+
+def test_a_swap_out_of_the_same_size_hands_its_memory_over():
+    """B of A's size takes A's memory while A's copy still runs: no host wait. With copies of 3 ms
+    B's first use waits for that copy on the GPU: op 4 of the middle iteration starts when A's
+    copy out ends, 3 ms after op 1 ends (at 2 ms), not at 4 ms. The host (in step with the GPU
+    from op 7) finds A's copy done when it prefetches A: no settle either."""
+    L = _learned(IN_STEP_LATE, b_size=64 * MiB, bandwidth=64 * MiB / 3e-3)
+    r = replay.replay(L, np.array([0]), np.array([6]), BUDGET)
+    assert (r.handoffs, r.drains, r.host_wait_ns, r.evictions, r.planned_outs, r.prefetches) == (1, 0, 0.0, 0, 1, 1)
+    assert r.gpu_ns[4] - r.gpu_ns[1] == pytest.approx(1 * MS + 3 * MS)
+    assert r.time_ratio > 1.3  # and op 8 waits for A's copy back in
+    fast = replay.replay(_learned(IN_STEP_LATE, b_size=64 * MiB), np.array([0]), np.array([6]), BUDGET)
+    assert (fast.handoffs, fast.drains) == (1, 0)
+    assert fast.gpu_ns[4] - fast.gpu_ns[1] == pytest.approx(3 * MS)  # A's copy ended at 3 ms, before op 4
+
+
+def test_an_allocation_over_the_budget_with_nothing_pending_evicts_and_waits():
+    """No plan: B's allocation finds A resident and nothing copying out. The shim evicts A beyond
+    the plan (its IDLE hint: idle until op 8), waits on the host for its copy (sizes differ: no
+    handoff), and op 8 brings A back on demand."""
+    r = replay.replay(_learned(FAR_AHEAD), np.zeros(0, np.int64), np.zeros(0, np.int64), BUDGET)
+    assert (r.evictions, r.drains, r.handoffs, r.demand_ins, r.planned_outs, r.prefetches) == (1, 1, 0, 1, 0, 0)
+    assert r.host_wait_ns > 2 * MS  # the host at ~10.1 ms, A's copy ends after 13 ms
+
+
+# Measured on the H200 (bench/results/swap_gpt2_medium.json, tree 8df1fe4): the shim's budgets at
+# 90 / 75 / 60 / 50% of the unmodified run's driver peak, and the time ratios measured there.
+MEASURED = {33615878553: 1.094, 27894743040: 1.272, 22173607526: 1.425, 18359517184: 1.676}
+# The replay's ratios on the committed unswapped capture (docs/swap.md, "Cost model": the table).
+REPLAYED = {33615878553: (1.00, 1.05), 27894743040: (1.03, 1.09), 22173607526: (1.16, 1.23), 18359517184: (1.36, 1.44)}
+
+
+def test_real_gpt_medium_plans_replayed_against_the_h200_runs():
+    """GPT-2 medium (batch 8, seq 1024, per-tensor blocks; the unswapped capture of the H200): the
+    cost model predicts 1.00 / 1.00 / 1.12 / 1.18 at the four budgets, the replay on the host's
+    clock 1.02 / 1.06 / 1.19 / 1.40, where 1.094 / 1.272 / 1.425 / 1.676 were measured: closer,
+    within 1.15x of the measured at 90% only (about 1.2x under at the others)."""
+    from pathlib import Path
+
+    cap = read_capture(str(Path(__file__).parent / "data" / "gpt_medium_tensors.pyobmem"))
+    L = planner.learn_iteration(cap, by_site=True)
+    got = {}
+    for budget, (lo, hi) in REPLAYED.items():
+        plan = planner.make_plan(L, budget)
+        r = plan.replay
+        assert plan.predicted_time_ratio == r.time_ratio
+        assert lo < r.time_ratio < hi, (budget, r.time_ratio)
+        assert r.time_ratio >= plan.time_ratio - 1e-9  # on this capture above the cost model's at every budget
+        assert r.planned_outs == len(plan.swaps)  # every planned swap-out finds its block resident
+        got[budget] = r
+    r50 = got[18359517184]
+    assert 200 < r50.drains < 300 and 350e6 < r50.host_wait_ns < 500e6
+    assert 80 < r50.handoffs < 180 and r50.evictions < 40
+    assert max(MEASURED[b] / got[b].time_ratio for b in MEASURED) < 1.25
+    # Without a plan (the least recently used evicted): ~1.9x measured in the runs' first steps.
+    bare = replay.replay(L, np.zeros(0, np.int64), np.zeros(0, np.int64), 18359517184, hints=False)
+    assert 1.45 < bare.time_ratio < 1.55 and bare.planned_outs == 0 and 500 < bare.evictions < 620
