@@ -12,11 +12,16 @@ of traced / untraced within the round, with a 95% bootstrap confidence interval 
 untraced step ms) * 1000 / ops per step (launches, copies, sets and graph launches, from the
 capture).
 
+--only selftime runs the LSTM traced once more under a self-timing shim (`make native
+SELFTIME=1`, built into the work directory and given by PYOBMEM_SHIM): the shim's own time per
+step, part by part, measured inside the program, which the run-to-run spread of step times (60%
+between untraced runs on the H200) does not blur.
+
 The per-op-kind figures come from tests/gpu/progs/op_cost.cu (built here with nvcc): host
 microseconds per kernel launch (three pointers, or a 512-byte struct), async copy, async set and
 stream-ordered alloc+free pair, untraced and under the launcher in --op-rounds alternating rounds.
 
-    python3 scripts/bench_trace_overhead.py [--only gpt|mlp|lstm|ops ...] [--repeats 5] [--cpu 2]
+    python3 scripts/bench_trace_overhead.py [--only gpt|mlp|lstm|ops|selftime ...] [--repeats 5] [--cpu 2]
 
 Writes bench/results/trace_overhead.json (entries of workloads not run are kept).
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -208,12 +214,56 @@ def op_cost(rounds: int, work: Path, pin_cpu: int | None, timeout: float, option
     return res
 
 
+SELFTIME_RE = re.compile(r"^pyobmem selftime (\w+) calls=(\d+) ns_each=([\d.]+) total_ms=([\d.]+)$", re.M)
+# The parts that are the shim's own work on the application's thread (ring writes are inside the
+# records; launch_driver is the driver's own launch call, for scale).
+SHIM_PARTS = ("launch_record", "copy_record", "params_refresh", "gpuclock_sample")
+
+
+def parse_selftime(stderr: str, steps: int) -> dict:
+    """The self-timing shim's exit lines (native/selftime.c) per training step: {"parts": {part:
+    {"calls_per_step", "ns_each", "us_per_step"}}, "shim_us_per_step"} (the sum over SHIM_PARTS).
+    Raises ValueError when there is none."""
+    parts = {m[0]: {"calls_per_step": int(m[1]) / steps, "ns_each": float(m[2]),
+                    "us_per_step": float(m[3]) * 1000.0 / steps} for m in SELFTIME_RE.findall(stderr)}
+    if not parts:
+        raise ValueError("no selftime lines: was the shim built with SELFTIME=1?")
+    return {"parts": parts, "shim_us_per_step": sum(parts[k]["us_per_step"] for k in SHIM_PARTS if k in parts)}
+
+
+def selftime(steps: int, warmup_ms: float | None, work: Path, timeout: float, pin_cpu: int | None,
+             common: list[str]) -> dict:
+    """One traced LSTM run under a self-timing shim: the shim's own µs per step, and that against
+    the untraced step time of the lstm part (``warmup_ms``: its median, when run) as a ratio."""
+    shim = work / "libpyobmem_selftime.so"
+    p = subprocess.run(["make", "-s", "-B", "native", f"SHIM={shim}", "SELFTIME=1"], cwd=REPO, capture_output=True,
+                       text=True)
+    if p.returncode != 0:
+        die(f"building the self-timing shim failed: {(p.stderr or p.stdout).strip()[-300:]}")
+    bt.log("lstm_lm: traced run under the self-timing shim")
+    run = bt.run_workload("lstm_lm.py", ["--steps", str(steps), *common], work / "lstm_lm.selftime.json",
+                          capture=work / "lstm_lm.selftime.pyobmem", env={"PYOBMEM_SHIM": str(shim)},
+                          timeout=timeout, pin_cpu=pin_cpu)
+    res: dict = {"steps": len(run.step_ms), "step_ms_median": steady_median(run.step_ms, steps // 2),
+                 "errors": list(run.errors)}
+    try:
+        res.update(parse_selftime(run.stderr, max(len(run.step_ms), 1)))
+    except ValueError as e:
+        res["errors"].append(str(e))
+        return res
+    if warmup_ms:
+        res["untraced_step_ms"] = warmup_ms
+        res["shim_share_of_untraced_step"] = res["shim_us_per_step"] / 1000.0 / warmup_ms
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5, help="untraced/traced/CUPTI rounds per workload (default 5)")
     ap.add_argument("--out-dir", type=Path, default=REPO / "bench" / "results")
-    ap.add_argument("--only", choices=("gpt", "mlp", "lstm", "ops"), action="append",
-                    help="default: all four (lstm and ops alone take about 3.5 minutes on the H200)")
+    ap.add_argument("--only", choices=("gpt", "mlp", "lstm", "ops", "selftime"), action="append",
+                    help="default: gpt, mlp, lstm and ops (lstm and ops alone take about 3.5 minutes on the "
+                         "H200); selftime: the LSTM under a self-timing shim")
     ap.add_argument("--gpt-steps", type=int, default=15)
     ap.add_argument("--mlp-steps", type=int, default=300)
     ap.add_argument("--lstm-steps", type=int, default=400)
@@ -251,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
                                    a.lstm_rounds, a.lstm_warmup, work, a.timeout, pin,
                                    {"untraced": None, "traced": traced})
             out["lstm_lm"]["launcher_options"] = list(traced)
+        if "selftime" in only:
+            out["lstm_lm_selftime"] = selftime(a.lstm_steps, (out.get("lstm_lm") or {}).get("untraced_step_ms"), work,
+                                               a.timeout, pin, common)
         if "gpt" in only:
             out["gpt_small"] = bench("gpt_small", "gpt.py", ["--size", "small", "--steps", str(a.gpt_steps), *common],
                                      a.gpt_steps, a.repeats, a.warmup, work, a.timeout, pin, modes)
@@ -290,6 +343,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{k:<18} {fmt(v['untraced_us'], '.3f'):>11} {fmt(v['traced_us'], '.3f'):>10} "
                   f"{fmt(v['added_us'], '.3f'):>7} {(f'{ci[0]:.3f}-{ci[1]:.3f}' if ci else '-'):>13}")
         print(f"clock_gettime: {fmt(oc['clock_gettime_ns'], '.1f')} ns per call")
+    st = out.get("lstm_lm_selftime")
+    if st and st.get("parts"):
+        print()
+        print(f"lstm_lm under the self-timing shim: {fmt(st['shim_us_per_step'], '.1f')} us of the shim's own per step"
+              + (f" ({100 * st['shim_share_of_untraced_step']:.1f}% of the untraced step)"
+                 if st.get("shim_share_of_untraced_step") else ""))
+        for k, v in st["parts"].items():
+            print(f"  {k:<18} {v['calls_per_step']:>8.1f} calls/step {v['ns_each']:>8.1f} ns each "
+                  f"{v['us_per_step']:>8.1f} us/step")
     print(f"target added time per launch: <= {TARGETS['us_per_launch']} us")
     return 1 if any(isinstance(r, dict) and r.get("errors") for r in out.values()) else 0
 

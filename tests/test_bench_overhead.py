@@ -88,3 +88,19 @@ def test_op_cost_rounds_and_added_us(monkeypatch, tmp_path):
     assert launch["added_us"] == pytest.approx(0.4) and launch["added_us_ci95"] == pytest.approx([0.4, 0.4])
     assert res["kinds"]["memcpy_async"]["added_us"] == 0
     assert res["clock_gettime_ns"] == 21.5 and res["launcher_options"] == ["--no-cupti"]
+
+
+def test_parse_selftime_per_step():
+    err = ("step 0 ...\n"
+           "pyobmem selftime launch_driver calls=1200 ns_each=4300.0 total_ms=5.160\n"
+           "pyobmem selftime launch_record calls=1200 ns_each=480.0 total_ms=0.576\n"
+           "pyobmem selftime ring_write calls=1500 ns_each=140.0 total_ms=0.210\n"
+           "pyobmem selftime params_refresh calls=600 ns_each=30.0 total_ms=0.018\n"
+           "pyobmem selftime gpuclock_sample calls=40 ns_each=2000.0 total_ms=0.080\n")
+    r = bench.parse_selftime(err, steps=4)
+    assert r["parts"]["launch_record"] == {"calls_per_step": 300.0, "ns_each": 480.0, "us_per_step": 144.0}
+    # the shim's own: launch records, layout refreshes and clock samples; not the driver, not the
+    # ring writes inside the records
+    assert r["shim_us_per_step"] == pytest.approx(144.0 + 4.5 + 20.0)
+    with pytest.raises(ValueError, match="SELFTIME=1"):
+        bench.parse_selftime("step 0 loss 0x1p+0 time_ms 5.0\n", steps=1)
