@@ -15,6 +15,8 @@ A is still copying out, and A and B together pass the budget.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -87,22 +89,54 @@ def test_an_allocation_over_the_budget_with_nothing_pending_evicts_and_waits():
     assert r.host_wait_ns > 2 * MS  # the host at ~10.1 ms, A's copy ends after 13 ms
 
 
+def test_an_op_that_may_touch_any_block_cancels_the_swap_out_in_flight():
+    """Op 2 may touch any block (a launch naming more blocks than its records hold, as PyTorch's
+    foreach optimizer kernels do): the shim makes every block usable before it, so A's planned
+    swap-out, still copying (the host is far ahead), is cancelled at op 12 and A stays. B's
+    allocation then finds A and B over the budget: A goes out beyond the plan (its IDLE hint) and
+    the host waits for that copy, which queues behind the cancelled one still on the engine: 1 ms
+    more than without op 2's rule (test_far_ahead_...). Marked at op 5 instead (A out by then,
+    after B's allocation drained its copy), the rule is a demand swap-in of A at op 15."""
+    every = np.zeros(P, bool)
+    every[2] = True
+    trace: list = []
+    base = replay.replay(_learned(FAR_AHEAD), np.array([0]), np.array([6]), BUDGET)
+    r = replay.replay(dataclasses.replace(_learned(FAR_AHEAD), op_all=every), np.array([0]), np.array([6]), BUDGET,
+                      trace=trace)
+    assert (r.planned_outs, r.cancels, r.evictions, r.drains, r.prefetches, r.demand_ins) == (1, 1, 1, 1, 1, 0)
+    a = trace[[k for _, k, _ in trace].index("planned_outs")][2]
+    assert [(p, k) for p, k, u in trace if u == a][:4] == [(11, "planned_outs"), (12, "cancels"), (13, "evictions"),
+                                                          (13, "drains")]
+    assert r.host_wait_ns == pytest.approx(base.host_wait_ns + 1 * MS)
+    every[2], every[5] = False, True
+    r = replay.replay(dataclasses.replace(_learned(IN_STEP_LATE), op_all=every), np.array([0]), np.array([6]), BUDGET,
+                      trace=(trace := []))
+    assert (r.cancels, r.demand_ins) == (0, 1) and (15, "demand_ins", a) in trace
+
+
 # Measured on the H200 (bench/results/swap_gpt2_medium.json, tree 8df1fe4): the shim's budgets at
 # 90 / 75 / 60 / 50% of the unmodified run's driver peak, and the time ratios measured there.
 MEASURED = {33615878553: 1.094, 27894743040: 1.272, 22173607526: 1.425, 18359517184: 1.676}
 # The replay's ratios on the committed unswapped capture (docs/swap.md, "Cost model": the table).
-REPLAYED = {33615878553: (1.00, 1.05), 27894743040: (1.03, 1.09), 22173607526: (1.16, 1.23), 18359517184: (1.36, 1.44)}
+# With the optimizer's launches that may touch any block (LearnedIteration.op_all) cancelling the
+# plan's swap-outs in flight there: 1.050 / 1.134 / 1.286 / 1.525 (1.022 / 1.056 / 1.193 / 1.401
+# before that rule).
+REPLAYED = {33615878553: (1.02, 1.08), 27894743040: (1.10, 1.17), 22173607526: (1.25, 1.32), 18359517184: (1.49, 1.56)}
 
 
 def test_real_gpt_medium_plans_replayed_against_the_h200_runs():
     """GPT-2 medium (batch 8, seq 1024, per-tensor blocks; the unswapped capture of the H200): the
     cost model predicts 1.00 / 1.00 / 1.12 / 1.18 at the four budgets, the replay on the host's
-    clock 1.02 / 1.06 / 1.19 / 1.40, where 1.094 / 1.272 / 1.425 / 1.676 were measured: closer,
-    within 1.15x of the measured at 90% only (about 1.2x under at the others)."""
+    clock 1.05 / 1.13 / 1.29 / 1.53, where 1.094 / 1.272 / 1.425 / 1.676 were measured: within
+    1.15x of the measured at every budget (1.04 / 1.12 / 1.11 / 1.10 under). The 42 launches of the
+    optimizer (foreach kernels naming more than 64 blocks) may touch any block: at 50% they cancel
+    183 of the plan's swap-outs, and those blocks go out beyond the plan at the loss instead (the
+    H200's 50% run: ~188 cancelled, ~200 such evictions per step, docs/swap.md)."""
     from pathlib import Path
 
     cap = read_capture(str(Path(__file__).parent / "data" / "gpt_medium_tensors.pyobmem"))
     L = planner.learn_iteration(cap, by_site=True)
+    assert int(L.op_all.sum()) == 42 and L.op_all[1553] and L.op_all[1639] and not L.op_all[:1553].any()
     got = {}
     for budget, (lo, hi) in REPLAYED.items():
         plan = planner.make_plan(L, budget)
@@ -113,9 +147,9 @@ def test_real_gpt_medium_plans_replayed_against_the_h200_runs():
         assert r.planned_outs == len(plan.swaps)  # every planned swap-out finds its block resident
         got[budget] = r
     r50 = got[18359517184]
-    assert 200 < r50.drains < 300 and 350e6 < r50.host_wait_ns < 500e6
-    assert 80 < r50.handoffs < 180 and r50.evictions < 40
-    assert max(MEASURED[b] / got[b].time_ratio for b in MEASURED) < 1.25
+    assert 350 < r50.drains < 460 and 430e6 < r50.host_wait_ns < 560e6
+    assert 80 < r50.handoffs < 180 and 180 < r50.evictions < 250 and 160 < r50.cancels < 210
+    assert max(MEASURED[b] / got[b].time_ratio for b in MEASURED) < 1.15
     # Without a plan (the least recently used evicted): ~1.9x measured in the runs' first steps.
     bare = replay.replay(L, np.zeros(0, np.int64), np.zeros(0, np.int64), 18359517184, hints=False)
     assert 1.45 < bare.time_ratio < 1.55 and bare.planned_outs == 0 and 500 < bare.evictions < 620
