@@ -19,6 +19,11 @@ This walk follows the learned iteration's ops in host issue order, three iterati
   PREFETCH when the host begins op q (a map, the copy on the host-to-device engine); a block an
   op names while out comes back on demand (the op waits for the copy on the GPU), one still
   copying out stays (the swap-out is cancelled; the copy runs on).
+- An op that may touch any block (``LearnedIteration.op_all``: opaque, or naming more blocks than
+  its records hold, as PyTorch's foreach optimizer kernels do) makes every block usable as an
+  op's own (``swap_op_begin``'s ``how``): every swap-out in flight is cancelled, every block out
+  comes back on demand, none goes out for it; later copies out wait for its end on the GPU (the
+  stream's fence).
 - The budget (``hold_budget``, ``evict_keeping``, ``drain_until``): before a map, while the
   count would pass the budget, cached memory the GPU is done with goes first, then swap-outs
   beyond the plan (the block whose next use is farthest by the plan's IDLE hints, one of the
