@@ -11,8 +11,8 @@ This walk follows the learned iteration's ops in host issue order, three iterati
   unperturbed duration, H, the copies it waits for): delays propagate.
 - Memory as the shim counts it at host time: every live device block of the process (the
   shim's blocks at what they have mapped), freed stream-ordered blocks cached by size class
-  (mapped, reused at once by an allocation of their class, given back only once the GPU has
-  passed the free), less the swap-outs still copying (``leaving``). A swap-out's memory goes
+  (mapped, reused at once by an allocation of their class, the oldest first; given back only
+  once the GPU has passed the free, the newest first), less the swap-outs still copying (``leaving``). A swap-out's memory goes
   when its copy ends on the GPU clock (the release thread), or at once when handed over.
 - Actions: the plan's SWAP_OUT when the host ends op s (the copy queues on the device-to-host
   engine, first come first served in issue order, after the block's last use on the GPU), its
@@ -198,15 +198,19 @@ class _State:
 
     # -- the budget ---------------------------------------------------------------------
     def trim(self, want: float) -> None:
-        """Cached memory the GPU is done with goes back, largest size classes first."""
+        """Cached memory the GPU is done with goes back (``trim``, swap_alloc.c): largest size
+        classes first, the newest of a class first (the shim's cache order)."""
         got = 0
         for vs in sorted(self.cache, reverse=True):
             ends = self.cache[vs]
-            while got < want and ends and min(ends) <= self.H:
-                ends.remove(min(ends))
-                self.mapped -= vs
-                got += vs
-                self.H += unmap_ns(vs)
+            for i in range(len(ends) - 1, -1, -1):
+                if got >= want:
+                    break
+                if ends[i] <= self.H:
+                    del ends[i]
+                    self.mapped -= vs
+                    got += vs
+                    self.H += unmap_ns(vs)
             if got >= want:
                 break
 
@@ -475,7 +479,7 @@ def _alloc(st: _State, u: int) -> None:
         return
     vs = int(st.vsize[u])
     if st.cache.get(vs):
-        st.cache[vs].pop()
+        st.cache[vs].pop(0)  # cache_take: the oldest of its class (the newest are put last)
         return
     st.hold(vs)
     after = st.map(u)
