@@ -12,8 +12,9 @@ This walk follows the learned iteration's ops in host issue order, three iterati
 - Memory as the shim counts it at host time: every live device block of the process (the
   shim's blocks at what they have mapped), freed stream-ordered blocks cached by size class
   (mapped, reused at once by an allocation of their class, the oldest first; given back only
-  once the GPU has passed the free, the newest first), less the swap-outs still copying (``leaving``). A swap-out's memory goes
-  when its copy ends on the GPU clock (the release thread), or at once when handed over.
+  once the GPU has passed the free, the newest first), less the swap-outs still copying
+  (``leaving``). A swap-out's memory goes when its copy ends on the GPU clock (the release
+  thread), or at once when handed over.
 - Actions: the plan's SWAP_OUT when the host ends op s (the copy queues on the device-to-host
   engine, first come first served in issue order, after the block's last use on the GPU), its
   PREFETCH when the host begins op q (a map, the copy on the host-to-device engine); a block an
