@@ -15,6 +15,8 @@ A is still copying out, and A and B together pass the budget.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -87,22 +89,90 @@ def test_an_allocation_over_the_budget_with_nothing_pending_evicts_and_waits():
     assert r.host_wait_ns > 2 * MS  # the host at ~10.1 ms, A's copy ends after 13 ms
 
 
+def test_an_op_that_may_touch_any_block_cancels_the_swap_out_in_flight():
+    """Op 2 may touch any block (a launch naming more blocks than its records hold, as PyTorch's
+    foreach optimizer kernels do): the shim makes every block usable before it, so A's planned
+    swap-out, still copying (the host is far ahead), is cancelled at op 12 and A stays. B's
+    allocation then finds A and B over the budget: A goes out beyond the plan (its IDLE hint) and
+    the host waits for that copy, which queues behind the cancelled one still on the engine: 1 ms
+    more than without op 2's rule (test_far_ahead_...). Marked at op 5 instead (A out by then,
+    after B's allocation drained its copy), the rule is a demand swap-in of A at op 15."""
+    every = np.zeros(P, bool)
+    every[2] = True
+    trace: list = []
+    base = replay.replay(_learned(FAR_AHEAD), np.array([0]), np.array([6]), BUDGET)
+    r = replay.replay(dataclasses.replace(_learned(FAR_AHEAD), op_all=every), np.array([0]), np.array([6]), BUDGET,
+                      trace=trace)
+    assert (r.planned_outs, r.cancels, r.evictions, r.drains, r.prefetches, r.demand_ins) == (1, 1, 1, 1, 1, 0)
+    a = trace[[k for _, k, _ in trace].index("planned_outs")][2]
+    assert [(p, k) for p, k, u in trace if u == a][:4] == [(11, "planned_outs"), (12, "cancels"), (13, "evictions"),
+                                                          (13, "drains")]
+    assert r.host_wait_ns == pytest.approx(base.host_wait_ns + 1 * MS)
+    every[2], every[5] = False, True
+    r = replay.replay(dataclasses.replace(_learned(IN_STEP_LATE), op_all=every), np.array([0]), np.array([6]), BUDGET,
+                      trace=(trace := []))
+    assert (r.cancels, r.demand_ins) == (0, 1) and (15, "demand_ins", a) in trace
+
+
+def _cached(issue_ms) -> LearnedIteration:
+    """A (32 MiB, live over the iteration, a candidate used by ops 1 and 9) and four tensors that
+    are no candidates: X and Y (32 MiB) allocated after op 0 and freed after ops 1 and 6, Z (32
+    MiB) allocated after op 7, W (64 MiB) after op 8, both freed after op 9."""
+    times = np.arange(P) * MS
+    issue = np.minimum(np.asarray(issue_ms, float) * MS, times)
+    size = np.array([32, 32, 32, 32, 64], np.int64) * MiB
+    return LearnedIteration(
+        pid=1, keys=np.arange(P, dtype=np.uint64), op_rows=np.arange(P), times=times, issue=issue, iteration_ns=P * MS,
+        live=np.zeros(P, np.int64), matching=4, iterations=4, steps=4, step=1, confidence=1.0, bandwidth=64 * MiB / 1e-3,
+        min_swap_bytes=4 * MiB, cand_block=np.arange(1), cand_addr=np.zeros(1, np.uint64), cand_size=size[:1],
+        cand_pos=[np.array([1, 9])], cand_site=np.array([[-1, -1]]), excluded={},
+        win_cand=np.array([0, 0]), win_s=np.array([1, 9]), win_n=np.array([9, 11]),
+        blk_size=size, blk_alloc=np.array([-1, 0, 0, 7, 8]), blk_free=np.array([P + 5, 1, 6, 9, 9]),
+        blk_t_alloc=np.array([-1, issue[0], issue[0], issue[7], issue[8]]) + 1,
+        blk_t_free=np.array([np.inf, issue[1], issue[6], issue[9], issue[9]]) + 2,
+        blk_served=np.ones(5, bool), blk_cand=np.array([0, -1, -1, -1, -1]))
+
+
+def test_a_cached_block_is_reused_oldest_first():
+    """The shim reuses the oldest cached block of a size class (cache_take; the newest are put
+    last). The host issues ops 0-7 at once and op 8 at 4 ms of the iteration, the GPU runs op k at
+    k ms. Z, allocated after op 7, takes X's memory (freed after op 1), leaving Y's, whose free the
+    GPU passes only at 7 ms. W, after op 8, then finds A, Z, Y's cached memory and W over the 128
+    MiB budget with nothing cached the GPU is done with: A goes out beyond the plan (its IDLE
+    hint), the host waits for its copy (0.5 ms: 32 MiB at 64 MiB/ms), and op 9 brings it back on
+    demand. Had Z taken the newest (Y's), X's memory would have gone back instead: no eviction."""
+    trace: list = []
+    r = replay.replay(_cached(FAR_AHEAD[:8] + [4, 9]), np.zeros(0, np.int64), np.zeros(0, np.int64), 128 * MiB,
+                      trace=trace)
+    assert (r.evictions, r.drains, r.demand_ins, r.handoffs) == (1, 1, 1, 0)
+    assert [(p, k) for p, k, u in trace if u == 0] == [(18, "evictions"), (18, "drains"), (19, "demand_ins")]
+    assert r.host_wait_ns == pytest.approx(0.5 * MS)
+
+
 # Measured on the H200 (bench/results/swap_gpt2_medium.json, tree 8df1fe4): the shim's budgets at
 # 90 / 75 / 60 / 50% of the unmodified run's driver peak, and the time ratios measured there.
 MEASURED = {33615878553: 1.094, 27894743040: 1.272, 22173607526: 1.425, 18359517184: 1.676}
 # The replay's ratios on the committed unswapped capture (docs/swap.md, "Cost model": the table).
-REPLAYED = {33615878553: (1.00, 1.05), 27894743040: (1.03, 1.09), 22173607526: (1.16, 1.23), 18359517184: (1.36, 1.44)}
+# 1.063 / 1.145 / 1.400 / 1.646: with the optimizer's launches that may touch any block
+# (LearnedIteration.op_all) cancelling the plan's swap-outs in flight there, and cached blocks
+# reused oldest first (1.022 / 1.056 / 1.193 / 1.401 with neither rule; 1.050 / 1.134 / 1.286 /
+# 1.525 with the first only, 1.033 / 1.067 / 1.310 / 1.506 with the second only).
+REPLAYED = {33615878553: (1.03, 1.09), 27894743040: (1.11, 1.18), 22173607526: (1.36, 1.44), 18359517184: (1.60, 1.69)}
 
 
 def test_real_gpt_medium_plans_replayed_against_the_h200_runs():
     """GPT-2 medium (batch 8, seq 1024, per-tensor blocks; the unswapped capture of the H200): the
     cost model predicts 1.00 / 1.00 / 1.12 / 1.18 at the four budgets, the replay on the host's
-    clock 1.02 / 1.06 / 1.19 / 1.40, where 1.094 / 1.272 / 1.425 / 1.676 were measured: closer,
-    within 1.15x of the measured at 90% only (about 1.2x under at the others)."""
+    clock 1.06 / 1.15 / 1.40 / 1.65, where 1.094 / 1.272 / 1.425 / 1.676 were measured: within
+    1.15x of the measured at every budget (1.03 / 1.11 / 1.02 / 1.02 under). The 42 launches of the
+    optimizer (foreach kernels naming more than 64 blocks) may touch any block: at 50% they cancel
+    183 of the plan's swap-outs, and those blocks go out beyond the plan at the loss instead (the
+    H200's 50% run: ~188 cancelled, ~200 such evictions per step, docs/swap.md)."""
     from pathlib import Path
 
     cap = read_capture(str(Path(__file__).parent / "data" / "gpt_medium_tensors.pyobmem"))
     L = planner.learn_iteration(cap, by_site=True)
+    assert int(L.op_all.sum()) == 42 and L.op_all[1553] and L.op_all[1639] and not L.op_all[:1553].any()
     got = {}
     for budget, (lo, hi) in REPLAYED.items():
         plan = planner.make_plan(L, budget)
@@ -113,9 +183,9 @@ def test_real_gpt_medium_plans_replayed_against_the_h200_runs():
         assert r.planned_outs == len(plan.swaps)  # every planned swap-out finds its block resident
         got[budget] = r
     r50 = got[18359517184]
-    assert 200 < r50.drains < 300 and 350e6 < r50.host_wait_ns < 500e6
-    assert 80 < r50.handoffs < 180 and r50.evictions < 40
-    assert max(MEASURED[b] / got[b].time_ratio for b in MEASURED) < 1.25
+    assert 380 < r50.drains < 500 and 560e6 < r50.host_wait_ns < 720e6
+    assert 90 < r50.handoffs < 180 and 220 < r50.evictions < 310 and 160 < r50.cancels < 210
+    assert max(MEASURED[b] / got[b].time_ratio for b in MEASURED) < 1.15
     # Without a plan (the least recently used evicted): ~1.9x measured in the runs' first steps.
     bare = replay.replay(L, np.zeros(0, np.int64), np.zeros(0, np.int64), 18359517184, hints=False)
-    assert 1.45 < bare.time_ratio < 1.55 and bare.planned_outs == 0 and 500 < bare.evictions < 620
+    assert 1.64 < bare.time_ratio < 1.74 and bare.planned_outs == 0 and 600 < bare.evictions < 720

@@ -64,6 +64,9 @@ class LearnedIteration:
     iteration's start on the host's clock, to order those between two ops), ``blk_served`` (the
     shim VMM-backs it: cuMemAlloc or stream-ordered, >= min_swap_bytes), ``blk_cand`` (its
     candidate row, -1 for none).
+    ``op_all`` (bool (P,)): the op may touch any block, an opaque launch or one naming more blocks
+    than its ACCESS records hold (``LaunchFlag.TRUNCATED``): the shim makes every swap block
+    usable before it (swap_op_begin's ``how``), so no swap-out in flight survives it.
     """
 
     pid: int
@@ -102,6 +105,7 @@ class LearnedIteration:
     blk_t_free: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64), repr=False)
     blk_served: np.ndarray = field(default_factory=lambda: np.zeros(0, bool), repr=False)
     blk_cand: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    op_all: np.ndarray = field(default_factory=lambda: np.zeros(0, bool), repr=False)
 
     @property
     def period(self) -> int:
@@ -246,8 +250,16 @@ def learn_iteration(capture, *, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES, ba
         cand_block=cand.astype(np.int64), cand_addr=blocks["addr"][cand].astype(np.uint64),
         cand_size=size[cand], cand_pos=cand_pos, cand_site=site, excluded=excluded,
         win_cand=cat(wc), win_s=cat(ws), win_n=cat(wn), iteration_row=row, iteration_index=i,
-        capture=capture, it=it, bm=bm, reason_of=reason_of, **blk,
+        capture=capture, it=it, bm=bm, reason_of=reason_of, op_all=_touches_all(ops[rows]), **blk,
     )
+
+
+def _touches_all(ops: np.ndarray) -> np.ndarray:
+    """LearnedIteration.op_all of these op rows: launches (kernel or graph) flagged OPAQUE or
+    TRUNCATED, those the shim begins with SWAP_OP_OPAQUE / SWAP_OP_INCOMPLETE (native/launch.c,
+    graph.c)."""
+    launch = np.isin(ops["type"], (abi.Ev.LAUNCH, abi.Ev.GRAPH_LAUNCH))
+    return launch & ((ops["flags"] & (abi.LaunchFlag.OPAQUE | abi.LaunchFlag.TRUNCATED)) != 0)
 
 
 def _iteration_blocks(blocks, pid: int, launch_t: np.ndarray, a: int, P: int, cand: np.ndarray, min_swap_bytes: int) -> dict:

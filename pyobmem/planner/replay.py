@@ -11,14 +11,20 @@ This walk follows the learned iteration's ops in host issue order, three iterati
   unperturbed duration, H, the copies it waits for): delays propagate.
 - Memory as the shim counts it at host time: every live device block of the process (the
   shim's blocks at what they have mapped), freed stream-ordered blocks cached by size class
-  (mapped, reused at once by an allocation of their class, given back only once the GPU has
-  passed the free), less the swap-outs still copying (``leaving``). A swap-out's memory goes
-  when its copy ends on the GPU clock (the release thread), or at once when handed over.
+  (mapped, reused at once by an allocation of their class, the oldest first; given back only
+  once the GPU has passed the free, the newest first), less the swap-outs still copying
+  (``leaving``). A swap-out's memory goes when its copy ends on the GPU clock (the release
+  thread), or at once when handed over.
 - Actions: the plan's SWAP_OUT when the host ends op s (the copy queues on the device-to-host
   engine, first come first served in issue order, after the block's last use on the GPU), its
   PREFETCH when the host begins op q (a map, the copy on the host-to-device engine); a block an
   op names while out comes back on demand (the op waits for the copy on the GPU), one still
   copying out stays (the swap-out is cancelled; the copy runs on).
+- An op that may touch any block (``LearnedIteration.op_all``: opaque, or naming more blocks than
+  its records hold, as PyTorch's foreach optimizer kernels do) makes every block usable as an
+  op's own (``swap_op_begin``'s ``how``): every swap-out in flight is cancelled, every block out
+  comes back on demand, none goes out for it; later copies out wait for its end on the GPU (the
+  stream's fence).
 - The budget (``hold_budget``, ``evict_keeping``, ``drain_until``): before a map, while the
   count would pass the budget, cached memory the GPU is done with goes first, then swap-outs
   beyond the plan (the block whose next use is farthest by the plan's IDLE hints, one of the
@@ -136,14 +142,18 @@ class _State:
         self.H = 0.0
         self.op = -1
         self.barrier = 0.0  # a handoff made the stream wait for that copy
+        self.fence = 0.0  # GPU end of the last op that may touch any block: later copies out wait for it
+        self.trace: list | None = None
         self.count = {k: 0 for k in ("drains", "evictions", "planned_outs", "handoffs", "maps", "creates",
                                      "demand_ins", "prefetches", "prefetch_hits", "late_ins", "cancels")}
         self.host_wait = 0.0
         self.counting = False
 
-    def add(self, key: str, n: int = 1):
+    def add(self, key: str, u: int = -1):
         if self.counting:
-            self.count[key] += n
+            self.count[key] += 1
+            if self.trace is not None:
+                self.trace.append((self.op, key, u))
 
     def resident(self) -> int:
         return self.others + self.mapped - self.leaving
@@ -166,7 +176,7 @@ class _State:
     def swap_out(self, u: int) -> None:
         # After its last use; a host slot is written only after the last copy that reads it: the
         # block's own swap-in for its kept slot, the latest swap-in of all for a slot new to it.
-        ready = max(self.use_end[u], self.in_end[u] if self.slot[u] else self.h2d, self.H)
+        ready = max(self.use_end[u], self.in_end[u] if self.slot[u] else self.h2d, self.H, self.fence)
         self.slot[u] = True
         self.d2h = self.out_end[u] = max(self.d2h, ready) + self.size[u] / self.bw * 1e9
         self.state[u] = OUT_PENDING
@@ -177,27 +187,31 @@ class _State:
         self.state[u] = RES
         self.leaving -= self.vsize[u]
         self.pending.remove(u)
-        self.add("cancels")
+        self.add("cancels", u)
 
     def wait_for(self, u: int) -> None:
         """The host waits for u's copy out (drain_until's or settle_out's cuEventSynchronize)."""
         if self.out_end[u] > self.H:
             self.host_wait += (self.out_end[u] - self.H) if self.counting else 0.0
             self.H = self.out_end[u]
-        self.add("drains")
+        self.add("drains", u)
         self.poll()
 
     # -- the budget ---------------------------------------------------------------------
     def trim(self, want: float) -> None:
-        """Cached memory the GPU is done with goes back, largest size classes first."""
+        """Cached memory the GPU is done with goes back (``trim``, swap_alloc.c): largest size
+        classes first, the newest of a class first (the shim's cache order)."""
         got = 0
         for vs in sorted(self.cache, reverse=True):
             ends = self.cache[vs]
-            while got < want and ends and min(ends) <= self.H:
-                ends.remove(min(ends))
-                self.mapped -= vs
-                got += vs
-                self.H += unmap_ns(vs)
+            for i in range(len(ends) - 1, -1, -1):
+                if got >= want:
+                    break
+                if ends[i] <= self.H:
+                    del ends[i]
+                    self.mapped -= vs
+                    got += vs
+                    self.H += unmap_ns(vs)
             if got >= want:
                 break
 
@@ -227,7 +241,7 @@ class _State:
             if v < 0:
                 break
             self.swap_out(v)
-            self.add("evictions")
+            self.add("evictions", v)
 
     def hold(self, vsize: int) -> None:
         """hold_budget before mapping ``vsize`` bytes."""
@@ -249,13 +263,25 @@ class _State:
         if o >= 0:
             self.given[o] = True
             self.leaving -= self.vsize[o]
-            self.add("handoffs")
+            self.add("handoffs", o)
             self.H += MAP_NS  # map + access, no create
             return float(self.out_end[o])
         self.add("creates")
         self.mapped += self.vsize[u]
         self.H += map_ns(self.vsize[u])
         return 0.0
+
+    def make_usable(self, u: int) -> float:
+        """make_usable for the op being begun: u resident, or on its way in (a demand swap-in when
+        it was out). Returns the GPU time the op waits for (its copy in, 0 for none)."""
+        if self.state[u] == IN_PENDING:  # prefetched: a hit when its copy has ended by now
+            self.add("prefetch_hits" if self.in_end[u] <= self.H else "late_ins", u)
+        elif self.swap_in(u):
+            self.add("demand_ins", u)
+        if self.state[u] != IN_PENDING:
+            return 0.0
+        self.state[u] = RES
+        return float(self.in_end[u])
 
     def swap_in(self, u: int) -> bool:
         """u back (a copy in: True); one still copying out with its own memory just stays."""
@@ -338,12 +364,14 @@ def _host_coupling(L: LearnedIteration, ext: np.ndarray, hx: np.ndarray) -> tupl
 
 
 def replay(L: LearnedIteration, windows: np.ndarray, q_offset: np.ndarray, budget_bytes: int, *,
-           hints: bool = True, bandwidth: float | None = None) -> Replay:
+           hints: bool = True, bandwidth: float | None = None, trace: list | None = None) -> Replay:
     """Replay the shim under ``budget_bytes`` (bytes) following the plan's windows ``windows``
     (rows of L's windows) with their PREFETCH ``q_offset`` ops after their SWAP_OUT position, on
     the host's clock (the module's docstring). ``hints``: the plan carries the IDLE hints of every
     candidate window (eviction beyond it by Belady's choice; else the least recently used).
     ``bandwidth``: B/s of each copy engine with both at work (default L's, the one-way figure).
+    ``trace``: a list the middle iteration's events are appended to, as (unrolled position, a
+    counter's name of Replay, unit): which block each eviction, drain, handoff... was for.
     Returns the middle iteration's figures (Replay)."""
     P, T, K = L.period, L.iteration_ns, ITERATIONS
     ext = np.concatenate([L.times + k * T for k in range(K + 1)])
@@ -352,6 +380,8 @@ def replay(L: LearnedIteration, windows: np.ndarray, q_offset: np.ndarray, budge
     coupled, cost = _host_coupling(L, ext, hx)
     units, uses, events = _units(L, K)
     st = _State(units, int(budget_bytes), float(bandwidth or L.bandwidth), hints)
+    st.trace = trace
+    every = L.op_all if len(L.op_all) == P else np.zeros(P, bool)
     # The plan's actions by position, on the unit of their iteration.
     unit_of = _unit_cands(L, st)
     outs: list[list] = [[] for _ in range(K * P)]
@@ -388,16 +418,15 @@ def replay(L: LearnedIteration, windows: np.ndarray, q_offset: np.ndarray, budge
             st.stamp[u] = k
         for u in ins[k]:  # prefetches before the op
             if st.live[u] and st.swap_in(u):
-                st.add("prefetches")
+                st.add("prefetches", u)
         wait = st.barrier
-        for u in op_units:  # make_usable
-            if st.state[u] == IN_PENDING:  # prefetched: a hit when its copy has ended by now
-                st.add("prefetch_hits" if st.in_end[u] <= st.H else "late_ins")
-            elif st.swap_in(u):
-                st.add("demand_ins")
-            if st.state[u] == IN_PENDING:
-                wait = max(wait, st.in_end[u])
-                st.state[u] = RES
+        for u in op_units:
+            wait = max(wait, st.make_usable(u))
+        if every[k % P]:  # it may touch anything: every block comes back, none goes out for it
+            mine = st.live & st.served
+            st.stamp[mine] = k
+            for u in np.flatnonzero(mine & (st.state != RES)):
+                wait = max(wait, st.make_usable(int(u)))
         st.evict(0)
         G[k] = max(g_prev_end, st.H, wait)
         Hs[k] = st.H
@@ -410,8 +439,10 @@ def replay(L: LearnedIteration, windows: np.ndarray, q_offset: np.ndarray, budge
             if st.live[u] and st.state[u] in (RES, IN_PENDING):
                 st.state[u] = RES
                 st.swap_out(u)
-                st.add("planned_outs")
-        st.stamp[op_units] = -1  # swap_op_end: its blocks may go out for the allocations after it
+                st.add("planned_outs", u)
+        st.stamp[st.stamp == k] = -1  # swap_op_end: its blocks may go out for the allocations after it
+        if every[k % P]:
+            st.fence = g_prev_end  # its stream's fence: a later copy out waits for it on the GPU
         for _, kind, u in events[k]:
             if kind > 0:
                 _alloc(st, u)
@@ -449,7 +480,7 @@ def _alloc(st: _State, u: int) -> None:
         return
     vs = int(st.vsize[u])
     if st.cache.get(vs):
-        st.cache[vs].pop()
+        st.cache[vs].pop(0)  # cache_take: the oldest of its class (the newest are put last)
         return
     st.hold(vs)
     after = st.map(u)
