@@ -173,6 +173,17 @@ static void blocks_abc(CUdeviceptr *a, CUdeviceptr *b, CUdeviceptr *c)
     fill(*c, 2 * MIB, 3);
 }
 
+/* The read-backs of blocks_abc's a, b and c (their fill values), each after the streams ran. */
+static void check_abc(CUdeviceptr a, CUdeviceptr b, CUdeviceptr c)
+{
+    fakeAdvance(-1);
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 1, 0));
+    fakeAdvance(-1);
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
+    fakeAdvance(-1);
+    printf("bad_c=%ld\n", check(c, 2 * MIB, 3, 0));
+}
+
 /* Iterations of [op_b(T), op_a(A, LEN, B), op_b(T)]; the plan (written by the test) prefetches
  * A at 0 and swaps it out at 1. Odd iterations let the prefetch land before the consumer
  * (advance first), even ones do not (late). */
@@ -672,12 +683,7 @@ static int scenario_hold(void)
     printf("d_out_after_demand=%d\n", fakeAccess(d) == -1);
     printf("a_in_after_demand=%d\n", fakeAccess(a) != -1);
     printf("peak_after_demand=%lld\n", fakeCounter("device_peak"));
-    fakeAdvance(-1);
-    printf("bad_a=%ld\n", check(a, 2 * MIB, 1, 0));
-    fakeAdvance(-1);
-    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
-    fakeAdvance(-1);
-    printf("bad_c=%ld\n", check(c, 2 * MIB, 3, 0));
+    check_abc(a, b, c);
     fakeAdvance(-1);
     printf("bad_d=%ld\n", check(d, 2 * MIB, 4, 0));
     fakeAdvance(-1);
@@ -755,12 +761,7 @@ static int scenario_handoff_ordered(void)
         bad += h[i] != 0x55;
     free(h);
     printf("bad_y=%ld\n", bad);
-    fakeAdvance(-1);
-    printf("bad_a=%ld\n", check(a, 2 * MIB, 1, 0));
-    fakeAdvance(-1);
-    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
-    fakeAdvance(-1);
-    printf("bad_c=%ld\n", check(c, 2 * MIB, 3, 0));
+    check_abc(a, b, c);
     fakeAdvance(-1);
     counters();
     return 0;
@@ -791,12 +792,7 @@ static int scenario_ownleaving(void)
     printf("b_leaving=%d\nc_leaving=%d\n", fakeAccess(b) != -1, fakeAccess(c) != -1);
     op_a(a, 0, b);
     printf("b_in=%d\n", fakeAccess(b) != -1);
-    fakeAdvance(-1);
-    printf("bad_a=%ld\n", check(a, 2 * MIB, 1, 0));
-    fakeAdvance(-1);
-    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
-    fakeAdvance(-1);
-    printf("bad_c=%ld\n", check(c, 2 * MIB, 3, 0));
+    check_abc(a, b, c);
     fakeAdvance(-1);
     printf("bad_d=%ld\n", check(d, 2 * MIB, 4, 0));
     fakeAdvance(-1);
@@ -833,12 +829,7 @@ static int scenario_sparewait(int full)
     op_b(a); /* a back on the spare */
     printf("a_in=%d\nb_leaving_after=%d\n", fakeAccess(a) != -1, fakeAccess(b) != -1);
     printf("peak_after_swap_in=%lld\n", fakeCounter("device_peak"));
-    fakeAdvance(-1);
-    printf("bad_a=%ld\n", check(a, 2 * MIB, 1, 0));
-    fakeAdvance(-1);
-    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
-    fakeAdvance(-1);
-    printf("bad_c=%ld\n", check(c, 2 * MIB, 3, 0));
+    check_abc(a, b, c);
     fakeAdvance(-1);
     counters();
     return 0;
