@@ -193,7 +193,7 @@ void params_atfork_parent(void);
 void params_atfork_child(void);
 
 /* ---- swap*.c (swap_state.h): VMM backing, the allocator and the swap executor (swap mode only) ---- */
-#define SWAP_MAX_OP_BLOCKS 64
+#define SWAP_MAX_OP_BLOCKS 256 /* as SHIM_MAX_TOUCHED: a foreach launch names up to 150 */
 /* One op (launch, graph launch, copy, set) as the executor sees it, from swap_op_begin to
  * swap_op_end (same thread). */
 struct swap_op {
@@ -264,7 +264,7 @@ void swap_atfork_child(void);
 #define SWAP_KEY_SET PYOBMEM_OP_KEY_COPY(PYOBMEM_EV_MEMSET, 0)
 
 /* ---- launch.c ---- */
-#define SHIM_MAX_TOUCHED 64
+#define SHIM_MAX_TOUCHED 256 /* PyTorch's multi_tensor_apply names up to 150 tensors (depth 5 x 30) */
 /* A set of distinct blocks touched by one op (deduplicated by block). */
 struct touched {
     uint32_t n;

@@ -174,8 +174,8 @@ CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int how, co
         poll_releases();
     /* During a capture (or when unsure) the op's stream gets nothing of ours: make_usable() then
      * synchronises the copy stream instead of making the op's stream wait. */
-    struct swap_op view = *op;
-    view.capturing = paused;
+    int was_capturing = op->capturing;
+    op->capturing = paused; /* as make_usable sees it, until the blocks are usable */
     /* first every block of the op is stamped (so no eviction for it picks one of them), then
      * each is made usable */
     for (size_t i = 0; i < n; i++) {
@@ -204,18 +204,19 @@ CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int how, co
     CUresult fail = CUDA_SUCCESS;
     if (!op->overflow) {
         for (uint32_t i = 0; i < op->n && fail == CUDA_SUCCESS; i++)
-            fail = make_usable(block_at(op->addrs[i]), &view, stamp);
+            fail = make_usable(block_at(op->addrs[i]), op, stamp);
     } else {
         for (size_t i = 0; i < g_tab.n && fail == CUDA_SUCCESS; i++)
             if (block_of(i)->stamp == stamp)
-                fail = make_usable(block_of(i), &view, stamp);
+                fail = make_usable(block_of(i), op, stamp);
     }
     if (how) { /* it may touch anything: everything comes back first, nothing is evicted for it */
         for (size_t i = 0; i < g_tab.n; i++)
             block_of(i)->stamp = stamp;
         for (size_t i = 0; i < g_tab.n && fail == CUDA_SUCCESS; i++)
-            fail = make_usable(block_of(i), &view, stamp);
+            fail = make_usable(block_of(i), op, stamp);
     }
+    op->capturing = was_capturing;
     if (fail == CUDA_SUCCESS && !paused)
         evict_for_budget(0, stamp); /* the budget holds between allocations too */
     if (fail != CUDA_SUCCESS) {

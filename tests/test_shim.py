@@ -277,6 +277,22 @@ def test_selftime_build_counts_the_shims_parts(fake, tmp_path):
     assert "selftime" not in run_driver(fake, tmp_path, "basic").stderr
 
 
+def test_foreach_launch_names_every_block(fake, tmp_path):
+    # PyTorch's multi_tensor_apply kernels (the optimizer's foreach and fused steps) name up to 150
+    # tensors; session 6 found the optimizer's 42 a step TRUNCATED at 64 blocks, which makes the swap
+    # executor cancel every swap-out in flight. 150 blocks are named whole; 300 keep the first 256.
+    run = run_driver(fake, tmp_path, "foreach")
+    assert run.out["launch1_rc"] == 0 and run.out["launch2_rc"] == 0
+    launches = run.of(Ev.LAUNCH)
+    assert ((launches["e"] & 0xFFFFFFFF)).tolist() == [150, 256]
+    assert ((launches["e"] >> 32)).tolist() == [150, 300]  # words scanned
+    base = int(abi.LaunchFlag.OPAQUE | abi.LaunchFlag.NO_LAYOUT)
+    assert launches["flags"].tolist() == [base, base | int(abi.LaunchFlag.TRUNCATED)]
+    first, second = (int(s) for s in launches["a"])
+    assert accesses(run, first) == [word(i + 1, 8 * (i % 7)) for i in range(150)]
+    assert accesses(run, second) == [word(i + 1, 8 * (i % 7)) for i in range(256)]
+
+
 def test_copies_and_sets(fake, tmp_path):
     run = run_driver(fake, tmp_path, "basic")
     cp = run.of(Ev.MEMCPY)

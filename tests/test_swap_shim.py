@@ -27,7 +27,7 @@ FAKE = ROOT / "tests" / "fake_cuda"
 SHIM = ROOT / "pyobmem" / "libpyobmem.so"
 CUDA_INCLUDE = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
 
-FUNC_A, KERN_B, FUNC_C = 0x1000, 0x2000, 0x3000
+FUNC_A, KERN_B, FUNC_C, FUNC_T = 0x1000, 0x2000, 0x3000, 0x5000
 KEY_SET = abi.op_key_copy(Ev.MEMSET, 0)
 MIB = 1 << 20
 GRAN = 2 * MIB
@@ -305,6 +305,27 @@ def test_c17_map_failure_leaves_block_resident(fake, tmp_path):
     la = run.of(Ev.LAUNCH)
     assert la["b"].tolist() == [KERN_B, FUNC_A, KERN_B, FUNC_A]
     assert any(n.startswith("swap: a block could not be brought back (CUresult 999)") for n in run.notes())
+    no_misbehaviour(run)
+
+
+def test_foreach_launch_does_not_cancel_swap_outs(fake, tmp_path):
+    # Session 6's H200 capture: the optimizer's foreach launches named more than 64 blocks, were
+    # TRUNCATED, and the shim cancelled every swap-out still copying (~188 a step at 50%). Now a
+    # launch naming 150 blocks is named whole: a's swap-out goes on in both iterations, and a comes
+    # back on demand (at iteration 2's op 0, at the read-back).
+    def plan(path, pid, out):
+        write_plan(path, pid, 1, [KERN_B, FUNC_T], [(0, ActionKind.SWAP_OUT, out["a"], 2 * MIB)])
+
+    run = run_swap(fake, tmp_path, "foreach", plans={1: plan})
+    a = run.out["a"]
+    assert run.out["foreach0_rc"] == run.out["foreach1_rc"] == 0
+    la = run.of(Ev.LAUNCH)
+    foreach = la[la["b"] == FUNC_T]
+    assert (foreach["e"] & 0xFFFFFFFF).tolist() == [150, 150]
+    assert not (foreach["flags"] & abi.LaunchFlag.TRUNCATED).any()
+    assert run.swaps(Ev.SWAP_OUT, a)["a"].size == 2
+    assert run.swaps(Ev.SWAP_IN, a)["flags"].tolist() == [SwapInCause.DEMAND] * 2
+    assert run.out["bad_a"] == 0
     no_misbehaviour(run)
 
 

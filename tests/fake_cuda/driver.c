@@ -603,6 +603,24 @@ static int scenario_reuse(const char *freer)
     return 0;
 }
 
+/* A foreach kernel (PyTorch's multi_tensor_apply): one struct argument of tensor addresses, up to
+ * 150 of them (depth 5 x 30). Launch 1 names 150 blocks, launch 2 names 300 (more than the shim
+ * keeps: TRUNCATED). */
+static int scenario_foreach(void)
+{
+    p_cuInit(0);
+    enum { N = 300 };
+    static CUdeviceptr ptrs[N];
+    for (int i = 0; i < N; i++)
+        ptrs[i] = must_alloc(4096) + 8 * (i % 7);
+    for (int k = 0; k < 2; k++) {
+        size_t size = (k ? N : 150) * sizeof(CUdeviceptr);
+        void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, ptrs, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
+        printf("launch%d_rc=%d\n", k + 1, (int)p_launch(FAKE_FUNC_C, 1, 1, 1, 1, 1, 1, 0, (CUstream)0x77, NULL, extra));
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
@@ -624,6 +642,8 @@ int main(int argc, char **argv)
         rc = scenario_unhooked();
     else if (!strcmp(s, "batch"))
         rc = scenario_batch();
+    else if (!strcmp(s, "foreach"))
+        rc = scenario_foreach();
     else if (!strcmp(s, "next"))
         rc = scenario_next();
     else if (!strcmp(s, "fork"))

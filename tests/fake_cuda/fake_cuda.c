@@ -177,6 +177,7 @@ API CUresult cuMemcpy3DPeerAsync(const CUDA_MEMCPY3D_PEER *p, CUstream st)
 /* ---- kernels ---- */
 static const size_t a_off[] = {0, 8, 16}, a_size[] = {8, 4, 8};
 static const size_t b_off[] = {0, 16}, b_size[] = {16, 8};
+static const size_t t_off[] = {0, 8}, t_size[] = {4, 8 * FAKE_T_PTRS};
 
 static CUresult info(const size_t *off, const size_t *sz, size_t n, size_t i, size_t *po, size_t *ps)
 {
@@ -227,6 +228,8 @@ API CUresult cuFuncGetParamInfo(CUfunction f, size_t i, size_t *po, size_t *ps)
 {
     if (f == FAKE_FUNC_A)
         return info(a_off, a_size, 3, i, po, ps);
+    if (f == FAKE_FUNC_T)
+        return info(t_off, t_size, 2, i, po, ps);
     if (f == FAKE_FUNC_R)
         return __atomic_load_n(&r_params, __ATOMIC_RELAXED) == 3 ? info(a_off, a_size, 3, i, po, ps)
                                                                : info(r1_off, r1_size, 1, i, po, ps);

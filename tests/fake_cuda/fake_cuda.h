@@ -12,6 +12,8 @@
                                             * and, after a reload, for "r1" (ptr @0): a reused handle */
 #define FAKE_KERN_B ((CUfunction)0x2000) /* CUkernel: (struct{ptr,ptr} @0, ptr @16), name "kernel_b" */
 #define FAKE_FUNC_C ((CUfunction)0x3000) /* no layout, no name */
+#define FAKE_FUNC_T ((CUfunction)0x5000) /* (int @0, struct{ptr[FAKE_T_PTRS]} @8): a foreach kernel */
+#define FAKE_T_PTRS 150                  /* PyTorch's multi_tensor_apply at depth 5: 5 x 30 tensors */
 
 /* Memory sizes above this fail with CUDA_ERROR_OUT_OF_MEMORY. */
 #define FAKE_OOM_ABOVE ((size_t)1 << 36)

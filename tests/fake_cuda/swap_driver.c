@@ -283,6 +283,29 @@ static int scenario_mapfail(void)
     return 0;
 }
 
+/* A foreach launch (the optimizer's multi_tensor_apply) names FAKE_T_PTRS blocks, more than the
+ * 64 the shim once kept: it is not TRUNCATED, so a's swap-out, still copying, goes on. */
+static int scenario_foreach(void)
+{
+    CUdeviceptr a = must_alloc(2 * MIB);
+    static struct { CUdeviceptr p[FAKE_T_PTRS]; } list;
+    for (int i = 0; i < FAKE_T_PTRS; i++)
+        list.p[i] = must_alloc(MIB);
+    printf("a=%" PRIu64 "\n", (uint64_t)a);
+    fill(a, 2 * MIB, 1);
+    sync_point(1); /* plan: [op_b(a), foreach]; swap-out of a after op 0 */
+    int chunk = 65536;
+    void *args[] = {&chunk, &list};
+    for (int it = 0; it < 2; it++) {
+        op_b(a); /* iteration 2: a comes back */
+        printf("foreach%d_rc=%d\n", it, (int)p_launch(FAKE_FUNC_T, 1, 1, 1, 1, 1, 1, 0, S1, args, NULL));
+        fakeAdvance(-1);
+    }
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 1, 0));
+    counters();
+    return 0;
+}
+
 /* C08: an opaque launch names A: A is never swapped; it brings B (out) back first. */
 static int scenario_opaque(void)
 {
@@ -1407,6 +1430,8 @@ int main(int argc, char **argv)
         rc = scenario_remap();
     else if (!strcmp(s, "mapfail"))
         rc = scenario_mapfail();
+    else if (!strcmp(s, "foreach"))
+        rc = scenario_foreach();
     else if (!strcmp(s, "opaque"))
         rc = scenario_opaque();
     else if (!strcmp(s, "capture"))
