@@ -42,7 +42,11 @@ measured). ``time_ratio``: that over the baseline's. ``loss_identical``: the per
 planner on the swap run's capture, run by the daemon's own SwapAgent.plan_now (so with the
 daemon's learning options, e.g. by_site) on the records up to the last plan the shim adopted (the
 daemon stores no plan figures in the capture; see ``prediction`` in each row): the host-clock
-replay's ratio (``planner.replay``; ``prediction.model_time_ratio``: the cost model's);
+replay's ratio (``planner.replay``; ``prediction.model_time_ratio``: the cost model's) is of the
+iteration the daemon learned (``prediction.iteration_ms``, slowed by the run's swaps before the
+plan), so the row's ``predicted_step_ms`` is that ratio times that iteration, and
+``predicted_time_ratio`` that over the baseline's step (``prediction.predicted_time_ratio``: the
+ratio as the daemon has it);
 ``prediction_within_1_15``: the measured ratio within 1.15x of it either way. Swap statistics
 come from ``Capture.swaps`` / ``Capture.plans``. ``allocator_env``: the allocator variables of
 each run's environment (before the launcher's presets).
@@ -959,6 +963,13 @@ class Bench:
         if a.get("blocks") is not None and a["blocks"] != "tensor":
             r["errors"].append(f"the launcher recorded blocks {a['blocks']!r}, not 'tensor' (presets {a.get('presets')})")
         r.setdefault("predicted_time_ratio", None)
+        # The replay's ratio is of the iteration the daemon learned from the swap run itself, which
+        # its swaps before the plan already slowed: the prediction of this row's step time is that
+        # ratio times that iteration, over the baseline's step.
+        it_ms = (r.get("prediction") or {}).get("iteration_ms")
+        if r["predicted_time_ratio"] is not None and it_ms and base.steady_ms:
+            r["predicted_step_ms"] = round(r["predicted_time_ratio"] * it_ms, 3)
+            r["predicted_time_ratio"] = r["predicted_step_ms"] / base.steady_ms
         r["prediction_within_1_15"] = within(r["time_ratio"], r["predicted_time_ratio"])
         if self.a.capture_dir:
             r["capture"] = str(capture)

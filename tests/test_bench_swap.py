@@ -295,23 +295,26 @@ def test_swap_row_and_the_json(tmp_path):
     a.ref_steps = a.steps
     nvml = types.SimpleNamespace(info=lambda: {"name": "synthetic"})
     b = bench.Bench(a, nvml, tmp_path)
-    base_ms = [2000.0] * 5 + [500.0] * 20
+    base_ms = [2000.0] * 5 + [12.0] * 20
     base = synthetic_run(base_ms, doc={"memory_stats": {"reserved_bytes.all.peak": RESERVED}})
     b.gpt_base = base
     path, _ = injected_capture(tmp_path)
     budget = bench.shim_budget(0.5, DRIVER_PEAK, GIB)
-    run = synthetic_run([9000.0] * 5 + [560.0] * 20, peak=budget["budget_bytes"] - 1, losses=base.losses,
+    run = synthetic_run([9000.0] * 5 + [13.44] * 20, peak=budget["budget_bytes"] - 1, losses=base.losses,
                         doc={"allocator_backend": "cudaMallocAsync",
                              "alloc_conf": {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}},
                         stderr="UserWarning: foo_backward_cuda does not have a deterministic implementation, but")
     row = b.swap_row(run, base, budget, path)
     assert (row["blocks"], row["presets"]) == ("tensor", {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"})
-    assert (row["measured_steps"], row["step_ms_median"], row["time_ratio"]) == (20, 560.0, 1.12)
+    assert (row["measured_steps"], row["step_ms_median"]) == (20, 13.44) and row["time_ratio"] == pytest.approx(1.12)
     assert row["loss_identical"] is True and row["under_budget"] is True and row["over_budget_bytes"] == 0
     assert row["workload_allocator"]["allocator_backend"] == "cudaMallocAsync"
     assert row["nondeterministic_ops"] == ["foo_backward_cuda"]
-    # 17.9 GB for GPT tiny's 952 MiB: nothing to swap, 1.00x predicted; 1.12 / 1.00 is within 1.15x
-    assert row["predicted_time_ratio"] == 1.0 and row["prediction_within_1_15"] is True
+    # 17.9 GB for GPT tiny's 952 MiB: nothing to swap, 1.00x of the capture's own 13.39 ms iteration
+    # predicted: 13.39 / 12.0 of the baseline's step, and 1.12 measured is within 1.15x of it
+    assert row["prediction"]["predicted_time_ratio"] == 1.0 and row["prediction"]["iteration_ms"] == 13.392
+    assert row["predicted_step_ms"] == 13.392 and row["predicted_time_ratio"] == 13.392 / 12.0
+    assert row["prediction_within_1_15"] is True
     assert row["errors"] == ["the shim did not turn swap mode on (its swap notes: [])"]
     b.doc("gpt")["budgets"].append(row)
     b.save("gpt")
