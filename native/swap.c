@@ -87,6 +87,7 @@ static void note_waits(void)
               (unsigned long long)w.creates, (unsigned long long)w.unmaps, (unsigned long long)(w.unmap_ns / 1000),
               (unsigned long long)w.releases, (unsigned long long)w.evictions, (unsigned long long)w.planned_outs,
               (unsigned long long)w.handoffs);
+    swap_pools_note();
 }
 uint64_t g_mapped;
 uint64_t g_swap_bytes;

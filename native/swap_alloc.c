@@ -479,6 +479,24 @@ void free_finish(struct sblock *b)
 
 /* ---- pool queries ---- */
 
+/* At exit, what the driver itself holds in the pools the shim serves (its own blocks not counted
+ * there): the blocks under --min-swap-bytes, at the high-water marks the device saw. The budget
+ * counts those blocks at their live size; reserved memory beyond it is not counted. */
+void swap_pools_note(void)
+{
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < g_npools; i++) {
+        cuuint64_t rh = 0, uh = 0;
+        if (!g_pools[i].eligible || !real_cuMemPoolGetAttribute ||
+            real_cuMemPoolGetAttribute(g_pools[i].pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &rh) != CUDA_SUCCESS ||
+            real_cuMemPoolGetAttribute(g_pools[i].pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &uh) != CUDA_SUCCESS)
+            continue;
+        ring_note("swap.driver_pool=%d reserved_high=%llu used_high=%llu", i, (unsigned long long)rh,
+                  (unsigned long long)uh);
+    }
+    pthread_mutex_unlock(&g_mu);
+}
+
 void swap_pool_created(CUmemoryPool pool, const CUmemPoolProps *props)
 {
     /* served by the shim: device memory no other process can import (XLA's own pool, a user's) */
