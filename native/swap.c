@@ -189,12 +189,13 @@ void table_remove(struct sblock *b)
 }
 
 /* Device bytes the budget sees now: every live device block of the process at its size, swap
- * blocks at what they have mapped, less those on their way out. */
+ * blocks at what they have mapped, less those on their way out, and what the driver's pools hold
+ * beyond their live blocks. */
 uint64_t resident_bytes(void)
 {
     uint64_t all = __atomic_load_n(&g_shim.device_bytes, __ATOMIC_RELAXED);
     uint64_t others = all > g_swap_bytes ? all - g_swap_bytes : 0;
-    return others + g_mapped + g_spare_bytes - g_leaving;
+    return others + g_pool_slack + g_mapped + g_spare_bytes - g_leaving;
 }
 
 /* ---- last-use events and fences ---- */

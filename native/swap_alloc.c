@@ -479,6 +479,46 @@ void free_finish(struct sblock *b)
 
 /* ---- pool queries ---- */
 
+/* The driver's own memory in the served pools beyond its live blocks (those under
+ * --min-swap-bytes, counted at their live size in g_shim.device_bytes): PyTorch's cudaMallocAsync
+ * backend keeps what it frees reserved, and the device holds it. Counted in resident_bytes. */
+uint64_t g_pool_slack;
+
+static int pool_real(const struct pool_acct *p, cuuint64_t *reserved, cuuint64_t *used)
+{
+    return p->eligible && real_cuMemPoolGetAttribute &&
+           real_cuMemPoolGetAttribute(p->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, reserved) == CUDA_SUCCESS &&
+           real_cuMemPoolGetAttribute(p->pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, used) == CUDA_SUCCESS;
+}
+
+void pools_refresh(void)
+{
+    uint64_t slack = 0;
+    for (int i = 0; i < g_npools; i++) {
+        cuuint64_t r = 0, u = 0;
+        if (pool_real(&g_pools[i], &r, &u) && r > u)
+            slack += r - u;
+    }
+    g_pool_slack = slack;
+}
+
+uint64_t pools_trim(uint64_t want)
+{
+    uint64_t got = 0;
+    for (int i = 0; i < g_npools && got < want; i++) {
+        cuuint64_t r = 0, u = 0, after = 0;
+        if (!pool_real(&g_pools[i], &r, &u) || r <= u || !real_cuMemPoolTrimTo)
+            continue;
+        uint64_t give = r - u < want - got ? r - u : want - got;
+        /* releases only memory no allocation holds, without waiting (cuMemPoolTrimTo) */
+        if (real_cuMemPoolTrimTo(g_pools[i].pool, (size_t)(r - give)) == CUDA_SUCCESS && pool_real(&g_pools[i], &after, &u) &&
+            after < r)
+            got += r - after;
+    }
+    pools_refresh();
+    return got;
+}
+
 /* At exit, what the driver itself holds in the pools the shim serves (its own blocks not counted
  * there): the blocks under --min-swap-bytes, at the high-water marks the device saw. The budget
  * counts those blocks at their live size; reserved memory beyond it is not counted. */

@@ -84,6 +84,8 @@ static void evict_keeping(uint64_t need, uint64_t keep, uint64_t stamp)
     if (!budget || resident_bytes() + need <= budget)
         return;
     cache_trim_keeping(resident_bytes() + need - budget, keep); /* cached memory before live blocks */
+    if (g_pool_slack && resident_bytes() + need > budget)
+        pools_trim(resident_bytes() + need - budget); /* the driver's cached memory too */
     uint64_t round = ++g_tick;
     while (resident_bytes() + need > budget) {
         struct sblock *v = pick_victim(stamp, round, need);
@@ -117,6 +119,7 @@ void hold_budget(uint64_t need, int device, uint64_t stamp)
      * of a swap-out still copying is taken as is (map_block): no wait for either. Else the
      * oldest swap-outs in flight are waited for, as many as the budget needs. */
     uint64_t keep = spare_bytes_of(need) ? need : 0;
+    pools_refresh();
     evict_keeping(need - keep, keep, stamp);
     uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED);
     if (budget && g_out_pending && resident_bytes() + g_leaving + need - keep > budget && !handoff_ready(need, device))

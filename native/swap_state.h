@@ -214,5 +214,11 @@ void free_finish(struct sblock *b);
 
 /* NOTE swap.driver_pool=I reserved_high=B used_high=B per served pool, at exit (swap_alloc.c). */
 void swap_pools_note(void);
+/* The driver's reserved memory beyond its live blocks in the served pools (bytes), as last asked
+ * (pools_refresh, before every map); pools_trim gives up to `want` of it back (cuMemPoolTrimTo)
+ * and returns the bytes released. */
+extern uint64_t g_pool_slack;
+void pools_refresh(void);
+uint64_t pools_trim(uint64_t want);
 
 #endif

@@ -170,6 +170,22 @@ def test_cached_memory_counts_against_the_budget_and_goes_first(fake, tmp_path):
     no_misbehaviour(run)
 
 
+def test_the_drivers_pool_memory_counts_against_the_budget(fake, tmp_path):  # noqa: F811
+    """The same run with the driver's pool holding 2 granules beyond its live blocks (freed small
+    blocks it keeps reserved, as under PyTorch's cudaMallocAsync): the device holds them, so the
+    budget counts them. x (3 granules) finds 3 + 2 > 4: the pool gives one back (cuMemPoolTrimTo
+    keeping 1); x's cached memory goes back for y; for z the pool gives its last granule and y
+    still goes out. The shim's memory plus the pool's never passes 4 granules; without the slack
+    counted, nothing would be trimmed."""
+    env = {"FAKE_POOL_USED": "0", "FAKE_POOL_RESERVED": str(2 * GRAN), "FAKE_POOL_TRIMS": "1"}
+    run = run_swap(fake, tmp_path, "ordered_budget", budget=4 * GRAN, env=env)
+    assert run.out["handles_after_y"] == 1 and run.out["z_reused"] == 1 and run.out["bad_z"] == 0
+    assert run.out["pool_trims"] == 2
+    assert run.out["device_peak"] == 3 * GRAN  # the shim's handles; the pool's 2 granules were gone by then
+    assert [int(r["a"]) for r in run.swaps(Ev.SWAP_OUT)] == [run.block_id(run.out["y"])]
+    no_misbehaviour(run)
+
+
 @pytest.mark.parametrize("order", ["d2h_first", "h2d_first"])
 def test_free_of_a_block_whose_memory_was_handed_over_does_not_wait_for_its_copy(fake, tmp_path, order):  # noqa: F811
     """swap_driver.c scenario_freegiven: y (cuMemAllocAsync) takes a's memory while a's copy out

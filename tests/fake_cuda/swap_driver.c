@@ -936,6 +936,7 @@ static int scenario_ordered_budget(void)
     printf("z_reused=%d\n", z == x);
     fill(z, LEN, 5);
     printf("bad_z=%ld\n", check(z, LEN, 5, 0));
+    printf("pool_trims=%lld\n", fakeCounter("pool_trims"));
     counters();
     return 0;
 }
