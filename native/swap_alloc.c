@@ -483,6 +483,7 @@ void free_finish(struct sblock *b)
  * --min-swap-bytes, counted at their live size in g_shim.device_bytes): PyTorch's cudaMallocAsync
  * backend keeps what it frees reserved, and the device holds it. Counted in resident_bytes. */
 uint64_t g_pool_slack;
+static uint64_t g_pool_slack_high, g_pool_trimmed;
 
 static int pool_real(const struct pool_acct *p, cuuint64_t *reserved, cuuint64_t *used)
 {
@@ -500,6 +501,8 @@ void pools_refresh(void)
             slack += r - u;
     }
     g_pool_slack = slack;
+    if (slack > g_pool_slack_high)
+        g_pool_slack_high = slack;
 }
 
 uint64_t pools_trim(uint64_t want)
@@ -516,25 +519,18 @@ uint64_t pools_trim(uint64_t want)
             got += r - after;
     }
     pools_refresh();
+    g_pool_trimmed += got;
     return got;
 }
 
-/* At exit, what the driver itself holds in the pools the shim serves (its own blocks not counted
- * there): the blocks under --min-swap-bytes, at the high-water marks the device saw. The budget
- * counts those blocks at their live size; reserved memory beyond it is not counted. */
+/* At exit: the most the driver's pools held beyond their live blocks, and what pools_trim gave back
+ * (counters only: the driver may be gone by then). */
 void swap_pools_note(void)
 {
     pthread_mutex_lock(&g_mu);
-    for (int i = 0; i < g_npools; i++) {
-        cuuint64_t rh = 0, uh = 0;
-        if (!g_pools[i].eligible || !real_cuMemPoolGetAttribute ||
-            real_cuMemPoolGetAttribute(g_pools[i].pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &rh) != CUDA_SUCCESS ||
-            real_cuMemPoolGetAttribute(g_pools[i].pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &uh) != CUDA_SUCCESS)
-            continue;
-        ring_note("swap.driver_pool=%d reserved_high=%llu used_high=%llu", i, (unsigned long long)rh,
-                  (unsigned long long)uh);
-    }
+    uint64_t high = g_pool_slack_high, trimmed = g_pool_trimmed;
     pthread_mutex_unlock(&g_mu);
+    ring_note("swap.driver_pool=slack_high=%llu trimmed=%llu", (unsigned long long)high, (unsigned long long)trimmed);
 }
 
 void swap_pool_created(CUmemoryPool pool, const CUmemPoolProps *props)

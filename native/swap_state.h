@@ -212,7 +212,7 @@ uint64_t cache_trim_keeping(uint64_t want, uint64_t keep);
 /* The rest of swap_free for a block it deferred (given_freed): cached, or given back. */
 void free_finish(struct sblock *b);
 
-/* NOTE swap.driver_pool=I reserved_high=B used_high=B per served pool, at exit (swap_alloc.c). */
+/* NOTE swap.driver_pool=slack_high=B trimmed=B at exit (swap_alloc.c). */
 void swap_pools_note(void);
 /* The driver's reserved memory beyond its live blocks in the served pools (bytes), as last asked
  * (pools_refresh, before every map); pools_trim gives up to `want` of it back (cuMemPoolTrimTo)

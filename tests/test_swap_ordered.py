@@ -181,6 +181,7 @@ def test_the_drivers_pool_memory_counts_against_the_budget(fake, tmp_path):  # n
     run = run_swap(fake, tmp_path, "ordered_budget", budget=4 * GRAN, env=env)
     assert run.out["handles_after_y"] == 1 and run.out["z_reused"] == 1 and run.out["bad_z"] == 0
     assert run.out["pool_trims"] == 2
+    assert f"swap.driver_pool=slack_high={2 * GRAN} trimmed={2 * GRAN}" in run.notes()
     assert run.out["device_peak"] == 3 * GRAN  # the shim's handles; the pool's 2 granules were gone by then
     assert [int(r["a"]) for r in run.swaps(Ev.SWAP_OUT)] == [run.block_id(run.out["y"])]
     no_misbehaviour(run)
@@ -195,10 +196,7 @@ def test_free_of_a_block_whose_memory_was_handed_over_does_not_wait_for_its_copy
     allocation of its size on S1, reuses it. The same for y, freed while c holds its memory.
     Every byte intact, the pool's counts back to the cached block alone (z's 2 MiB, mapped)."""
     env = {"PYOBMEM_RELEASER": "0", **({"FAKE_ADVANCE_REVERSE": "1"} if order == "h2d_first" else {})}
-    env.update(FAKE_POOL_RESERVED_HIGH=str(5 << 20), FAKE_POOL_USED_HIGH=str(3 << 20))  # the driver's own
     run = run_swap(fake, tmp_path, "freegiven", budget=3 * GRAN, env=env)
-    assert [n for n in run.notes() if n.startswith("swap.driver_pool=")] == [
-        f"swap.driver_pool=0 reserved_high={5 << 20} used_high={3 << 20}"]
     assert run.out["a_given"] == 1 and run.out["free_a_rc"] == 0
     assert run.out["a_mapped_after_free"] == 1  # no host wait: its copy out still queued
     assert run.out["a_unmapped"] == 1 and run.out["z_reused"] == 1
