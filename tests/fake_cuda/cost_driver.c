@@ -6,11 +6,18 @@
  * shim adds per call (scripts/shim_cost.py). tests/test_shim_cost.py checks the records it makes.
  *
  *     cost_driver OP N L      OP: launch, launch_ex, memcpy_async, htod_async, memset_async,
- *                                 alloc_free_async, launch_vs_alloc, launch_struct
+ *                                 alloc_free_async, launch_vs_alloc, launch_struct, launch_foreach
+ *
+ * COST_EVICT_KB=K: after each op the driver writes K KiB of its own memory, as the real driver's
+ * few µs of work per launch do, so that a self-timing shim (scripts/shim_cost.py --time) times
+ * its path with the caches about as cold as they are on a GPU host.
  *
  * launch_struct: a kernel without a layout whose packed argument buffer (`extra`) is 512 bytes,
  * like a framework's elementwise kernels that take a struct of sizes and strides by value: two
  * pointers, then 62 words that are no address.
+ *
+ * launch_foreach: a foreach kernel (FAKE_FUNC_T) naming 150 distinct blocks, as PyTorch's
+ * multi_tensor_apply does (the live blocks are at least 150 then).
  *
  * launch_vs_alloc: N launches on two VMM mappings (above every cuMemAlloc address) while another
  * thread allocates 4,096 blocks twice and frees them: the table grows past its first array, and
@@ -43,6 +50,22 @@ typedef CUresult (*create_fn)(CUmemGenericAllocationHandle *, size_t, const CUme
 typedef CUresult (*map_fn)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
 
 static gpa_fn gpa;
+
+static char *g_evict;
+static size_t g_evict_bytes;
+
+/* COST_EVICT_KB: write that much memory, one store per cache line. */
+static void evict(void)
+{
+    for (size_t i = 0; i < g_evict_bytes; i += 64)
+        g_evict[i]++;
+    __asm__ volatile("" ::: "memory");
+}
+#define EACH(call) \
+    do {           \
+        call;      \
+        evict();   \
+    } while (0)
 
 static void *get(const char *name)
 {
@@ -87,6 +110,11 @@ int main(int argc, char **argv)
     }
     const char *op = argv[1];
     long n = atol(argv[2]), live = atol(argv[3]);
+    const char *ek = getenv("COST_EVICT_KB");
+    g_evict_bytes = ek ? (size_t)atol(ek) * 1024 : 0;
+    g_evict = g_evict_bytes ? calloc(1, g_evict_bytes) : NULL;
+    if (!strcmp(op, "launch_foreach") && live < FAKE_T_PTRS + 2)
+        live = FAKE_T_PTRS + 2;
     void *libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!libcuda) {
         printf("error=%s\n", dlerror());
@@ -100,8 +128,13 @@ int main(int argc, char **argv)
      * its top, as VMM mappings). */
     int vmm = !strcmp(op, "launch_vs_alloc");
     CUdeviceptr a = 0, b = 0, other = 0;
-    for (long i = 0; i < live / 2; i++)
+    static CUdeviceptr first[FAKE_T_PTRS]; /* the first live blocks (launch_foreach) */
+    long n_first = 0;
+    for (long i = 0; i < live / 2; i++) {
         check(alloc(&other, 4096), "alloc");
+        if (n_first < FAKE_T_PTRS)
+            first[n_first++] = other;
+    }
     if (vmm) {
         CUmemAllocationProp prop;
         memset(&prop, 0, sizeof prop);
@@ -118,8 +151,11 @@ int main(int argc, char **argv)
         check(alloc(&a, 1 << 20), "alloc");
         check(alloc(&b, 1 << 20), "alloc");
     }
-    for (long i = live / 2 + 2; i < live; i++)
+    for (long i = live / 2 + 2; i < live; i++) {
         check(alloc(&other, 4096), "alloc");
+        if (n_first < FAKE_T_PTRS)
+            first[n_first++] = other;
+    }
 
     CUstream s = (CUstream)0x77;
     CUdeviceptr x = a + 256, y = b;
@@ -139,23 +175,23 @@ int main(int argc, char **argv)
     if (!strcmp(op, "launch")) {
         launch_fn f = (launch_fn)get("cuLaunchKernel");
         for (long i = 0; i < n; i++)
-            check(f(FAKE_FUNC_A, 2, 1, 1, 128, 1, 1, 0, s, args, NULL), "launch");
+            EACH(check(f(FAKE_FUNC_A, 2, 1, 1, 128, 1, 1, 0, s, args, NULL), "launch"));
     } else if (!strcmp(op, "launch_ex")) {
         launch_ex_fn f = (launch_ex_fn)get("cuLaunchKernelEx");
         for (long i = 0; i < n; i++)
-            check(f(&cfg, FAKE_KERN_B, args_b, NULL), "launch_ex");
+            EACH(check(f(&cfg, FAKE_KERN_B, args_b, NULL), "launch_ex"));
     } else if (!strcmp(op, "memcpy_async")) {
         copy_async_fn f = (copy_async_fn)get("cuMemcpyAsync");
         for (long i = 0; i < n; i++)
-            check(f(b, a, 4096, s), "memcpy_async");
+            EACH(check(f(b, a, 4096, s), "memcpy_async"));
     } else if (!strcmp(op, "htod_async")) {
         htod_async_fn f = (htod_async_fn)get("cuMemcpyHtoDAsync");
         for (long i = 0; i < n; i++)
-            check(f(a + 64, host, sizeof host, s), "htod_async");
+            EACH(check(f(a + 64, host, sizeof host, s), "htod_async"));
     } else if (!strcmp(op, "memset_async")) {
         memset32a_fn f = (memset32a_fn)get("cuMemsetD32Async");
         for (long i = 0; i < n; i++)
-            check(f(b, 0, 1024, s), "memset_async");
+            EACH(check(f(b, 0, 1024, s), "memset_async"));
     } else if (!strcmp(op, "alloc_free_async")) {
         alloc_async_fn aa = (alloc_async_fn)get("cuMemAllocAsync");
         free_async_fn fa = (free_async_fn)get("cuMemFreeAsync");
@@ -175,7 +211,18 @@ int main(int argc, char **argv)
         void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, packed, CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
                          CU_LAUNCH_PARAM_END};
         for (long i = 0; i < n; i++)
-            check(f(FAKE_FUNC_C, 2, 1, 1, 128, 1, 1, 0, s, NULL, extra), "launch_struct");
+            EACH(check(f(FAKE_FUNC_C, 2, 1, 1, 128, 1, 1, 0, s, NULL, extra), "launch_struct"));
+    } else if (!strcmp(op, "launch_foreach")) {
+        /* int @0, then FAKE_T_PTRS addresses @8: each a distinct live block (the table's first
+         * ones, every cuMemAlloc block is 4 KiB apart at least), at an offset inside it */
+        launch_fn f = (launch_fn)get("cuLaunchKernel");
+        struct { int n; CUdeviceptr p[FAKE_T_PTRS]; } targ;
+        targ.n = FAKE_T_PTRS;
+        for (int i = 0; i < FAKE_T_PTRS; i++)
+            targ.p[i] = first[i] + 8 * (i % 7);
+        void *args_t[] = {&targ.n, targ.p};
+        for (long i = 0; i < n; i++)
+            EACH(check(f(FAKE_FUNC_T, 1, 1, 1, 128, 1, 1, 0, s, args_t, NULL), "launch_foreach"));
     } else if (!strcmp(op, "launch_vs_alloc")) {
         launch_fn f = (launch_fn)get("cuLaunchKernel");
         pthread_t t;
