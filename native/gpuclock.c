@@ -70,7 +70,7 @@ struct gc_ctx {
 };
 
 uint64_t g_gpuclock_next = UINT64_MAX; /* atomic: next op seq to sample; UINT64_MAX: off */
-__thread uint64_t shim_tls_op;
+SHIM_TLS uint64_t shim_tls_op;
 
 static uint64_t g_every, g_pool;
 static uint64_t g_nap_fixed_ns; /* PYOBMEM_GPU_CLOCK_POLL_US: a fixed nap; 0: adaptive */

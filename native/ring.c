@@ -49,7 +49,7 @@ int ring_open(const char *path)
     struct stat st;
     void *m = MAP_FAILED;
     if (fstat(fd, &st) == 0 && (uint64_t)st.st_size >= PYOBMEM_RING_HEADER_SIZE)
-        m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     close(fd);
     if (m == MAP_FAILED)
         return 0;

@@ -95,7 +95,7 @@ static inline int shim_begin(void)
     return 1;
 }
 
-extern __thread uint64_t shim_tls_op; /* the last op seq this thread took (gpuclock.c) */
+extern SHIM_TLS uint64_t shim_tls_op; /* the last op seq this thread took (gpuclock.c); initial-exec as shim_tls_guard */
 static inline uint64_t shim_next_op(void)
 {
     return shim_tls_op = __atomic_add_fetch(&g_shim.op_seq, 1, __ATOMIC_RELAXED);
