@@ -48,16 +48,24 @@ static inline size_t itable_upper(const struct itable *t, uint64_t addr)
     return itable_upper_in(__atomic_load_n(&t->v, __ATOMIC_ACQUIRE), n, t->size, addr);
 }
 
-/* The element holding addr, or NULL. */
+/* The element holding addr, or NULL (the lookup of every argument word of a launch). The same
+ * search as itable_upper_in, branchless: the halving is a conditional move of a pointer, with no
+ * multiply on its chain of loads. Which half an argument word falls in is unpredictable, and a
+ * mispredicted branch per level cost more than the search's loads. */
 static inline void *itable_find(const struct itable *t, uint64_t addr)
 {
     size_t n = __atomic_load_n(&t->n, __ATOMIC_ACQUIRE);
-    char *v = __atomic_load_n(&t->v, __ATOMIC_ACQUIRE);
-    size_t i = itable_upper_in(v, n, t->size, addr);
-    if (i == 0)
+    const char *base = __atomic_load_n(&t->v, __ATOMIC_ACQUIRE);
+    if (n == 0)
         return NULL;
-    const struct interval *iv = (const struct interval *)(v + (i - 1) * t->size);
-    return addr < iv->end ? (void *)iv : NULL;
+    while (n > 1) { /* the last element with start <= addr, if any, is in base[0, n) */
+        size_t half = n / 2;
+        const char *mid = base + half * t->size;
+        base = ((const struct interval *)mid)->start <= addr ? mid : base;
+        n -= half;
+    }
+    const struct interval *iv = (const struct interval *)base;
+    return iv->start <= addr && addr < iv->end ? (void *)iv : NULL;
 }
 /* [*lo, *hi): from the first element's start to the last one's end; 0, 0 when empty. */
 static inline void itable_bounds(const struct itable *t, uint64_t *lo, uint64_t *hi)

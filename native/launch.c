@@ -13,24 +13,67 @@
 
 #define MAX_EXTRA_PAIRS 64
 
+static inline void append(struct touched *t, const struct block *b, uint64_t word)
+{
+    t->starts[t->n] = b->start;
+    t->sizes[t->n] = b->end - b->start;
+    t->words[t->n] = PYOBMEM_ACCESS_WORD(b->id, word - b->start);
+    t->n++;
+}
+
+static inline uint32_t index_slot(uint64_t start)
+{
+    return (uint32_t)((start * 0x9E3779B97F4A7C15ull) >> (64 - SHIM_TOUCHED_INDEX_BITS));
+}
+
+/* t's index of starts, from scratch (t->n has just reached SHIM_TOUCHED_LINEAR). */
+static void index_build(struct touched *t)
+{
+    memset(t->index, 0, sizeof t->index);
+    for (uint32_t i = 0; i < t->n; i++) {
+        uint32_t k = index_slot(t->starts[i]);
+        while (t->index[k])
+            k = (k + 1) & (SHIM_TOUCHED_INDEX - 1);
+        t->index[k] = (uint16_t)(i + 1);
+    }
+}
+
+/* add_word beyond SHIM_TOUCHED_LINEAR blocks (foreach launches name up to 150): the lookup first,
+ * then its block's start in the index, so a launch of n blocks costs n lookups, not n^2 / 2
+ * comparisons. */
+static __attribute__((noinline)) int add_word_indexed(struct touched *t, uint64_t word)
+{
+    const struct block *b = blocks_lookup(word);
+    if (!b)
+        return 0;
+    uint32_t k = index_slot(b->start);
+    for (; t->index[k]; k = (k + 1) & (SHIM_TOUCHED_INDEX - 1))
+        if (t->starts[t->index[k] - 1] == b->start)
+            return 1;
+    if (t->n == SHIM_MAX_TOUCHED) {
+        t->truncated = 1;
+        return 1;
+    }
+    t->index[k] = (uint16_t)(t->n + 1);
+    append(t, b, word);
+    return 1;
+}
+
 /* Blocks do not overlap, so a word inside a block already in t is that block: no lookup (a
  * launch's pointers often share a segment). Returns 1 when the word is in a block. */
 static inline int add_word(struct touched *t, uint64_t word)
 {
+    if (SHIM_UNLIKELY(t->n >= SHIM_TOUCHED_LINEAR))
+        return add_word_indexed(t, word);
     for (uint32_t i = 0; i < t->n; i++)
         if (word - t->starts[i] < t->sizes[i])
             return 1;
     const struct block *b = blocks_lookup(word);
     if (!b)
         return 0;
-    if (t->n == SHIM_MAX_TOUCHED) {
-        t->truncated = 1;
-        return 1;
-    }
-    t->starts[t->n] = b->start;
-    t->sizes[t->n] = b->end - b->start;
-    t->words[t->n] = PYOBMEM_ACCESS_WORD(b->id, word - b->start);
-    t->n++;
+    append(t, b, word); /* n < LINEAR < MAX: room */
+    if (SHIM_UNLIKELY(t->n == SHIM_TOUCHED_LINEAR))
+        index_build(t);
     return 1;
 }
 
@@ -155,7 +198,10 @@ uint32_t scan_launch_args(uintptr_t handle, void **kernelParams, void **extra, s
 
     /* The asks claimed in an attempt stay claimed (their slots are ASKING) when a writer makes the
      * read section start again: they are kept, and `unknown` is found again. */
-    struct scan sc = {.t = t, .l = l->known ? l : NULL};
+    struct scan sc; /* ask_slot and ask_word are read below n_asks only: not cleared */
+    sc.t = t;
+    sc.l = l->known ? l : NULL;
+    sc.n_asks = 0;
     uint32_t seq;
     int attempt = 0;
 again:
@@ -187,27 +233,6 @@ again:
     if (sc.unknown)
         *flags |= PYOBMEM_LAUNCH_UNKNOWN_ADDRESS;
     return words;
-}
-
-void emit_op_with_accesses(const struct pyobmem_record *op, uint64_t seq, const struct touched *t)
-{
-    /* Only the payload fields ring_write reads are filled: no memset of all 17 records. */
-    struct pyobmem_record recs[1 + (SHIM_MAX_TOUCHED + 3) / 4];
-    recs[0] = *op;
-    ring_write(recs, 1 + pack_accesses(recs + 1, seq, t->words, t->n));
-}
-
-unsigned pack_accesses(struct pyobmem_record *recs, uint64_t seq, const uint64_t *words, uint32_t n)
-{
-    unsigned r = 0;
-    for (uint32_t i = 0; i < n; i += 4, r++) {
-        recs[r].type = PYOBMEM_EV_ACCESS;
-        recs[r].flags = 0;
-        recs[r].access.op = seq;
-        for (uint32_t k = 0; k < 4; k++)
-            recs[r].access.words[k] = i + k < n ? words[i + k] : 0;
-    }
-    return r;
 }
 
 static void emit_launch(uint16_t flags, uintptr_t handle, uint64_t stream, uint64_t grid, uint32_t words,

@@ -109,6 +109,10 @@ void ring_reset_after_fork(void);
 /* Write n records as one group: all or nothing. Payload fields (type, flags, the payload) come
  * from recs; seq, pid and ts are filled in. Returns 1 if written, 0 if dropped (counted). */
 int ring_write(const struct pyobmem_record *recs, unsigned n);
+/* An op record (LAUNCH, GRAPH_LAUNCH, MEMCPY) of op seq `seq` and the ACCESS records naming
+ * words[0, n) (four a record, the last one padded with 0) as one group, written in place into
+ * the ring's slots (the launch path: no copy of the records through the stack). Returns as ring_write. */
+int ring_write_op(const struct pyobmem_record *op, uint64_t seq, const uint64_t *words, uint32_t n);
 /* NOTE (key = 0) or KERNEL_NAME (key = handle) text in 32-byte chunks, at most 8. */
 void ring_text(uint16_t type, uint64_t key, const char *text);
 void ring_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -265,13 +269,19 @@ void swap_atfork_child(void);
 
 /* ---- launch.c ---- */
 #define SHIM_MAX_TOUCHED 256 /* PyTorch's multi_tensor_apply names up to 150 tensors (depth 5 x 30) */
-/* A set of distinct blocks touched by one op (deduplicated by block). */
+#define SHIM_TOUCHED_LINEAR 16 /* up to this many blocks, a new word is checked against each */
+#define SHIM_TOUCHED_INDEX_BITS 9 /* the index of starts beyond that: 512 slots, at most half full */
+#define SHIM_TOUCHED_INDEX (1u << SHIM_TOUCHED_INDEX_BITS)
+_Static_assert(SHIM_TOUCHED_INDEX >= 2 * SHIM_MAX_TOUCHED && SHIM_MAX_TOUCHED < 65535, "touched index too small");
+/* A set of distinct blocks touched by one op (deduplicated by block). Empty: n = 0 (nothing else
+ * needs setting up: the index is built when n reaches SHIM_TOUCHED_LINEAR). */
 struct touched {
     uint32_t n;
     int truncated;
     uint64_t words[SHIM_MAX_TOUCHED]; /* access words */
     uint64_t starts[SHIM_MAX_TOUCHED]; /* block start addresses (for the swap executor) */
     uint64_t sizes[SHIM_MAX_TOUCHED];  /* block sizes: a word inside a block already here needs no lookup */
+    uint16_t index[SHIM_TOUCHED_INDEX]; /* n >= LINEAR: open addressing on starts, i + 1 of starts[i]; 0 empty */
 };
 /* Look up one candidate word (caller is in a blocks read section or holds the read lock); returns 1
  * when it is in a block. */
@@ -282,9 +292,10 @@ int touched_add(struct touched *t, uint64_t word);
 uint32_t scan_launch_args(uintptr_t handle, void **kernelParams, void **extra, struct touched *t, uint16_t *flags);
 /* Emit a LAUNCH or GRAPH_LAUNCH record (`op`, of op seq `seq`) followed by its ACCESS records (of t),
  * as one ring group. */
-void emit_op_with_accesses(const struct pyobmem_record *op, uint64_t seq, const struct touched *t);
-/* ACCESS records of op `seq` naming words[0..n), four a record, into recs; returns how many. */
-unsigned pack_accesses(struct pyobmem_record *recs, uint64_t seq, const uint64_t *words, uint32_t n);
+static inline void emit_op_with_accesses(const struct pyobmem_record *op, uint64_t seq, const struct touched *t)
+{
+    ring_write_op(op, seq, t->words, t->n);
+}
 void record_launch(uintptr_t handle, uint64_t stream, uint64_t grid, void **kernelParams, void **extra,
                    uint16_t flags);
 uint16_t launch_config_flags(const CUlaunchConfig *config);

@@ -6,7 +6,8 @@
  * shim adds per call (scripts/shim_cost.py). tests/test_shim_cost.py checks the records it makes.
  *
  *     cost_driver OP N L      OP: launch, launch_ex, memcpy_async, htod_async, memset_async,
- *                                 alloc_free_async, launch_vs_alloc, launch_struct, launch_foreach
+ *                                 alloc_free_async, launch_vs_alloc, launch_struct, launch_foreach,
+ *                                 launch_rot
  *
  * COST_EVICT_KB=K: after each op the driver writes K KiB of its own memory, as the real driver's
  * few µs of work per launch do, so that a self-timing shim (scripts/shim_cost.py --time) times
@@ -16,8 +17,12 @@
  * like a framework's elementwise kernels that take a struct of sizes and strides by value: two
  * pointers, then 62 words that are no address.
  *
- * launch_foreach: a foreach kernel (FAKE_FUNC_T) naming 150 distinct blocks, as PyTorch's
- * multi_tensor_apply does (the live blocks are at least 150 then).
+ * launch_foreach: a foreach kernel (FAKE_FUNC_T) naming 150 addresses, as PyTorch's
+ * multi_tensor_apply does: in 120 distinct blocks (the last 30 fall in the first 30 blocks again,
+ * at other offsets); the live blocks are at least 152 then.
+ *
+ * launch_rot: as launch, but its two pointers move over the first live blocks from launch to launch
+ * (as a training step's do): the block lookups' branches cannot be learnt.
  *
  * launch_vs_alloc: N launches on two VMM mappings (above every cuMemAlloc address) while another
  * thread allocates 4,096 blocks twice and frees them: the table grows past its first array, and
@@ -87,6 +92,7 @@ static void check(CUresult r, const char *what)
 }
 
 #define CHURN_BLOCKS 4096
+#define FOREACH_BLOCKS 120
 static void *churn(void *arg)
 {
     alloc_fn alloc = (alloc_fn)get("cuMemAlloc");
@@ -113,7 +119,7 @@ int main(int argc, char **argv)
     const char *ek = getenv("COST_EVICT_KB");
     g_evict_bytes = ek ? (size_t)atol(ek) * 1024 : 0;
     g_evict = g_evict_bytes ? calloc(1, g_evict_bytes) : NULL;
-    if (!strcmp(op, "launch_foreach") && live < FAKE_T_PTRS + 2)
+    if ((!strcmp(op, "launch_foreach") || !strcmp(op, "launch_rot")) && live < FAKE_T_PTRS + 2)
         live = FAKE_T_PTRS + 2;
     void *libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!libcuda) {
@@ -213,16 +219,23 @@ int main(int argc, char **argv)
         for (long i = 0; i < n; i++)
             EACH(check(f(FAKE_FUNC_C, 2, 1, 1, 128, 1, 1, 0, s, NULL, extra), "launch_struct"));
     } else if (!strcmp(op, "launch_foreach")) {
-        /* int @0, then FAKE_T_PTRS addresses @8: each a distinct live block (the table's first
-         * ones, every cuMemAlloc block is 4 KiB apart at least), at an offset inside it */
+        /* int @0, then FAKE_T_PTRS addresses @8, in the first FOREACH_BLOCKS live blocks (4 KiB
+         * each), at an offset inside */
         launch_fn f = (launch_fn)get("cuLaunchKernel");
         struct { int n; CUdeviceptr p[FAKE_T_PTRS]; } targ;
         targ.n = FAKE_T_PTRS;
         for (int i = 0; i < FAKE_T_PTRS; i++)
-            targ.p[i] = first[i] + 8 * (i % 7);
+            targ.p[i] = first[i % FOREACH_BLOCKS] + 8 * (i % 7);
         void *args_t[] = {&targ.n, targ.p};
         for (long i = 0; i < n; i++)
             EACH(check(f(FAKE_FUNC_T, 1, 1, 1, 128, 1, 1, 0, s, args_t, NULL), "launch_foreach"));
+    } else if (!strcmp(op, "launch_rot")) {
+        launch_fn f = (launch_fn)get("cuLaunchKernel");
+        for (long i = 0; i < n; i++) {
+            x = first[i % FAKE_T_PTRS] + 64;
+            y = first[(i * 37 + 11) % FAKE_T_PTRS];
+            EACH(check(f(FAKE_FUNC_A, 2, 1, 1, 128, 1, 1, 0, s, args, NULL), "launch_rot"));
+        }
     } else if (!strcmp(op, "launch_vs_alloc")) {
         launch_fn f = (launch_fn)get("cuLaunchKernel");
         pthread_t t;
