@@ -97,20 +97,29 @@ struct scan {
     uint64_t ask_word[MAX_ASKS];
 };
 
-static void not_in_block(struct scan *s, uint32_t offset, uint64_t w)
+/* Claim an unasked slot for the driver's answer (ask_driver, after the read section). */
+static __attribute__((noinline)) void claim_ask(struct scan *s, uint32_t i, uint64_t w)
 {
-    uint32_t i = offset / 8;
-    if (!s->l || !s->l->slots || i >= s->l->n_slots || w < MIN_ADDRESS || w > MAX_ADDRESS)
-        return;
-    uint8_t *slot = &s->l->slots[i];
-    uint8_t st = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
-    if (st == SLOT_ADDRESS) {
-        s->unknown = 1;
-    } else if (st == SLOT_UNASKED && s->n_asks < MAX_ASKS &&
-               __atomic_compare_exchange_n(slot, &st, SLOT_ASKING, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+    uint8_t st = SLOT_UNASKED;
+    if (s->n_asks < MAX_ASKS &&
+        __atomic_compare_exchange_n(&s->l->slots[i], &st, SLOT_ASKING, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
         s->ask_slot[s->n_asks] = i;
         s->ask_word[s->n_asks++] = w;
     }
+}
+
+/* A word in [MIN_ADDRESS, MAX_ADDRESS] of a known layout, in no block (scan_word). Inline: its
+ * slot was asked about long ago, in the common case (a struct's sizes and strides). */
+static inline void not_in_block(struct scan *s, uint32_t offset, uint64_t w)
+{
+    uint32_t i = offset / 8;
+    if (!s->l->slots || i >= s->l->n_slots)
+        return;
+    uint8_t st = __atomic_load_n(&s->l->slots[i], __ATOMIC_ACQUIRE);
+    if (st == SLOT_ADDRESS)
+        s->unknown = 1;
+    else if (SHIM_UNLIKELY(st == SLOT_UNASKED))
+        claim_ask(s, i, w);
 }
 
 static const char *memory_type_name(unsigned type)
@@ -154,11 +163,14 @@ static void ask_driver(struct scan *s, uintptr_t handle)
 
 /* One argument word: a word outside the span of all blocks, [lo, lo + span) (most words of a
  * struct of sizes and strides), needs no lookup; a word in no block may still be an address the
- * driver knows (not_in_block). */
+ * driver knows (not_in_block), unless it is a small integer, NULL or above any address, or the
+ * layout is unknown: those are rejected here, inline (a 500-byte struct has ~60 of them). */
 static inline __attribute__((always_inline)) void scan_word(void *ctx, uint32_t offset, uint64_t w)
 {
     struct scan *s = ctx;
-    if (!(w - s->lo < s->span && add_word(s->t, w)))
+    if (w - s->lo < s->span && add_word(s->t, w))
+        return;
+    if (s->l && w - MIN_ADDRESS <= MAX_ADDRESS - MIN_ADDRESS)
         not_in_block(s, offset, w);
 }
 
