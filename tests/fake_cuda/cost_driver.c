@@ -7,7 +7,7 @@
  *
  *     cost_driver OP N L      OP: launch, launch_ex, memcpy_async, htod_async, memset_async,
  *                                 alloc_free_async, launch_vs_alloc, launch_struct, launch_foreach,
- *                                 launch_rot
+ *                                 launch_rot, get_function
  *
  * COST_EVICT_KB=K: after each op the driver writes K KiB of its own memory, as the real driver's
  * few µs of work per launch do, so that a self-timing shim (scripts/shim_cost.py --time) times
@@ -23,6 +23,9 @@
  *
  * launch_rot: as launch, but its two pointers move over the first live blocks from launch to launch
  * (as a training step's do): the block lookups' branches cannot be learnt.
+ *
+ * get_function: cuModuleGetFunction of a kernel launched once before (cuDNN asks for its kernels'
+ * handles ~180 times a step): the shim checks the handle's cached layout is current.
  *
  * launch_vs_alloc: N launches on two VMM mappings (above every cuMemAlloc address) while another
  * thread allocates 4,096 blocks twice and frees them: the table grows past its first array, and
@@ -46,6 +49,7 @@ typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUstream);
 typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
 typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                               CUstream, void **, void **);
+typedef CUresult (*get_function_fn)(CUfunction *, CUmodule, const char *);
 typedef CUresult (*launch_ex_fn)(const CUlaunchConfig *, CUfunction, void **, void **);
 typedef CUresult (*copy_async_fn)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
 typedef CUresult (*htod_async_fn)(CUdeviceptr, const void *, size_t, CUstream);
@@ -236,6 +240,14 @@ int main(int argc, char **argv)
             y = first[(i * 37 + 11) % FAKE_T_PTRS];
             EACH(check(f(FAKE_FUNC_A, 2, 1, 1, 128, 1, 1, 0, s, args, NULL), "launch_rot"));
         }
+    } else if (!strcmp(op, "get_function")) {
+        get_function_fn g = (get_function_fn)get("cuModuleGetFunction");
+        launch_fn f = (launch_fn)get("cuLaunchKernel");
+        CUfunction r = NULL;
+        check(g(&r, (CUmodule)0x99, "r3"), "get_function");
+        check(f(r, 1, 1, 1, 128, 1, 1, 0, s, args, NULL), "launch"); /* its layout is cached now */
+        for (long i = 0; i < n; i++)
+            EACH(check(g(&r, (CUmodule)0x99, "r3"), "get_function"));
     } else if (!strcmp(op, "launch_vs_alloc")) {
         launch_fn f = (launch_fn)get("cuLaunchKernel");
         pthread_t t;
