@@ -87,39 +87,31 @@ enum { SLOT_UNASKED = 0, SLOT_ASKING = 1, SLOT_ADDRESS = 2, SLOT_NOT_ADDRESS = 3
 #define MAX_ADDRESS 0x00ffffffffffffffull /* above: not a user-space or device address */
 #define MAX_ASKS 8                      /* per launch; the others are asked at a later launch */
 
+/* The slots claimed in one launch's scan, for ask_driver. */
+struct asks {
+    uint32_t n;
+    uint32_t slot[MAX_ASKS]; /* [0, n) only are set */
+    uint64_t word[MAX_ASKS];
+};
+
+/* One launch's scan state. */
 struct scan {
     struct touched *t;
-    uint64_t lo, span;            /* the blocks' span in this read section */
-    const struct param_layout *l; /* NULL: no slots (layout unknown) */
-    int unknown;                  /* a word at an ADDRESS slot is in no block */
-    uint32_t n_asks;
-    uint32_t ask_slot[MAX_ASKS];
-    uint64_t ask_word[MAX_ASKS];
+    uint64_t lo, span;  /* the blocks' span in this read section */
+    uint8_t *slots;     /* the layout's slots; NULL: none (layout unknown) */
+    uint32_t n_slots;
+    int unknown;        /* a word at an ADDRESS slot is in no block */
+    struct asks *asks;
 };
 
 /* Claim an unasked slot for the driver's answer (ask_driver, after the read section). */
-static __attribute__((noinline)) void claim_ask(struct scan *s, uint32_t i, uint64_t w)
+static __attribute__((noinline)) void claim_ask(struct asks *a, uint8_t *slot, uint32_t i, uint64_t w)
 {
     uint8_t st = SLOT_UNASKED;
-    if (s->n_asks < MAX_ASKS &&
-        __atomic_compare_exchange_n(&s->l->slots[i], &st, SLOT_ASKING, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
-        s->ask_slot[s->n_asks] = i;
-        s->ask_word[s->n_asks++] = w;
+    if (a->n < MAX_ASKS && __atomic_compare_exchange_n(slot, &st, SLOT_ASKING, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+        a->slot[a->n] = i;
+        a->word[a->n++] = w;
     }
-}
-
-/* A word in [MIN_ADDRESS, MAX_ADDRESS] of a known layout, in no block (scan_word). Inline: its
- * slot was asked about long ago, in the common case (a struct's sizes and strides). */
-static inline void not_in_block(struct scan *s, uint32_t offset, uint64_t w)
-{
-    uint32_t i = offset / 8;
-    if (!s->l->slots || i >= s->l->n_slots)
-        return;
-    uint8_t st = __atomic_load_n(&s->l->slots[i], __ATOMIC_ACQUIRE);
-    if (st == SLOT_ADDRESS)
-        s->unknown = 1;
-    else if (SHIM_UNLIKELY(st == SLOT_UNASKED))
-        claim_ask(s, i, w);
 }
 
 static const char *memory_type_name(unsigned type)
@@ -133,45 +125,64 @@ static const char *memory_type_name(unsigned type)
     }
 }
 
-/* The driver's answers for the words `s` collected (blocks lock not held). The query's error, if
- * any, is returned to the shim alone: nothing is left pending for the application. */
-static void ask_driver(struct scan *s, uintptr_t handle)
+/* The driver's answers for the words `a` collected (blocks lock not held), into l's slots;
+ * returns 1 when one is an address. The query's error, if any, is returned to the shim alone:
+ * nothing is left pending for the application. */
+static int ask_driver(const struct asks *a, const struct param_layout *l, uintptr_t handle)
 {
-    for (uint32_t k = 0; k < s->n_asks; k++) {
+    int unknown = 0;
+    for (uint32_t k = 0; k < a->n; k++) {
         /* An ask claimed in a read section that a writer made start again may be for a word the
          * consistent pass found in a block: give the slot back, unasked. */
-        if (blocks_access_word(s->ask_word[k])) {
-            __atomic_store_n(&s->l->slots[s->ask_slot[k]], SLOT_UNASKED, __ATOMIC_RELEASE);
+        if (blocks_access_word(a->word[k])) {
+            __atomic_store_n(&l->slots[a->slot[k]], SLOT_UNASKED, __ATOMIC_RELEASE);
             continue;
         }
         unsigned type = 0;
         shim_tls_guard++;
         CUresult r = real_cuPointerGetAttribute
-                         ? real_cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)s->ask_word[k])
+                         ? real_cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)a->word[k])
                          : CUDA_ERROR_NOT_INITIALIZED;
         shim_tls_guard--;
-        __atomic_store_n(&s->l->slots[s->ask_slot[k]], r == CUDA_SUCCESS ? SLOT_ADDRESS : SLOT_NOT_ADDRESS,
-                         __ATOMIC_RELEASE);
+        __atomic_store_n(&l->slots[a->slot[k]], r == CUDA_SUCCESS ? SLOT_ADDRESS : SLOT_NOT_ADDRESS, __ATOMIC_RELEASE);
         if (r == CUDA_SUCCESS) {
-            s->unknown = 1;
+            unknown = 1;
             ring_note(PYOBMEM_NOTE_UNKNOWN_ADDRESS ".%#llx+%u=%s memory at %#llx, in no recorded block", (unsigned long long)handle,
-                      s->ask_slot[k] * 8, memory_type_name(type), (unsigned long long)s->ask_word[k]);
+                      a->slot[k] * 8, memory_type_name(type), (unsigned long long)a->word[k]);
         }
     }
+    return unknown;
 }
 
 
-/* One argument word: a word outside the span of all blocks, [lo, lo + span) (most words of a
- * struct of sizes and strides), needs no lookup; a word in no block may still be an address the
- * driver knows (not_in_block), unless it is a small integer, NULL or above any address, or the
- * layout is unknown: those are rejected here, inline (a 500-byte struct has ~60 of them). */
-static inline __attribute__((always_inline)) void scan_word(void *ctx, uint32_t offset, uint64_t w)
+/* The words of one parameter (param_word_range): a word outside the span of all blocks,
+ * [lo, lo + span) (most words of a struct of sizes and strides), needs no lookup; a word in no
+ * block may still be an address the driver knows, unless it is a small integer, NULL or above any
+ * address, or the layout is unknown; else its slot says (asked about long ago, in the common
+ * case). The loop keeps lo, span and the slots in registers (through a pointer to the scan, each
+ * store of add_word would make the compiler load them again): a 500-byte struct has ~60 words. */
+static inline __attribute__((always_inline)) uint32_t scan_param(struct scan *s, const char *p, uint32_t offset,
+                                                                 uint32_t size)
 {
-    struct scan *s = ctx;
-    if (w - s->lo < s->span && add_word(s->t, w))
-        return;
-    if (s->l && w - MIN_ADDRESS <= MAX_ADDRESS - MIN_ADDRESS)
-        not_in_block(s, offset, w);
+    uint32_t k0, n = param_word_range(offset, size, &k0);
+    const uint64_t lo = s->lo, span = s->span;
+    uint8_t *const slots = s->slots;
+    const uint32_t n_slots = s->n_slots, slot0 = (offset + k0) / 8;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t w;
+        memcpy(&w, p + k0 + 8 * i, sizeof w);
+        if (w - lo < span && add_word(s->t, w))
+            continue;
+        uint32_t j = slot0 + i;
+        if (w - MIN_ADDRESS > MAX_ADDRESS - MIN_ADDRESS || j >= n_slots)
+            continue;
+        uint8_t st = __atomic_load_n(&slots[j], __ATOMIC_ACQUIRE);
+        if (st == SLOT_ADDRESS)
+            s->unknown = 1;
+        else if (SHIM_UNLIKELY(st == SLOT_UNASKED))
+            claim_ask(s->asks, &slots[j], j, w);
+    }
+    return n;
 }
 
 /* The packed argument buffer of `extra`, if any. */
@@ -210,10 +221,10 @@ uint32_t scan_launch_args(uintptr_t handle, void **kernelParams, void **extra, s
 
     /* The asks claimed in an attempt stay claimed (their slots are ASKING) when a writer makes the
      * read section start again: they are kept, and `unknown` is found again. */
-    struct scan sc; /* ask_slot and ask_word are read below n_asks only: not cleared */
-    sc.t = t;
-    sc.l = l->known ? l : NULL;
-    sc.n_asks = 0;
+    struct asks asks;
+    asks.n = 0;
+    struct scan sc = {.t = t, .slots = l->known ? l->slots : NULL, .n_slots = l->known && l->slots ? l->n_slots : 0,
+                      .asks = &asks};
     uint32_t seq;
     int attempt = 0;
 again:
@@ -222,24 +233,25 @@ again:
     t->truncated = 0;
     sc.unknown = 0;
     words = 0;
-    uint64_t hi;
-    blocks_bounds(&sc.lo, &hi);
-    sc.span = hi - sc.lo;
+    uint64_t lo, hi;
+    blocks_bounds(&lo, &hi);
+    sc.lo = lo;
+    sc.span = hi - lo;
     if (l->known && kernelParams) {
         for (uint32_t i = 0; i < l->count; i++)
             if (l->size[i] >= 8 && kernelParams[i])
-                words += param_words(kernelParams[i], l->offset[i], l->size[i], scan_word, &sc);
+                words += scan_param(&sc, kernelParams[i], l->offset[i], l->size[i]);
     } else if (l->known && have_buf) {
         for (uint32_t i = 0; i < l->count; i++)
             if (l->size[i] >= 8 && (size_t)l->offset[i] + l->size[i] <= bufsize)
-                words += param_words(buf + l->offset[i], l->offset[i], l->size[i], scan_word, &sc);
+                words += scan_param(&sc, buf + l->offset[i], l->offset[i], l->size[i]);
     } else if (have_buf) {
-        words += param_words(buf, 0, (uint32_t)(bufsize > UINT32_MAX ? UINT32_MAX : bufsize), scan_word, &sc);
+        words += scan_param(&sc, buf, 0, (uint32_t)(bufsize > UINT32_MAX ? UINT32_MAX : bufsize));
     }
     if (!blocks_read_end(seq))
         goto again;
-    if (SHIM_UNLIKELY(sc.n_asks))
-        ask_driver(&sc, handle);
+    if (SHIM_UNLIKELY(asks.n) && ask_driver(&asks, l, handle))
+        sc.unknown = 1;
     if (t->truncated)
         *flags |= PYOBMEM_LAUNCH_TRUNCATED;
     if (sc.unknown)

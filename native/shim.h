@@ -175,16 +175,19 @@ void host_alias_atfork_prepare(void);
 void host_alias_atfork_parent(void);
 void host_alias_atfork_child(void);
 /* The 8-byte words of one kernel parameter whose bytes start at p and which sits at byte offset
- * `offset` of the argument buffer: the words aligned to 8 in the buffer, where pointers are.
- * Calls word(ctx, offset of the word in the buffer, value) for each; returns how many. The one
- * scan of launches (launch.c) and of graph kernel nodes (graph.c); inlined with its callback. */
+ * `offset` of the argument buffer: the words aligned to 8 in the buffer, where pointers are
+ * (param_word_range: n words from p + k0). Calls word(ctx, offset of the word in the buffer,
+ * value) for each; returns how many. The scan of graph kernel nodes (graph.c); launch.c's
+ * scan_param walks the same range with its state in registers. */
+static inline uint32_t param_word_range(uint32_t offset, uint32_t size, uint32_t *k0)
+{
+    *k0 = (uint32_t)(-offset) & 7u; /* bytes before the first word aligned to 8 in the buffer */
+    return *k0 + 8 > size ? 0 : (size - *k0) / 8;
+}
 static inline __attribute__((always_inline)) uint32_t param_words(const char *p, uint32_t offset, uint32_t size,
                                                                   void (*word)(void *, uint32_t, uint64_t), void *ctx)
 {
-    uint32_t k0 = (uint32_t)(-offset) & 7u;
-    if (k0 + 8 > size)
-        return 0;
-    uint32_t n = (size - k0) / 8;
+    uint32_t k0, n = param_word_range(offset, size, &k0);
     for (uint32_t i = 0; i < n; i++) {
         uint64_t w;
         memcpy(&w, p + k0 + 8 * i, sizeof w);

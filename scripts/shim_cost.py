@@ -42,8 +42,8 @@ SHIM = REPO / "pyobmem" / "libpyobmem.so"
 CUDA_INCLUDE = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
 CFLAGS = ["-O1", "-g", "-Wall", "-Wextra", "-Werror", "-I", str(CUDA_INCLUDE)]
 # cost_driver's op kinds that run on one thread (launch_vs_alloc, its two-thread case, is a test)
-OPS = ("launch", "launch_rot", "launch_ex", "launch_struct", "launch_foreach", "get_function", "memcpy_async",
-       "htod_async", "memset_async", "alloc_free_async")
+OPS = ("launch", "launch_rot", "launch_ex", "launch_struct", "launch_offsets", "launch_foreach", "get_function",
+       "memcpy_async", "htod_async", "memset_async", "alloc_free_async")
 N1, N2 = 1000, 5000
 TOP = 12  # shim functions listed per op kind
 # records; a launch writes 2 (launch_foreach 39): N2 of them never fill it

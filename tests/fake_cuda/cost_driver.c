@@ -7,7 +7,7 @@
  *
  *     cost_driver OP N L      OP: launch, launch_ex, memcpy_async, htod_async, memset_async,
  *                                 alloc_free_async, launch_vs_alloc, launch_struct, launch_foreach,
- *                                 launch_rot, get_function
+ *                                 launch_rot, get_function, launch_offsets
  *
  * COST_EVICT_KB=K: after each op the driver writes K KiB of its own memory, as the real driver's
  * few µs of work per launch do, so that a self-timing shim (scripts/shim_cost.py --time) times
@@ -23,6 +23,10 @@
  *
  * launch_rot: as launch, but its two pointers move over the first live blocks from launch to launch
  * (as a training step's do): the block lookups' branches cannot be learnt.
+ *
+ * launch_offsets: a kernel with a known layout taking a 1,200-byte struct by value, like PyTorch's
+ * elementwise kernels' OffsetCalculator: two pointers, then 148 words of uint32 sizes and strides
+ * in pairs (no address; not small integers either: each one's slot of the layout is read).
  *
  * get_function: cuModuleGetFunction of a kernel launched once before (cuDNN asks for its kernels'
  * handles ~180 times a step): the shim checks the handle's cached layout is current.
@@ -240,6 +244,17 @@ int main(int argc, char **argv)
             y = first[(i * 37 + 11) % FAKE_T_PTRS];
             EACH(check(f(FAKE_FUNC_A, 2, 1, 1, 128, 1, 1, 0, s, args, NULL), "launch_rot"));
         }
+    } else if (!strcmp(op, "launch_offsets")) {
+        launch_fn f = (launch_fn)get("cuLaunchKernel");
+        struct { int n; uint64_t w[FAKE_T_PTRS]; } targ; /* FAKE_FUNC_T's layout: int @0, 1,200 bytes @8 */
+        targ.n = 1;
+        targ.w[0] = a + 256;
+        targ.w[1] = b;
+        for (int i = 2; i < FAKE_T_PTRS; i++)
+            targ.w[i] = ((uint64_t)(i + 1) << 32) | (uint32_t)(i * 4096);
+        void *args_t[] = {&targ.n, targ.w};
+        for (long i = 0; i < n; i++)
+            EACH(check(f(FAKE_FUNC_T, 1, 1, 1, 128, 1, 1, 0, s, args_t, NULL), "launch_offsets"));
     } else if (!strcmp(op, "get_function")) {
         get_function_fn g = (get_function_fn)get("cuModuleGetFunction");
         launch_fn f = (launch_fn)get("cuLaunchKernel");
