@@ -66,6 +66,7 @@ struct shim_state {
     int cuinit_done;          /* atomic: post-cuInit work (notes, CUPTI) done once per process */
     int swap;                 /* swap mode: PYOBMEM_CONTROL mapped (set once at init, before
                                * recording; cleared in a fork child). The op hooks test it once. */
+    int init_done;            /* atomic: shim_init has run (every hook's check; pthread_once before) */
     /* The counters every op or allocation writes, on a cache line of their own: the fields
      * above are read by every hook on every thread and must not bounce with them. */
     _Alignas(64) uint64_t op_seq; /* atomic: per-process op sequence (launch, copy, set, graph) */
@@ -79,7 +80,14 @@ extern struct shim_state g_shim;
 #define SHIM_TLS __thread __attribute__((tls_model("initial-exec")))
 extern SHIM_TLS int shim_tls_guard;
 
-void shim_init_once(void);
+void shim_init_wait(void);
+/* Initialise on first use: one load once done (pthread_once's fast path is two calls, one through
+ * the PLT, at every hook). */
+static inline void shim_init_once(void)
+{
+    if (SHIM_UNLIKELY(!__atomic_load_n(&g_shim.init_done, __ATOMIC_ACQUIRE)))
+        shim_init_wait();
+}
 void shim_emit_process(void);
 
 /* Called at the top of every hook. Returns nonzero when the hook should record. */
