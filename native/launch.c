@@ -177,9 +177,11 @@ static inline __attribute__((always_inline)) uint32_t scan_param(struct scan *s,
         if (w - MIN_ADDRESS > MAX_ADDRESS - MIN_ADDRESS || j >= n_slots)
             continue;
         uint8_t st = __atomic_load_n(&slots[j], __ATOMIC_ACQUIRE);
+        if (SHIM_LIKELY(st == SLOT_NOT_ADDRESS || st == SLOT_ASKING))
+            continue;
         if (st == SLOT_ADDRESS)
             s->unknown = 1;
-        else if (SHIM_UNLIKELY(st == SLOT_UNASKED))
+        else
             claim_ask(s->asks, &slots[j], j, w);
     }
     return n;
