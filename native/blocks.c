@@ -43,7 +43,7 @@ static uint32_t next_block_id(void)
 
 static struct block *at(size_t i) { return itable_at(&g_blocks, i); }
 
-const struct block *blocks_lookup(uint64_t addr) { return itable_find(&g_blocks, addr); }
+const struct block *blocks_lookup(uint64_t addr) { return itable_find_sized(&g_blocks, addr, sizeof(struct block)); }
 
 /* Blocks are sorted and disjoint, so the last one ends highest. */
 void blocks_bounds(uint64_t *lo, uint64_t *hi) { itable_bounds(&g_blocks, lo, hi); }
