@@ -40,7 +40,9 @@
  * (selftime.c): where a traced program's time goes, measured inside it (a cuDNN LSTM's 12% was
  * found so). In the normal build the macros are empty. */
 #ifdef PYOBMEM_SELF_TIME
-enum st_part { ST_LAUNCH_DRIVER, ST_LAUNCH_RECORD, ST_COPY_RECORD, ST_RING_WRITE, ST_PARAMS_REFRESH, ST_GPUCLOCK_SAMPLE, ST_PARTS };
+/* GPUCLOCK_CAPTURING, _CTX and _RECORD are the sample's three driver calls, inside GPUCLOCK_SAMPLE. */
+enum st_part { ST_LAUNCH_DRIVER, ST_LAUNCH_RECORD, ST_COPY_RECORD, ST_RING_WRITE, ST_PARAMS_REFRESH, ST_GPUCLOCK_SAMPLE,
+               ST_GPUCLOCK_CAPTURING, ST_GPUCLOCK_CTX, ST_GPUCLOCK_RECORD, ST_PARTS };
 uint64_t st_now(void);
 void st_add(enum st_part part, uint64_t ticks);
 #define ST_BEGIN(v) uint64_t v = st_now()
