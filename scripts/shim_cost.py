@@ -12,7 +12,7 @@ Needs gcc, valgrind and the CUDA headers; no GPU. Instruction counts are exact f
 (compiler, glibc) and say nothing about time on their own: a syscall counts as one instruction.
 
     python3 scripts/shim_cost.py [--ops launch,memcpy_async] [--live 64] [--shim LIB] [--out FILE.json]
-    python3 scripts/shim_cost.py --time [--src TREE] [--evict-kb 1024] [--ops ...]
+    python3 scripts/shim_cost.py --time [--src TREE] [--evict-kb 256] [--ops ...]
 
 --shim counts another build of the shim (e.g. an older commit's, for a before/after table).
 --time builds a self-timing shim (native/selftime.c) from TREE's native/ (default this tree; an
@@ -46,7 +46,7 @@ OPS = ("launch", "launch_rot", "launch_ex", "launch_struct", "launch_offsets", "
        "memcpy_async", "htod_async", "memset_async", "alloc_free_async")
 N1, N2 = 1000, 5000
 TOP = 12  # shim functions listed per op kind
-# records; a launch writes 2 (launch_foreach 39): N2 of them never fill it
+# records; a launch writes 2 (launch_foreach 31): N2 of them never fill it
 RING_CAPACITY = 1 << 18
 N_TIME, REPEATS = 20000, 5
 TIME_RING = 1 << 20  # records (64 MiB, the default ring's size): launch_foreach at N_TIME // 4
@@ -167,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="write the figures here as JSON")
     ap.add_argument("--time", action="store_true", help="ns per call of the self-timed parts instead (no valgrind)")
     ap.add_argument("--src", type=Path, default=REPO, help="--time: the source tree to build (default this one)")
-    ap.add_argument("--evict-kb", type=int, default=1024,
-                    help="--time: KiB the driver writes after each op, to cool the caches (default 1024)")
+    ap.add_argument("--evict-kb", type=int, default=256,
+                    help="--time: KiB the driver writes after each op, to cool the caches (default 256)")
     a = ap.parse_args(argv)
     ops = [o for o in a.ops.split(",") if o]
     bad = [o for o in ops if o not in OPS]
