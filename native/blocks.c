@@ -24,16 +24,29 @@
 #define SEQ_TRIES 4 /* lock-free attempts before a reader takes the read lock */
 
 static pthread_rwlock_t g_lock = PTHREAD_RWLOCK_INITIALIZER;
-static struct itable g_blocks = ITABLE_OF(struct block);
-static uint32_t g_seq;         /* atomic: odd while a writer changes the table */
+/* What a lookup's read section reads besides the table's elements, on one cache line (64 bytes):
+ * the sequence count, the span of all blocks (kept here by the writers: from the first and last
+ * elements, two more lines a launch would read otherwise) and the table. */
+static struct {
+    uint32_t seq;     /* atomic: odd while a writer changes the table */
+    uint64_t lo, hi;  /* atomic: [lo, hi), the span of all blocks; 0, 0 when there are none */
+    struct itable blocks;
+} __attribute__((aligned(64))) g_rs = {.blocks = ITABLE_OF(struct block)};
 
 /* Writer side of the sequence count (write lock held). */
 static void write_begin(void)
 {
-    __atomic_store_n(&g_seq, g_seq + 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_rs.seq, g_rs.seq + 1, __ATOMIC_RELAXED);
     __atomic_thread_fence(__ATOMIC_RELEASE); /* the odd count before any change */
 }
-static void write_end(void) { __atomic_store_n(&g_seq, g_seq + 1, __ATOMIC_RELEASE); }
+static void write_end(void)
+{
+    uint64_t lo, hi; /* blocks are sorted and disjoint: the first starts lowest, the last ends highest */
+    itable_bounds(&g_rs.blocks, &lo, &hi);
+    __atomic_store_n(&g_rs.lo, lo, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_rs.hi, hi, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_rs.seq, g_rs.seq + 1, __ATOMIC_RELEASE);
+}
 
 static uint32_t next_block_id(void)
 {
@@ -41,12 +54,15 @@ static uint32_t next_block_id(void)
     return (n - 1) % BLOCK_ID_MAX + 1;
 }
 
-static struct block *at(size_t i) { return itable_at(&g_blocks, i); }
+static struct block *at(size_t i) { return itable_at(&g_rs.blocks, i); }
 
-const struct block *blocks_lookup(uint64_t addr) { return itable_find(&g_blocks, addr); }
+const struct block *blocks_lookup(uint64_t addr) { return itable_find_sized(&g_rs.blocks, addr, sizeof(struct block)); }
 
-/* Blocks are sorted and disjoint, so the last one ends highest. */
-void blocks_bounds(uint64_t *lo, uint64_t *hi) { itable_bounds(&g_blocks, lo, hi); }
+void blocks_bounds(uint64_t *lo, uint64_t *hi)
+{
+    *lo = __atomic_load_n(&g_rs.lo, __ATOMIC_RELAXED);
+    *hi = __atomic_load_n(&g_rs.hi, __ATOMIC_RELAXED);
+}
 
 void blocks_read_lock(void) { pthread_rwlock_rdlock(&g_lock); }
 void blocks_read_unlock(void) { pthread_rwlock_unlock(&g_lock); }
@@ -54,7 +70,7 @@ void blocks_read_unlock(void) { pthread_rwlock_unlock(&g_lock); }
 uint32_t blocks_read_begin(int attempt)
 {
     if (attempt < SEQ_TRIES) {
-        uint32_t s = __atomic_load_n(&g_seq, __ATOMIC_ACQUIRE);
+        uint32_t s = __atomic_load_n(&g_rs.seq, __ATOMIC_ACQUIRE);
         if (!(s & 1))
             return s;
     }
@@ -69,7 +85,7 @@ int blocks_read_end(uint32_t s)
         return 1;
     }
     __atomic_thread_fence(__ATOMIC_ACQUIRE); /* the lookups' loads before the second count */
-    return __atomic_load_n(&g_seq, __ATOMIC_RELAXED) == s;
+    return __atomic_load_n(&g_rs.seq, __ATOMIC_RELAXED) == s;
 }
 
 uint64_t blocks_access_word(uint64_t addr)
@@ -108,7 +124,7 @@ static void erase(size_t i, size_t j, uint64_t stream)
         if (on_device(at(k)))
             __atomic_sub_fetch(&g_shim.device_bytes, at(k)->end - at(k)->start, __ATOMIC_RELAXED);
     }
-    itable_erase(&g_blocks, i, j);
+    itable_erase(&g_rs.blocks, i, j);
 }
 
 uint32_t blocks_add(uint64_t addr, uint64_t size, uint64_t stream, int kind, int device)
@@ -121,10 +137,10 @@ uint32_t blocks_add(uint64_t addr, uint64_t size, uint64_t stream, int kind, int
     write_begin();
     nb.id = next_block_id();
     size_t i, j;
-    itable_overlapping(&g_blocks, nb.start, nb.end, &i, &j);
+    itable_overlapping(&g_rs.blocks, nb.start, nb.end, &i, &j);
     if (j > i) /* stale ranges freed behind our back (an unhooked free): they are gone now */
         erase(i, j, 0);
-    if (!itable_insert(&g_blocks, &nb)) {
+    if (!itable_insert(&g_rs.blocks, &nb)) {
         write_end();
         pthread_rwlock_unlock(&g_lock);
         return 0;
@@ -157,7 +173,7 @@ int blocks_find_start(uint64_t addr, struct block *out)
 void blocks_remove(uint64_t addr, uint32_t id, uint64_t stream)
 {
     pthread_rwlock_wrlock(&g_lock);
-    size_t i = itable_upper(&g_blocks, addr);
+    size_t i = itable_upper(&g_rs.blocks, addr);
     if (i > 0 && at(i - 1)->start == addr && at(i - 1)->id == id) {
         write_begin();
         erase(i - 1, i, stream);
@@ -172,7 +188,7 @@ int blocks_remove_range(uint64_t start, uint64_t end, uint64_t stream)
         return 0;
     pthread_rwlock_wrlock(&g_lock);
     size_t i, j;
-    itable_overlapping(&g_blocks, start, end, &i, &j);
+    itable_overlapping(&g_rs.blocks, start, end, &i, &j);
     if (j > i) {
         write_begin();
         erase(i, j, stream);
@@ -190,7 +206,8 @@ void blocks_reset_after_fork(void)
     /* A child's CUDA context is not the parent's: its blocks start empty, ids from 1. */
     pthread_rwlock_t fresh = PTHREAD_RWLOCK_INITIALIZER;
     g_lock = fresh;
-    g_blocks.n = 0;
+    g_rs.blocks.n = 0;
+    g_rs.lo = g_rs.hi = 0;
     g_shim.block_seq = 0;
     g_shim.device_bytes = 0;
 }

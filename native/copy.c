@@ -373,17 +373,11 @@ static uint64_t word_locked(uint64_t addr)
 static void emit_batch(uint64_t b, uint64_t c, uint64_t bytes, CUstream s, const struct touched *t, uint32_t n0)
 {
     static int noted;
-    struct pyobmem_record recs[1 + (SHIM_MAX_TOUCHED + 3) / 4];
-    memset(recs, 0, sizeof recs);
     uint64_t seq = shim_next_op();
-    recs[0].type = PYOBMEM_EV_MEMCPY;
-    recs[0].flags = PYOBMEM_COPY_OTHER | PYOBMEM_COPY_ASYNC;
-    recs[0].memcpy.op = seq;
-    recs[0].memcpy.dst = b;
-    recs[0].memcpy.src = c;
-    recs[0].memcpy.bytes = bytes;
-    recs[0].memcpy.stream = (uint64_t)(uintptr_t)s;
-    ring_write(recs, 1 + pack_accesses(recs + 1, seq, t->words + n0, t->n > n0 ? t->n - n0 : 0));
+    struct pyobmem_record op = {.type = PYOBMEM_EV_MEMCPY, .flags = PYOBMEM_COPY_OTHER | PYOBMEM_COPY_ASYNC,
+                                .memcpy = {.op = seq, .dst = b, .src = c, .bytes = bytes,
+                                           .stream = (uint64_t)(uintptr_t)s}};
+    ring_write_op(&op, seq, t->words + n0, t->n > n0 ? t->n - n0 : 0);
     if (t->truncated && !__atomic_exchange_n(&noted, 1, __ATOMIC_RELAXED))
         ring_note("batch copy touched more than %d blocks: the others are not recorded", SHIM_MAX_TOUCHED);
 }

@@ -70,7 +70,7 @@ struct gc_ctx {
 };
 
 uint64_t g_gpuclock_next = UINT64_MAX; /* atomic: next op seq to sample; UINT64_MAX: off */
-__thread uint64_t shim_tls_op;
+SHIM_TLS uint64_t shim_tls_op;
 
 static uint64_t g_every, g_pool;
 static uint64_t g_nap_fixed_ns; /* PYOBMEM_GPU_CLOCK_POLL_US: a fixed nap; 0: adaptive */
@@ -355,9 +355,16 @@ void gpuclock_sample(uint64_t seq, CUstream s)
     CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
     struct gc_ctx *c = NULL;
     /* The capture query first: it is the one call made for a stream that may be capturing. */
-    if (real_cuStreamIsCapturing(s, &cs) == CUDA_SUCCESS && cs == CU_STREAM_CAPTURE_STATUS_NONE &&
-        real_cuStreamGetCtx(s, &ctx) == CUDA_SUCCESS && ctx)
-        c = ctx_of(ctx);
+    ST_BEGIN(t1);
+    int idle = real_cuStreamIsCapturing(s, &cs) == CUDA_SUCCESS && cs == CU_STREAM_CAPTURE_STATUS_NONE;
+    ST_END(t1, ST_GPUCLOCK_CAPTURING);
+    if (idle) {
+        ST_BEGIN(t2);
+        int got = real_cuStreamGetCtx(s, &ctx) == CUDA_SUCCESS && ctx;
+        ST_END(t2, ST_GPUCLOCK_CTX);
+        if (got)
+            c = ctx_of(ctx);
+    }
     struct gc_slot *slot = NULL;
     if (c) {
         uint32_t i = __atomic_fetch_add(&c->cursor, 1, __ATOMIC_RELAXED) & (uint32_t)(g_pool - 1);
@@ -369,7 +376,9 @@ void gpuclock_sample(uint64_t seq, CUstream s)
         slot->seq = seq;
         slot->stream = (uint64_t)(uintptr_t)s;
         slot->ref = __atomic_load_n(&c->cur_ref, __ATOMIC_ACQUIRE);
+        ST_BEGIN(t3);
         int ok = real_cuEventRecord(slot->ev, s) == CUDA_SUCCESS;
+        ST_END(t3, ST_GPUCLOCK_RECORD);
         __atomic_store_n(&slot->state, ok ? SLOT_PENDING : SLOT_FREE, __ATOMIC_RELEASE);
         if (!ok)
             slot = NULL;

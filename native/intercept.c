@@ -140,10 +140,11 @@ static void shim_init(void)
         gpuclock_init();
         __atomic_store_n(&g_shim.recording, 1, __ATOMIC_RELEASE);
     }
+    __atomic_store_n(&g_shim.init_done, 1, __ATOMIC_RELEASE);
     shim_tls_guard--;
 }
 
-void shim_init_once(void)
+void shim_init_wait(void)
 {
     pthread_once(&g_once, shim_init);
 }

@@ -48,17 +48,33 @@ static inline size_t itable_upper(const struct itable *t, uint64_t addr)
     return itable_upper_in(__atomic_load_n(&t->v, __ATOMIC_ACQUIRE), n, t->size, addr);
 }
 
-/* The element holding addr, or NULL. */
-static inline void *itable_find(const struct itable *t, uint64_t addr)
+/* The element holding addr, or NULL (the lookup of every argument word of a launch); `size` is
+ * t->size, a constant where the caller knows it (the block table's: the multiplies are shifts).
+ * The same search as itable_upper_in, branchless: the halving is a conditional move of a pointer,
+ * with no multiply on its chain of loads, and both possible next midpoints are prefetched (inside
+ * v[0, n): a prefetch never faults either). Which half an argument word falls in is
+ * unpredictable, and a mispredicted branch per level cost more than the search's loads. A
+ * microbenchmark (the CPU machine, L1 cooled between lookups), ns per lookup, branchy -> this: 400
+ * different addresses in turn, in 1,024 blocks ~60 -> ~30, in 4,096 ~85 -> ~45; one address again
+ * and again ~11 -> ~22. */
+static inline void *itable_find_sized(const struct itable *t, uint64_t addr, size_t size)
 {
     size_t n = __atomic_load_n(&t->n, __ATOMIC_ACQUIRE);
-    char *v = __atomic_load_n(&t->v, __ATOMIC_ACQUIRE);
-    size_t i = itable_upper_in(v, n, t->size, addr);
-    if (i == 0)
+    const char *base = __atomic_load_n(&t->v, __ATOMIC_ACQUIRE);
+    if (n == 0)
         return NULL;
-    const struct interval *iv = (const struct interval *)(v + (i - 1) * t->size);
-    return addr < iv->end ? (void *)iv : NULL;
+    while (n > 1) { /* the last element with start <= addr, if any, is in base[0, n) */
+        size_t half = n / 2, quarter = half / 2 * size;
+        const char *mid = base + half * size;
+        __builtin_prefetch(base + quarter);
+        __builtin_prefetch(mid + quarter);
+        base = ((const struct interval *)mid)->start <= addr ? mid : base;
+        n -= half;
+    }
+    const struct interval *iv = (const struct interval *)base;
+    return iv->start <= addr && addr < iv->end ? (void *)iv : NULL;
 }
+static inline void *itable_find(const struct itable *t, uint64_t addr) { return itable_find_sized(t, addr, t->size); }
 /* [*lo, *hi): from the first element's start to the last one's end; 0, 0 when empty. */
 static inline void itable_bounds(const struct itable *t, uint64_t *lo, uint64_t *hi)
 {

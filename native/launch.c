@@ -13,24 +13,67 @@
 
 #define MAX_EXTRA_PAIRS 64
 
+static inline void append(struct touched *t, const struct block *b, uint64_t word)
+{
+    t->starts[t->n] = b->start;
+    t->sizes[t->n] = b->end - b->start;
+    t->words[t->n] = PYOBMEM_ACCESS_WORD(b->id, word - b->start);
+    t->n++;
+}
+
+static inline uint32_t index_slot(uint64_t start)
+{
+    return (uint32_t)((start * 0x9E3779B97F4A7C15ull) >> (64 - SHIM_TOUCHED_INDEX_BITS));
+}
+
+/* t's index of starts, from scratch (t->n has just reached SHIM_TOUCHED_LINEAR). */
+static void index_build(struct touched *t)
+{
+    memset(t->index, 0, sizeof t->index);
+    for (uint32_t i = 0; i < t->n; i++) {
+        uint32_t k = index_slot(t->starts[i]);
+        while (t->index[k])
+            k = (k + 1) & (SHIM_TOUCHED_INDEX - 1);
+        t->index[k] = (uint16_t)(i + 1);
+    }
+}
+
+/* add_word beyond SHIM_TOUCHED_LINEAR blocks (foreach launches name up to 150): the lookup first,
+ * then its block's start in the index, so a launch of n blocks costs n lookups, not n^2 / 2
+ * comparisons. */
+static __attribute__((noinline)) int add_word_indexed(struct touched *t, uint64_t word)
+{
+    const struct block *b = blocks_lookup(word);
+    if (!b)
+        return 0;
+    uint32_t k = index_slot(b->start);
+    for (; t->index[k]; k = (k + 1) & (SHIM_TOUCHED_INDEX - 1))
+        if (t->starts[t->index[k] - 1] == b->start)
+            return 1;
+    if (t->n == SHIM_MAX_TOUCHED) {
+        t->truncated = 1;
+        return 1;
+    }
+    t->index[k] = (uint16_t)(t->n + 1);
+    append(t, b, word);
+    return 1;
+}
+
 /* Blocks do not overlap, so a word inside a block already in t is that block: no lookup (a
  * launch's pointers often share a segment). Returns 1 when the word is in a block. */
 static inline int add_word(struct touched *t, uint64_t word)
 {
+    if (SHIM_UNLIKELY(t->n >= SHIM_TOUCHED_LINEAR))
+        return add_word_indexed(t, word);
     for (uint32_t i = 0; i < t->n; i++)
         if (word - t->starts[i] < t->sizes[i])
             return 1;
     const struct block *b = blocks_lookup(word);
     if (!b)
         return 0;
-    if (t->n == SHIM_MAX_TOUCHED) {
-        t->truncated = 1;
-        return 1;
-    }
-    t->starts[t->n] = b->start;
-    t->sizes[t->n] = b->end - b->start;
-    t->words[t->n] = PYOBMEM_ACCESS_WORD(b->id, word - b->start);
-    t->n++;
+    append(t, b, word); /* n < LINEAR < MAX: room */
+    if (SHIM_UNLIKELY(t->n == SHIM_TOUCHED_LINEAR))
+        index_build(t);
     return 1;
 }
 
@@ -44,29 +87,30 @@ enum { SLOT_UNASKED = 0, SLOT_ASKING = 1, SLOT_ADDRESS = 2, SLOT_NOT_ADDRESS = 3
 #define MAX_ADDRESS 0x00ffffffffffffffull /* above: not a user-space or device address */
 #define MAX_ASKS 8                      /* per launch; the others are asked at a later launch */
 
-struct scan {
-    struct touched *t;
-    uint64_t lo, span;            /* the blocks' span in this read section */
-    const struct param_layout *l; /* NULL: no slots (layout unknown) */
-    int unknown;                  /* a word at an ADDRESS slot is in no block */
-    uint32_t n_asks;
-    uint32_t ask_slot[MAX_ASKS];
-    uint64_t ask_word[MAX_ASKS];
+/* The slots claimed in one launch's scan, for ask_driver. */
+struct asks {
+    uint32_t n;
+    uint32_t slot[MAX_ASKS]; /* [0, n) only are set */
+    uint64_t word[MAX_ASKS];
 };
 
-static void not_in_block(struct scan *s, uint32_t offset, uint64_t w)
+/* One launch's scan state. */
+struct scan {
+    struct touched *t;
+    uint64_t lo, span;  /* the blocks' span in this read section */
+    uint8_t *slots;     /* the layout's slots; NULL: none (layout unknown) */
+    uint32_t n_slots;
+    int unknown;        /* a word at an ADDRESS slot is in no block */
+    struct asks *asks;
+};
+
+/* Claim an unasked slot for the driver's answer (ask_driver, after the read section). */
+static __attribute__((noinline)) void claim_ask(struct asks *a, uint8_t *slot, uint32_t i, uint64_t w)
 {
-    uint32_t i = offset / 8;
-    if (!s->l || !s->l->slots || i >= s->l->n_slots || w < MIN_ADDRESS || w > MAX_ADDRESS)
-        return;
-    uint8_t *slot = &s->l->slots[i];
-    uint8_t st = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
-    if (st == SLOT_ADDRESS) {
-        s->unknown = 1;
-    } else if (st == SLOT_UNASKED && s->n_asks < MAX_ASKS &&
-               __atomic_compare_exchange_n(slot, &st, SLOT_ASKING, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
-        s->ask_slot[s->n_asks] = i;
-        s->ask_word[s->n_asks++] = w;
+    uint8_t st = SLOT_UNASKED;
+    if (a->n < MAX_ASKS && __atomic_compare_exchange_n(slot, &st, SLOT_ASKING, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+        a->slot[a->n] = i;
+        a->word[a->n++] = w;
     }
 }
 
@@ -81,42 +125,66 @@ static const char *memory_type_name(unsigned type)
     }
 }
 
-/* The driver's answers for the words `s` collected (blocks lock not held). The query's error, if
- * any, is returned to the shim alone: nothing is left pending for the application. */
-static void ask_driver(struct scan *s, uintptr_t handle)
+/* The driver's answers for the words `a` collected (blocks lock not held), into l's slots;
+ * returns 1 when one is an address. The query's error, if any, is returned to the shim alone:
+ * nothing is left pending for the application. */
+static int ask_driver(const struct asks *a, const struct param_layout *l, uintptr_t handle)
 {
-    for (uint32_t k = 0; k < s->n_asks; k++) {
+    int unknown = 0;
+    for (uint32_t k = 0; k < a->n; k++) {
         /* An ask claimed in a read section that a writer made start again may be for a word the
          * consistent pass found in a block: give the slot back, unasked. */
-        if (blocks_access_word(s->ask_word[k])) {
-            __atomic_store_n(&s->l->slots[s->ask_slot[k]], SLOT_UNASKED, __ATOMIC_RELEASE);
+        if (blocks_access_word(a->word[k])) {
+            __atomic_store_n(&l->slots[a->slot[k]], SLOT_UNASKED, __ATOMIC_RELEASE);
             continue;
         }
         unsigned type = 0;
         shim_tls_guard++;
         CUresult r = real_cuPointerGetAttribute
-                         ? real_cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)s->ask_word[k])
+                         ? real_cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)a->word[k])
                          : CUDA_ERROR_NOT_INITIALIZED;
         shim_tls_guard--;
-        __atomic_store_n(&s->l->slots[s->ask_slot[k]], r == CUDA_SUCCESS ? SLOT_ADDRESS : SLOT_NOT_ADDRESS,
-                         __ATOMIC_RELEASE);
+        __atomic_store_n(&l->slots[a->slot[k]], r == CUDA_SUCCESS ? SLOT_ADDRESS : SLOT_NOT_ADDRESS, __ATOMIC_RELEASE);
         if (r == CUDA_SUCCESS) {
-            s->unknown = 1;
+            unknown = 1;
             ring_note(PYOBMEM_NOTE_UNKNOWN_ADDRESS ".%#llx+%u=%s memory at %#llx, in no recorded block", (unsigned long long)handle,
-                      s->ask_slot[k] * 8, memory_type_name(type), (unsigned long long)s->ask_word[k]);
+                      a->slot[k] * 8, memory_type_name(type), (unsigned long long)a->word[k]);
         }
     }
+    return unknown;
 }
 
 
-/* One argument word: a word outside the span of all blocks, [lo, lo + span) (most words of a
- * struct of sizes and strides), needs no lookup; a word in no block may still be an address the
- * driver knows (not_in_block). */
-static inline __attribute__((always_inline)) void scan_word(void *ctx, uint32_t offset, uint64_t w)
+/* The words of one parameter (param_word_range): a word outside the span of all blocks,
+ * [lo, lo + span) (most words of a struct of sizes and strides), needs no lookup; a word in no
+ * block may still be an address the driver knows, unless it is a small integer, NULL or above any
+ * address, or the layout is unknown; else its slot says (asked about long ago, in the common
+ * case). The loop keeps lo, span and the slots in registers (through a pointer to the scan, each
+ * store of add_word would make the compiler load them again): a 500-byte struct has ~60 words. */
+static inline __attribute__((always_inline)) uint32_t scan_param(struct scan *s, const char *p, uint32_t offset,
+                                                                 uint32_t size)
 {
-    struct scan *s = ctx;
-    if (!(w - s->lo < s->span && add_word(s->t, w)))
-        not_in_block(s, offset, w);
+    uint32_t k0, n = param_word_range(offset, size, &k0);
+    const uint64_t lo = s->lo, span = s->span;
+    uint8_t *const slots = s->slots;
+    const uint32_t n_slots = s->n_slots, slot0 = (offset + k0) / 8;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t w;
+        memcpy(&w, p + k0 + 8 * i, sizeof w);
+        if (w - lo < span && add_word(s->t, w))
+            continue;
+        uint32_t j = slot0 + i;
+        if (w - MIN_ADDRESS > MAX_ADDRESS - MIN_ADDRESS || j >= n_slots)
+            continue;
+        uint8_t st = __atomic_load_n(&slots[j], __ATOMIC_ACQUIRE);
+        if (SHIM_LIKELY(st == SLOT_NOT_ADDRESS || st == SLOT_ASKING))
+            continue;
+        if (st == SLOT_ADDRESS)
+            s->unknown = 1;
+        else
+            claim_ask(s->asks, &slots[j], j, w);
+    }
+    return n;
 }
 
 /* The packed argument buffer of `extra`, if any. */
@@ -155,7 +223,10 @@ uint32_t scan_launch_args(uintptr_t handle, void **kernelParams, void **extra, s
 
     /* The asks claimed in an attempt stay claimed (their slots are ASKING) when a writer makes the
      * read section start again: they are kept, and `unknown` is found again. */
-    struct scan sc = {.t = t, .l = l->known ? l : NULL};
+    struct asks asks;
+    asks.n = 0;
+    struct scan sc = {.t = t, .slots = l->known ? l->slots : NULL, .n_slots = l->known && l->slots ? l->n_slots : 0,
+                      .asks = &asks};
     uint32_t seq;
     int attempt = 0;
 again:
@@ -164,50 +235,30 @@ again:
     t->truncated = 0;
     sc.unknown = 0;
     words = 0;
-    uint64_t hi;
-    blocks_bounds(&sc.lo, &hi);
-    sc.span = hi - sc.lo;
+    uint64_t lo, hi;
+    blocks_bounds(&lo, &hi);
+    sc.lo = lo;
+    sc.span = hi - lo;
     if (l->known && kernelParams) {
         for (uint32_t i = 0; i < l->count; i++)
             if (l->size[i] >= 8 && kernelParams[i])
-                words += param_words(kernelParams[i], l->offset[i], l->size[i], scan_word, &sc);
+                words += scan_param(&sc, kernelParams[i], l->offset[i], l->size[i]);
     } else if (l->known && have_buf) {
         for (uint32_t i = 0; i < l->count; i++)
             if (l->size[i] >= 8 && (size_t)l->offset[i] + l->size[i] <= bufsize)
-                words += param_words(buf + l->offset[i], l->offset[i], l->size[i], scan_word, &sc);
+                words += scan_param(&sc, buf + l->offset[i], l->offset[i], l->size[i]);
     } else if (have_buf) {
-        words += param_words(buf, 0, (uint32_t)(bufsize > UINT32_MAX ? UINT32_MAX : bufsize), scan_word, &sc);
+        words += scan_param(&sc, buf, 0, (uint32_t)(bufsize > UINT32_MAX ? UINT32_MAX : bufsize));
     }
     if (!blocks_read_end(seq))
         goto again;
-    if (SHIM_UNLIKELY(sc.n_asks))
-        ask_driver(&sc, handle);
+    if (SHIM_UNLIKELY(asks.n) && ask_driver(&asks, l, handle))
+        sc.unknown = 1;
     if (t->truncated)
         *flags |= PYOBMEM_LAUNCH_TRUNCATED;
     if (sc.unknown)
         *flags |= PYOBMEM_LAUNCH_UNKNOWN_ADDRESS;
     return words;
-}
-
-void emit_op_with_accesses(const struct pyobmem_record *op, uint64_t seq, const struct touched *t)
-{
-    /* Only the payload fields ring_write reads are filled: no memset of all 17 records. */
-    struct pyobmem_record recs[1 + (SHIM_MAX_TOUCHED + 3) / 4];
-    recs[0] = *op;
-    ring_write(recs, 1 + pack_accesses(recs + 1, seq, t->words, t->n));
-}
-
-unsigned pack_accesses(struct pyobmem_record *recs, uint64_t seq, const uint64_t *words, uint32_t n)
-{
-    unsigned r = 0;
-    for (uint32_t i = 0; i < n; i += 4, r++) {
-        recs[r].type = PYOBMEM_EV_ACCESS;
-        recs[r].flags = 0;
-        recs[r].access.op = seq;
-        for (uint32_t k = 0; k < 4; k++)
-            recs[r].access.words[k] = i + k < n ? words[i + k] : 0;
-    }
-    return r;
 }
 
 static void emit_launch(uint16_t flags, uintptr_t handle, uint64_t stream, uint64_t grid, uint32_t words,

@@ -114,43 +114,62 @@ static void first_sight_name(uintptr_t handle)
         ring_text(PYOBMEM_EV_KERNEL_NAME, handle, name);
 }
 
+/* The queried layout q in one allocation with its arrays and slots (freed with free(); q's arrays
+ * are freed): a launch reads the layout, the offsets, the sizes and the slots, on one or two cache
+ * lines for a kernel of a few parameters instead of four separate ones. NULL: out of memory. */
+static struct param_layout *packed(struct param_layout *q)
+{
+    uint32_t end = 0;
+    for (uint32_t i = 0; i < q->count; i++)
+        if (q->offset[i] + q->size[i] > end)
+            end = q->offset[i] + q->size[i];
+    uint32_t n_slots = q->known && q->count > 0 ? (end + 7) / 8 : 0;
+    size_t arrays = (size_t)q->count * sizeof *q->offset;
+    struct param_layout *l = calloc(1, sizeof *l + 2 * arrays + n_slots);
+    if (l) {
+        *l = *q;
+        l->offset = (uint32_t *)(l + 1);
+        l->size = l->offset + q->count;
+        if (arrays) {
+            memcpy(l->offset, q->offset, arrays);
+            memcpy(l->size, q->size, arrays);
+        }
+        l->n_slots = n_slots;
+        l->slots = n_slots ? (uint8_t *)(l->size + q->count) : NULL; /* zero: SLOT_UNASKED */
+    }
+    free(q->offset);
+    free(q->size);
+    return l;
+}
+
 static struct param_layout *first_sight(uintptr_t handle, int emit_name)
 {
-    struct param_layout *l = calloc(1, sizeof *l);
-    if (!l)
-        return NULL;
+    struct param_layout q = {0};
     uint64_t epoch = __atomic_load_n(&g_epoch, __ATOMIC_ACQUIRE); /* before the queries */
     struct param_layout viaf = {0}, viak = {0};
     int okf = real_cuFuncGetParamInfo && query(func_info, handle, &viaf);
     if (okf && viaf.count > 0) {
-        *l = viaf;
+        q = viaf;
     } else {
         /* Failed, or zero parameters, which is also what a CUkernel looks like through the
          * CUfunction entry point on some drivers: ask the CUkernel one. */
         int okk = real_cuKernelGetParamInfo && query(kernel_info, handle, &viak);
         if (okk && (viak.count > 0 || !okf))
-            *l = viak;
+            q = viak;
         else if (okf)
-            *l = viaf;
-        if (l->offset != viaf.offset) {
+            q = viaf;
+        if (q.offset != viaf.offset) {
             free(viaf.offset);
             free(viaf.size);
         }
-        if (l->offset != viak.offset) {
+        if (q.offset != viak.offset) {
             free(viak.offset);
             free(viak.size);
         }
     }
-
-    if (l->known && l->count > 0) {
-        uint32_t end = 0;
-        for (uint32_t i = 0; i < l->count; i++)
-            if (l->offset[i] + l->size[i] > end)
-                end = l->offset[i] + l->size[i];
-        l->slots = calloc((end + 7) / 8, 1);
-        l->n_slots = l->slots ? (end + 7) / 8 : 0;
-    }
-
+    struct param_layout *l = packed(&q);
+    if (!l)
+        return NULL;
     if (emit_name)
         first_sight_name(handle);
     l->epoch = epoch;
@@ -201,21 +220,16 @@ static int same_layout(const struct param_layout *a, const struct param_layout *
                           !memcmp(a->size, b->size, a->count * sizeof *a->size)));
 }
 
-static void free_layout(struct param_layout *l)
-{
-    free(l->offset);
-    free(l->size);
-    free(l->slots);
-    free(l);
-}
-
 void params_refresh(uintptr_t handle)
 {
     if (!handle)
         return;
     ST_BEGIN(t0);
-    const struct param_layout *cur = find(handle);
-    if (!cur || __atomic_load_n(&cur->epoch, __ATOMIC_ACQUIRE) == __atomic_load_n(&g_epoch, __ATOMIC_ACQUIRE)) {
+    /* Epoch 0: no call that frees handles has run, every cached layout is current. No probe of the
+     * table (a cache miss, and the layout's another): cuDNN asks ~180 times a step. */
+    uint64_t epoch = __atomic_load_n(&g_epoch, __ATOMIC_ACQUIRE);
+    const struct param_layout *cur = epoch ? find(handle) : NULL;
+    if (!cur || __atomic_load_n(&cur->epoch, __ATOMIC_ACQUIRE) == epoch) {
         ST_END(t0, ST_PARAMS_REFRESH);
         return; /* not cached (its first launch queries it), or nothing was freed since */
     }
@@ -231,7 +245,7 @@ void params_refresh(uintptr_t handle)
         struct param_layout *nl = first_sight(handle, 0);
         if (nl && same_layout(nl, g_table[i].layout)) {
             __atomic_store_n(&g_table[i].layout->epoch, nl->epoch, __ATOMIC_RELEASE);
-            free_layout(nl); /* the same kernel handed out again */
+            free(nl); /* the same kernel handed out again (one allocation: packed) */
         } else if (nl) {
             first_sight_name(handle);
             __atomic_store_n(&g_table[i].layout, nl, __ATOMIC_RELEASE);

@@ -49,7 +49,7 @@ int ring_open(const char *path)
     struct stat st;
     void *m = MAP_FAILED;
     if (fstat(fd, &st) == 0 && (uint64_t)st.st_size >= PYOBMEM_RING_HEADER_SIZE)
-        m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     close(fd);
     if (m == MAP_FAILED)
         return 0;
@@ -102,23 +102,28 @@ static int reserve(unsigned n, uint64_t *pos_out)
     return 0;
 }
 
+/* One slot of a reserved group: the payload, then its seq, published. */
+static inline void publish_slot(uint64_t p, uint16_t type, uint16_t flags, uint64_t ts, const struct pyobmem_words *w)
+{
+    struct pyobmem_record *slot = &g_recs[p & g_mask];
+    slot->type = type;
+    slot->flags = flags;
+    slot->pid = g_shim.pid;
+    slot->ts_ns = ts;
+    slot->words = *w;
+    /* Publish only if the slot is still ours: a consumer that gave up on it (we were stopped
+     * or preempted between reserve and publish for longer than its stuck timeout) moved its
+     * seq on to the next lap, pos + cap. A plain store would set it back to pos + 1 and no
+     * producer could ever reserve that slot again: the ring would drop everything from then
+     * on. The record is lost either way; the consumer counted it as skipped. */
+    uint64_t expect = p;
+    __atomic_compare_exchange_n(&slot->seq, &expect, p + 1, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+}
+
 static void publish(uint64_t pos, const struct pyobmem_record *recs, unsigned n, uint64_t ts)
 {
-    for (unsigned i = 0; i < n; i++) {
-        struct pyobmem_record *slot = &g_recs[(pos + i) & g_mask];
-        slot->type = recs[i].type;
-        slot->flags = recs[i].flags;
-        slot->pid = g_shim.pid;
-        slot->ts_ns = ts;
-        slot->words = recs[i].words;
-        /* Publish only if the slot is still ours: a consumer that gave up on it (we were stopped
-         * or preempted between reserve and publish for longer than its stuck timeout) moved its
-         * seq on to the next lap, pos + cap. A plain store would set it back to pos + 1 and no
-         * producer could ever reserve that slot again: the ring would drop everything from then
-         * on. The record is lost either way; the consumer counted it as skipped. */
-        uint64_t expect = pos + i;
-        __atomic_compare_exchange_n(&slot->seq, &expect, pos + i + 1, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
-    }
+    for (unsigned i = 0; i < n; i++)
+        publish_slot(pos + i, recs[i].type, recs[i].flags, ts, &recs[i].words);
 }
 
 static void flush_pending_drops(uint64_t ts)
@@ -136,28 +141,59 @@ static void flush_pending_drops(uint64_t ts)
     }
 }
 
+/* Reserve n slots for a group (reporting earlier drops first); 0 when the ring is full (counted). */
+static inline int group_begin(unsigned n, uint64_t *pos, uint64_t *ts)
+{
+    *ts = shim_now_ns();
+    if (SHIM_UNLIKELY(__atomic_load_n(&g_pending_drops, __ATOMIC_RELAXED)))
+        flush_pending_drops(*ts);
+    if (reserve(n, pos))
+        return 1;
+    __atomic_add_fetch(&g_hdr->dropped, n, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&g_pending_drops, n, __ATOMIC_RELAXED);
+    return 0;
+}
+
+static inline void group_end(uint64_t next)
+{
+#pragma GCC unroll 4
+    for (unsigned k = 0; k < RING_PREFETCH; k++)
+        __builtin_prefetch(&g_recs[(next + k) & g_mask], 1, 3);
+}
+
 int ring_write(const struct pyobmem_record *recs, unsigned n)
 {
     if (!g_hdr)
         return 0;
     ST_BEGIN(t0);
-    uint64_t ts = shim_now_ns();
-    if (SHIM_UNLIKELY(__atomic_load_n(&g_pending_drops, __ATOMIC_RELAXED)))
-        flush_pending_drops(ts);
-    uint64_t pos;
-    if (!reserve(n, &pos)) {
-        __atomic_add_fetch(&g_hdr->dropped, n, __ATOMIC_RELAXED);
-        __atomic_add_fetch(&g_pending_drops, n, __ATOMIC_RELAXED);
-        ST_END(t0, ST_RING_WRITE);
-        return 0;
+    uint64_t pos, ts;
+    int ok = group_begin(n, &pos, &ts);
+    if (ok) {
+        publish(pos, recs, n, ts);
+        group_end(pos + n);
     }
-    publish(pos, recs, n, ts);
-    uint64_t next = pos + n;
-#pragma GCC unroll 4
-    for (unsigned k = 0; k < RING_PREFETCH; k++)
-        __builtin_prefetch(&g_recs[(next + k) & g_mask], 1, 3);
     ST_END(t0, ST_RING_WRITE);
-    return 1;
+    return ok;
+}
+
+int ring_write_op(const struct pyobmem_record *op, uint64_t seq, const uint64_t *words, uint32_t n)
+{
+    if (!g_hdr)
+        return 0;
+    ST_BEGIN(t0);
+    unsigned n_acc = (n + 3) / 4;
+    uint64_t pos, ts;
+    int ok = group_begin(1 + n_acc, &pos, &ts);
+    if (ok) {
+        publish_slot(pos, op->type, op->flags, ts, &op->words);
+        for (unsigned r = 0; r < n_acc; r++, words += 4, n -= 4) {
+            struct pyobmem_words w = {seq, words[0], n > 1 ? words[1] : 0, n > 2 ? words[2] : 0, n > 3 ? words[3] : 0};
+            publish_slot(pos + 1 + r, PYOBMEM_EV_ACCESS, 0, ts, &w);
+        }
+        group_end(pos + 1 + n_acc);
+    }
+    ST_END(t0, ST_RING_WRITE);
+    return ok;
 }
 
 void ring_text(uint16_t type, uint64_t key, const char *text)

@@ -40,7 +40,8 @@ __attribute__((constructor)) static void st_start(void)
 __attribute__((destructor)) static void st_report(void)
 {
     static const char *const names[ST_PARTS] = {"launch_driver", "launch_record", "copy_record", "ring_write",
-                                                "params_refresh", "gpuclock_sample"};
+                                                "params_refresh", "gpuclock_sample", "gpuclock_capturing",
+                                                "gpuclock_ctx", "gpuclock_record"};
     uint64_t ns = shim_now_ns() - g_ns0, ticks = st_now() - g_tick0;
     double ns_per_tick = ticks ? (double)ns / (double)ticks : 1.0;
     for (int k = 0; k < ST_PARTS; k++) {

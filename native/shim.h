@@ -40,7 +40,9 @@
  * (selftime.c): where a traced program's time goes, measured inside it (a cuDNN LSTM's 12% was
  * found so). In the normal build the macros are empty. */
 #ifdef PYOBMEM_SELF_TIME
-enum st_part { ST_LAUNCH_DRIVER, ST_LAUNCH_RECORD, ST_COPY_RECORD, ST_RING_WRITE, ST_PARAMS_REFRESH, ST_GPUCLOCK_SAMPLE, ST_PARTS };
+/* GPUCLOCK_CAPTURING, _CTX and _RECORD are the sample's three driver calls, inside GPUCLOCK_SAMPLE. */
+enum st_part { ST_LAUNCH_DRIVER, ST_LAUNCH_RECORD, ST_COPY_RECORD, ST_RING_WRITE, ST_PARAMS_REFRESH, ST_GPUCLOCK_SAMPLE,
+               ST_GPUCLOCK_CAPTURING, ST_GPUCLOCK_CTX, ST_GPUCLOCK_RECORD, ST_PARTS };
 uint64_t st_now(void);
 void st_add(enum st_part part, uint64_t ticks);
 #define ST_BEGIN(v) uint64_t v = st_now()
@@ -66,6 +68,7 @@ struct shim_state {
     int cuinit_done;          /* atomic: post-cuInit work (notes, CUPTI) done once per process */
     int swap;                 /* swap mode: PYOBMEM_CONTROL mapped (set once at init, before
                                * recording; cleared in a fork child). The op hooks test it once. */
+    int init_done;            /* atomic: shim_init has run (every hook's check; pthread_once before) */
     /* The counters every op or allocation writes, on a cache line of their own: the fields
      * above are read by every hook on every thread and must not bounce with them. */
     _Alignas(64) uint64_t op_seq; /* atomic: per-process op sequence (launch, copy, set, graph) */
@@ -79,7 +82,14 @@ extern struct shim_state g_shim;
 #define SHIM_TLS __thread __attribute__((tls_model("initial-exec")))
 extern SHIM_TLS int shim_tls_guard;
 
-void shim_init_once(void);
+void shim_init_wait(void);
+/* Initialise on first use: one load once done (pthread_once's fast path is two calls, one through
+ * the PLT, at every hook). */
+static inline void shim_init_once(void)
+{
+    if (SHIM_UNLIKELY(!__atomic_load_n(&g_shim.init_done, __ATOMIC_ACQUIRE)))
+        shim_init_wait();
+}
 void shim_emit_process(void);
 
 /* Called at the top of every hook. Returns nonzero when the hook should record. */
@@ -95,7 +105,7 @@ static inline int shim_begin(void)
     return 1;
 }
 
-extern __thread uint64_t shim_tls_op; /* the last op seq this thread took (gpuclock.c) */
+extern SHIM_TLS uint64_t shim_tls_op; /* the last op seq this thread took (gpuclock.c); initial-exec as shim_tls_guard */
 static inline uint64_t shim_next_op(void)
 {
     return shim_tls_op = __atomic_add_fetch(&g_shim.op_seq, 1, __ATOMIC_RELAXED);
@@ -109,6 +119,10 @@ void ring_reset_after_fork(void);
 /* Write n records as one group: all or nothing. Payload fields (type, flags, the payload) come
  * from recs; seq, pid and ts are filled in. Returns 1 if written, 0 if dropped (counted). */
 int ring_write(const struct pyobmem_record *recs, unsigned n);
+/* An op record (LAUNCH, GRAPH_LAUNCH, MEMCPY) of op seq `seq` and the ACCESS records naming
+ * words[0, n) (four a record, the last one padded with 0) as one group, written in place into
+ * the ring's slots (the launch path: no copy of the records through the stack). Returns as ring_write. */
+int ring_write_op(const struct pyobmem_record *op, uint64_t seq, const uint64_t *words, uint32_t n);
 /* NOTE (key = 0) or KERNEL_NAME (key = handle) text in 32-byte chunks, at most 8. */
 void ring_text(uint16_t type, uint64_t key, const char *text);
 void ring_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -171,16 +185,19 @@ void host_alias_atfork_prepare(void);
 void host_alias_atfork_parent(void);
 void host_alias_atfork_child(void);
 /* The 8-byte words of one kernel parameter whose bytes start at p and which sits at byte offset
- * `offset` of the argument buffer: the words aligned to 8 in the buffer, where pointers are.
- * Calls word(ctx, offset of the word in the buffer, value) for each; returns how many. The one
- * scan of launches (launch.c) and of graph kernel nodes (graph.c); inlined with its callback. */
+ * `offset` of the argument buffer: the words aligned to 8 in the buffer, where pointers are
+ * (param_word_range: n words from p + k0). Calls word(ctx, offset of the word in the buffer,
+ * value) for each; returns how many. The scan of graph kernel nodes (graph.c); launch.c's
+ * scan_param walks the same range with its state in registers. */
+static inline uint32_t param_word_range(uint32_t offset, uint32_t size, uint32_t *k0)
+{
+    *k0 = (uint32_t)(-offset) & 7u; /* bytes before the first word aligned to 8 in the buffer */
+    return *k0 + 8 > size ? 0 : (size - *k0) / 8;
+}
 static inline __attribute__((always_inline)) uint32_t param_words(const char *p, uint32_t offset, uint32_t size,
                                                                   void (*word)(void *, uint32_t, uint64_t), void *ctx)
 {
-    uint32_t k0 = (uint32_t)(-offset) & 7u;
-    if (k0 + 8 > size)
-        return 0;
-    uint32_t n = (size - k0) / 8;
+    uint32_t k0, n = param_word_range(offset, size, &k0);
     for (uint32_t i = 0; i < n; i++) {
         uint64_t w;
         memcpy(&w, p + k0 + 8 * i, sizeof w);
@@ -265,13 +282,19 @@ void swap_atfork_child(void);
 
 /* ---- launch.c ---- */
 #define SHIM_MAX_TOUCHED 256 /* PyTorch's multi_tensor_apply names up to 150 tensors (depth 5 x 30) */
-/* A set of distinct blocks touched by one op (deduplicated by block). */
+#define SHIM_TOUCHED_LINEAR 16 /* up to this many blocks, a new word is checked against each */
+#define SHIM_TOUCHED_INDEX_BITS 9 /* the index of starts beyond that: 512 slots, at most half full */
+#define SHIM_TOUCHED_INDEX (1u << SHIM_TOUCHED_INDEX_BITS)
+_Static_assert(SHIM_TOUCHED_INDEX >= 2 * SHIM_MAX_TOUCHED && SHIM_MAX_TOUCHED < 65535, "touched index too small");
+/* A set of distinct blocks touched by one op (deduplicated by block). Empty: n = 0 (nothing else
+ * needs setting up: the index is built when n reaches SHIM_TOUCHED_LINEAR). */
 struct touched {
     uint32_t n;
     int truncated;
     uint64_t words[SHIM_MAX_TOUCHED]; /* access words */
     uint64_t starts[SHIM_MAX_TOUCHED]; /* block start addresses (for the swap executor) */
     uint64_t sizes[SHIM_MAX_TOUCHED];  /* block sizes: a word inside a block already here needs no lookup */
+    uint16_t index[SHIM_TOUCHED_INDEX]; /* n >= LINEAR: open addressing on starts, i + 1 of starts[i]; 0 empty */
 };
 /* Look up one candidate word (caller is in a blocks read section or holds the read lock); returns 1
  * when it is in a block. */
@@ -282,9 +305,10 @@ int touched_add(struct touched *t, uint64_t word);
 uint32_t scan_launch_args(uintptr_t handle, void **kernelParams, void **extra, struct touched *t, uint16_t *flags);
 /* Emit a LAUNCH or GRAPH_LAUNCH record (`op`, of op seq `seq`) followed by its ACCESS records (of t),
  * as one ring group. */
-void emit_op_with_accesses(const struct pyobmem_record *op, uint64_t seq, const struct touched *t);
-/* ACCESS records of op `seq` naming words[0..n), four a record, into recs; returns how many. */
-unsigned pack_accesses(struct pyobmem_record *recs, uint64_t seq, const uint64_t *words, uint32_t n);
+static inline void emit_op_with_accesses(const struct pyobmem_record *op, uint64_t seq, const struct touched *t)
+{
+    ring_write_op(op, seq, t->words, t->n);
+}
 void record_launch(uintptr_t handle, uint64_t stream, uint64_t grid, void **kernelParams, void **extra,
                    uint16_t flags);
 uint16_t launch_config_flags(const CUlaunchConfig *config);

@@ -115,3 +115,21 @@ def test_launch_struct_loop_names_only_its_pointers(cost, tmp_path):
     assert (launches["flags"] == flags).all()
     acc = access_words(recs, launches["a"])
     assert (acc["b"] == word(a, 256)).all() and (acc["c"] == word(b, 0)).all()
+
+
+def test_launch_foreach_loop_names_each_block_once(cost, tmp_path):
+    # 150 addresses in 120 blocks: past SHIM_TOUCHED_LINEAR (16) blocks the shim finds repeats with
+    # an index of block starts; a repeat (the last 30, at other offsets) names nothing new, and each
+    # block keeps the offset it was first seen at, in first-seen order.
+    recs, a, b = run_cost(cost, tmp_path, "launch_foreach", 20)
+    launches = of(recs, Ev.LAUNCH)
+    assert len(launches) == 20 and (launches["flags"] == 0).all()
+    assert ((launches["e"] & 0xFFFFFFFF) == 120).all() and ((launches["e"] >> 32) == 150).all()
+    allocs = of(recs, Ev.ALLOC)
+    first = [int(i) for i in np.sort(allocs["a"]) if int(i) not in (a, b)][:120]  # ids of the first live blocks
+    want = [word(first[i], 8 * (i % 7)) for i in range(120)]
+    acc = of(recs, Ev.ACCESS)
+    for seq in launches["a"]:
+        mine = acc[acc["a"] == seq]
+        assert len(mine) == 30
+        assert [int(r[k]) for r in mine for k in ("b", "c", "d", "e")] == want

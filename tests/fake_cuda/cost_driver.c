@@ -6,11 +6,30 @@
  * shim adds per call (scripts/shim_cost.py). tests/test_shim_cost.py checks the records it makes.
  *
  *     cost_driver OP N L      OP: launch, launch_ex, memcpy_async, htod_async, memset_async,
- *                                 alloc_free_async, launch_vs_alloc, launch_struct
+ *                                 alloc_free_async, launch_vs_alloc, launch_struct, launch_foreach,
+ *                                 launch_rot, get_function, launch_offsets
+ *
+ * COST_EVICT_KB=K: after each op the driver writes K KiB of its own memory, as the real driver's
+ * few µs of work per launch do, so that a self-timing shim (scripts/shim_cost.py --time) times
+ * its path with the caches about as cold as they are on a GPU host.
  *
  * launch_struct: a kernel without a layout whose packed argument buffer (`extra`) is 512 bytes,
  * like a framework's elementwise kernels that take a struct of sizes and strides by value: two
  * pointers, then 62 words that are no address.
+ *
+ * launch_foreach: a foreach kernel (FAKE_FUNC_T) naming 150 addresses, as PyTorch's
+ * multi_tensor_apply does: in 120 distinct blocks (the last 30 fall in the first 30 blocks again,
+ * at other offsets); the live blocks are at least 152 then.
+ *
+ * launch_rot: as launch, but its two pointers move over the first live blocks from launch to launch
+ * (as a training step's do): the block lookups' branches cannot be learnt.
+ *
+ * launch_offsets: a kernel with a known layout taking a 1,200-byte struct by value, like PyTorch's
+ * elementwise kernels' OffsetCalculator: two pointers, then 148 words of uint32 sizes and strides
+ * in pairs (no address; not small integers either: each one's slot of the layout is read).
+ *
+ * get_function: cuModuleGetFunction of a kernel launched once before (cuDNN asks for its kernels'
+ * handles ~180 times a step): the shim checks the handle's cached layout is current.
  *
  * launch_vs_alloc: N launches on two VMM mappings (above every cuMemAlloc address) while another
  * thread allocates 4,096 blocks twice and frees them: the table grows past its first array, and
@@ -34,6 +53,7 @@ typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUstream);
 typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
 typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                               CUstream, void **, void **);
+typedef CUresult (*get_function_fn)(CUfunction *, CUmodule, const char *);
 typedef CUresult (*launch_ex_fn)(const CUlaunchConfig *, CUfunction, void **, void **);
 typedef CUresult (*copy_async_fn)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
 typedef CUresult (*htod_async_fn)(CUdeviceptr, const void *, size_t, CUstream);
@@ -43,6 +63,22 @@ typedef CUresult (*create_fn)(CUmemGenericAllocationHandle *, size_t, const CUme
 typedef CUresult (*map_fn)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
 
 static gpa_fn gpa;
+
+static char *g_evict;
+static size_t g_evict_bytes;
+
+/* COST_EVICT_KB: write that much memory, one store per cache line. */
+static void evict(void)
+{
+    for (size_t i = 0; i < g_evict_bytes; i += 64)
+        g_evict[i]++;
+    __asm__ volatile("" ::: "memory");
+}
+#define EACH(call) \
+    do {           \
+        call;      \
+        evict();   \
+    } while (0)
 
 static void *get(const char *name)
 {
@@ -64,6 +100,7 @@ static void check(CUresult r, const char *what)
 }
 
 #define CHURN_BLOCKS 4096
+#define FOREACH_BLOCKS 120
 static void *churn(void *arg)
 {
     alloc_fn alloc = (alloc_fn)get("cuMemAlloc");
@@ -87,6 +124,11 @@ int main(int argc, char **argv)
     }
     const char *op = argv[1];
     long n = atol(argv[2]), live = atol(argv[3]);
+    const char *ek = getenv("COST_EVICT_KB");
+    g_evict_bytes = ek ? (size_t)atol(ek) * 1024 : 0;
+    g_evict = g_evict_bytes ? calloc(1, g_evict_bytes) : NULL;
+    if ((!strcmp(op, "launch_foreach") || !strcmp(op, "launch_rot")) && live < FAKE_T_PTRS + 2)
+        live = FAKE_T_PTRS + 2;
     void *libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!libcuda) {
         printf("error=%s\n", dlerror());
@@ -100,8 +142,13 @@ int main(int argc, char **argv)
      * its top, as VMM mappings). */
     int vmm = !strcmp(op, "launch_vs_alloc");
     CUdeviceptr a = 0, b = 0, other = 0;
-    for (long i = 0; i < live / 2; i++)
+    static CUdeviceptr first[FAKE_T_PTRS]; /* the first live blocks (launch_foreach) */
+    long n_first = 0;
+    for (long i = 0; i < live / 2; i++) {
         check(alloc(&other, 4096), "alloc");
+        if (n_first < FAKE_T_PTRS)
+            first[n_first++] = other;
+    }
     if (vmm) {
         CUmemAllocationProp prop;
         memset(&prop, 0, sizeof prop);
@@ -118,8 +165,11 @@ int main(int argc, char **argv)
         check(alloc(&a, 1 << 20), "alloc");
         check(alloc(&b, 1 << 20), "alloc");
     }
-    for (long i = live / 2 + 2; i < live; i++)
+    for (long i = live / 2 + 2; i < live; i++) {
         check(alloc(&other, 4096), "alloc");
+        if (n_first < FAKE_T_PTRS)
+            first[n_first++] = other;
+    }
 
     CUstream s = (CUstream)0x77;
     CUdeviceptr x = a + 256, y = b;
@@ -139,23 +189,23 @@ int main(int argc, char **argv)
     if (!strcmp(op, "launch")) {
         launch_fn f = (launch_fn)get("cuLaunchKernel");
         for (long i = 0; i < n; i++)
-            check(f(FAKE_FUNC_A, 2, 1, 1, 128, 1, 1, 0, s, args, NULL), "launch");
+            EACH(check(f(FAKE_FUNC_A, 2, 1, 1, 128, 1, 1, 0, s, args, NULL), "launch"));
     } else if (!strcmp(op, "launch_ex")) {
         launch_ex_fn f = (launch_ex_fn)get("cuLaunchKernelEx");
         for (long i = 0; i < n; i++)
-            check(f(&cfg, FAKE_KERN_B, args_b, NULL), "launch_ex");
+            EACH(check(f(&cfg, FAKE_KERN_B, args_b, NULL), "launch_ex"));
     } else if (!strcmp(op, "memcpy_async")) {
         copy_async_fn f = (copy_async_fn)get("cuMemcpyAsync");
         for (long i = 0; i < n; i++)
-            check(f(b, a, 4096, s), "memcpy_async");
+            EACH(check(f(b, a, 4096, s), "memcpy_async"));
     } else if (!strcmp(op, "htod_async")) {
         htod_async_fn f = (htod_async_fn)get("cuMemcpyHtoDAsync");
         for (long i = 0; i < n; i++)
-            check(f(a + 64, host, sizeof host, s), "htod_async");
+            EACH(check(f(a + 64, host, sizeof host, s), "htod_async"));
     } else if (!strcmp(op, "memset_async")) {
         memset32a_fn f = (memset32a_fn)get("cuMemsetD32Async");
         for (long i = 0; i < n; i++)
-            check(f(b, 0, 1024, s), "memset_async");
+            EACH(check(f(b, 0, 1024, s), "memset_async"));
     } else if (!strcmp(op, "alloc_free_async")) {
         alloc_async_fn aa = (alloc_async_fn)get("cuMemAllocAsync");
         free_async_fn fa = (free_async_fn)get("cuMemFreeAsync");
@@ -175,7 +225,44 @@ int main(int argc, char **argv)
         void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, packed, CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
                          CU_LAUNCH_PARAM_END};
         for (long i = 0; i < n; i++)
-            check(f(FAKE_FUNC_C, 2, 1, 1, 128, 1, 1, 0, s, NULL, extra), "launch_struct");
+            EACH(check(f(FAKE_FUNC_C, 2, 1, 1, 128, 1, 1, 0, s, NULL, extra), "launch_struct"));
+    } else if (!strcmp(op, "launch_foreach")) {
+        /* int @0, then FAKE_T_PTRS addresses @8, in the first FOREACH_BLOCKS live blocks (4 KiB
+         * each), at an offset inside */
+        launch_fn f = (launch_fn)get("cuLaunchKernel");
+        struct { int n; CUdeviceptr p[FAKE_T_PTRS]; } targ;
+        targ.n = FAKE_T_PTRS;
+        for (int i = 0; i < FAKE_T_PTRS; i++)
+            targ.p[i] = first[i % FOREACH_BLOCKS] + 8 * (i % 7);
+        void *args_t[] = {&targ.n, targ.p};
+        for (long i = 0; i < n; i++)
+            EACH(check(f(FAKE_FUNC_T, 1, 1, 1, 128, 1, 1, 0, s, args_t, NULL), "launch_foreach"));
+    } else if (!strcmp(op, "launch_rot")) {
+        launch_fn f = (launch_fn)get("cuLaunchKernel");
+        for (long i = 0; i < n; i++) {
+            x = first[i % FAKE_T_PTRS] + 64;
+            y = first[(i * 37 + 11) % FAKE_T_PTRS];
+            EACH(check(f(FAKE_FUNC_A, 2, 1, 1, 128, 1, 1, 0, s, args, NULL), "launch_rot"));
+        }
+    } else if (!strcmp(op, "launch_offsets")) {
+        launch_fn f = (launch_fn)get("cuLaunchKernel");
+        struct { int n; uint64_t w[FAKE_T_PTRS]; } targ; /* FAKE_FUNC_T's layout: int @0, 1,200 bytes @8 */
+        targ.n = 1;
+        targ.w[0] = a + 256;
+        targ.w[1] = b;
+        for (int i = 2; i < FAKE_T_PTRS; i++)
+            targ.w[i] = ((uint64_t)(i + 1) << 32) | (uint32_t)(i * 4096);
+        void *args_t[] = {&targ.n, targ.w};
+        for (long i = 0; i < n; i++)
+            EACH(check(f(FAKE_FUNC_T, 1, 1, 1, 128, 1, 1, 0, s, args_t, NULL), "launch_offsets"));
+    } else if (!strcmp(op, "get_function")) {
+        get_function_fn g = (get_function_fn)get("cuModuleGetFunction");
+        launch_fn f = (launch_fn)get("cuLaunchKernel");
+        CUfunction r = NULL;
+        check(g(&r, (CUmodule)0x99, "r3"), "get_function");
+        check(f(r, 1, 1, 1, 128, 1, 1, 0, s, args, NULL), "launch"); /* its layout is cached now */
+        for (long i = 0; i < n; i++)
+            EACH(check(g(&r, (CUmodule)0x99, "r3"), "get_function"));
     } else if (!strcmp(op, "launch_vs_alloc")) {
         launch_fn f = (launch_fn)get("cuLaunchKernel");
         pthread_t t;
