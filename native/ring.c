@@ -49,7 +49,7 @@ int ring_open(const char *path)
     struct stat st;
     void *m = MAP_FAILED;
     if (fstat(fd, &st) == 0 && (uint64_t)st.st_size >= PYOBMEM_RING_HEADER_SIZE)
-        m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+        m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (m == MAP_FAILED)
         return 0;
@@ -61,6 +61,11 @@ int ring_open(const char *path)
         munmap(m, (size_t)st.st_size);
         return 0;
     }
+#ifdef MADV_POPULATE_WRITE
+    /* Only a ring is populated (no page fault per 64 records in the first lap); a fork child
+     * inherits the mapping, not its page tables. Older kernels refuse the advice: faults then. */
+    madvise(m, (size_t)st.st_size, MADV_POPULATE_WRITE);
+#endif
     g_hdr = h;
     g_recs = (struct pyobmem_record *)((char *)m + PYOBMEM_RING_HEADER_SIZE);
     g_mask = cap - 1;
