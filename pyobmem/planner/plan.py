@@ -14,7 +14,7 @@ from ..model.saving import TIME_RATIOS, saving_curve
 from ..model.tensors import build_tensors
 from .budget import Budget, parse_budget
 from .learning import DEFAULT_MIN_SWAP_BYTES, LearnedIteration, NoPlan, learn_iteration
-from .policy import _cover
+from .policy import _choose, _cover
 from .replay import Replay, replay
 from .simulation import _needed, _nominal_absence, _reach, _simulate
 
@@ -165,12 +165,15 @@ class Plan:
 
 
 def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, max_ratio: float = MAX_RATIO,
-              replayed: bool = True) -> Plan:
+              replayed: bool = True, choose: bool = True) -> Plan:
     """The plan for ``budget_bytes`` (the method: the docstrings of ``policy`` and ``simulation``).
     ``bound``: also compute the model's saving bound at the predicted ratio (``saving_curve`` on the
-    same iteration, tensor level; costs a tensor model). ``replayed``: predict its time by the
-    host-clock replay of the shim (``planner.replay``, ~0.3 s on a 1,640-op iteration): the
-    chosen windows, with their IDLE hints when the plan carries them."""
+    same iteration, tensor level; costs a tensor model). ``replayed``: choose among candidate plans by the
+    host-clock replay of the shim (``planner.replay``; ``policy._choose``: up to 3 covers and 9
+    replays, ~10-20 s on GPT medium's 1,640-op iteration on one slow core) and predict the time by
+    it: the chosen windows, with their IDLE hints when the plan carries them. ``choose=False``: the
+    cost model's cover at the budget alone, its prefetches timed on the capture's lead (the
+    planner before session 8, whose plans the H200 ran until then), replayed when ``replayed``."""
     budget_bytes = int(budget_bytes)
     P = L.period
     peak_at = int(np.argmax(L.live)) if P else 0
@@ -181,7 +184,10 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
     # W x P each, the windows out at each position alone (idle engines; with the budget hold): the
     # daemon skips them for a plan that fits.
     cov = (_nominal_absence(L), _nominal_absence(L, held=True)) if over or bound else None
-    if over:
+    rep = None
+    if over and replayed and choose and len(L.blk_size):
+        chosen, sim, rep = _choose(L, budget_bytes, max_ratio, cov)
+    elif over:
         chosen, sim = _cover(L, budget_bytes, max_ratio, sim, *cov)
     reach_at, reach = _reach(L, cov[1]) if cov is not None else (0, 0)
     w = np.array(chosen, np.int64)
@@ -219,11 +225,12 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
         for i, name in enumerate(("at", "kind", "until", "addr", "size", "site_at", "site_ord")):
             actions[name] = a[o, i]
     needed, needed_at = _needed(L)
-    rep = None
-    if replayed and P and len(L.blk_size):
+    if rep is None and replayed and P and len(L.blk_size):
         hinted = int(np.count_nonzero(actions["kind"] == abi.ActionKind.IDLE)) > 0
         rep = replay(L, w, sim.q[: len(w)] - (L.win_s[w] + P), budget_bytes, hints=hinted)
-    bound_bytes, ratio = None, sim.ratio
+    # The cost model's ratio with prefetches timed on the capture's lead (docs/swap.md "Cost model"):
+    # timed earlier, its mark rule charges each prefetch a remap the shim no longer waits for.
+    bound_bytes, ratio = None, (sim.ratio if rep is None or not len(w) else _simulate(L, w, budget_bytes).ratio)
     if bound and L.capture is not None:
         curve = model_curve(L)
         saved = peak - sim.peak

@@ -60,7 +60,8 @@ def _released(ext: np.ndarray, hx: np.ndarray, s: np.ndarray, out_done: np.ndarr
     return h, p_out
 
 
-def _simulate(L: LearnedIteration, w: np.ndarray, budget_bytes: int | None = None) -> _Sim:
+def _simulate(L: LearnedIteration, w: np.ndarray, budget_bytes: int | None = None, *, host: bool = False,
+              lead: np.ndarray | None = None) -> _Sim:
     """The cost model on windows ``w`` (rows of L's windows), three iterations unrolled; figures
     of the middle one (the steady state). Two clocks: the shim acts when the host issues an op
     (``L.issue``), copies run and memory is used when the GPU executes it (``L.times``); the
@@ -69,7 +70,20 @@ def _simulate(L: LearnedIteration, w: np.ndarray, budget_bytes: int | None = Non
 
     With ``budget_bytes``, where the resident bytes would exceed the budget while swap-outs are
     still copying, the shim holds the op until enough of them end (``_hold``): the block is out
-    from there, and the wait adds to the iteration's time (``wait_ns``)."""
+    from there, and the wait adds to the iteration's time (``wait_ns``).
+
+    ``host``: resident bytes at the host's positions instead, as the shim keeps its budget: a
+    block is out from the first op the host issues after its copy out ends (h) to its prefetch
+    (q, mapped when the host issues it), and a prefetch is never issued before h (the shim would
+    cancel the swap-out); no budget hold (the host's waits are the replay's to count).
+
+    ``lead`` (float64 (P,), ns): the host's lead over the GPU at each position that prefetches
+    are timed against (default the capture's, ``L.times - L.issue``). The host waits of the
+    swapping spend the lead (on GPT medium at 75% the replay's host ran ~40 ms ahead in the
+    backward pass, 295 ms unswapped), and a prefetch timed on the capture's lead then starts its
+    copy too late; 0 times each prefetch as if the host ran in step with the GPU (its copy in time
+    whatever the lead, its memory mapped that much earlier). Stalls and the ratio are the GPU
+    clock's either way."""
     P, T = L.period, L.iteration_ns
     ext, hx = _clocks(L, 4)  # positions 0 .. 4P-1
     size = L.cand_size[L.win_cand[w]].astype(np.float64)
@@ -90,7 +104,7 @@ def _simulate(L: LearnedIteration, w: np.ndarray, budget_bytes: int | None = Non
     o = np.argsort(-deadline, kind="stable")
     start_in = np.empty(len(s))
     start_in[o] = -_fifo(-deadline[o], dd[o])  # time reversed: the same queue backwards
-    q = np.searchsorted(hx, start_in - rr, side="right") - 1
+    q = np.searchsorted(hx if lead is None else _lead_clock(L, lead, 4), start_in - rr, side="right") - 1
     # After the last access, never after the next use. A host running ahead issues q before the
     # GPU has even copied the block out; the model counts the memory back from the GPU's position
     # at its mark (t_map), the latest the remap can start. (The shim maps it when the host issues
@@ -101,7 +115,7 @@ def _simulate(L: LearnedIteration, w: np.ndarray, budget_bytes: int | None = Non
     # A window too short for both copies: mapped again before its release, the prefetch would
     # cancel the swap-out. It goes after the release instead (the block is out for a position or
     # so, and its consumer stalls).
-    late = back <= p_out
+    late = (q <= h) if host else (back <= p_out)
     if np.any(late):
         q[late] = np.minimum(np.maximum(q[late], h[late] + 1), n[late])
         m2, t2 = _marks(ext, hx, s[late], q[late], start_in[late] - rr[late])
@@ -115,11 +129,13 @@ def _simulate(L: LearnedIteration, w: np.ndarray, budget_bytes: int | None = Non
     done[o] = _fifo(t_map[o] + rr[o], dd[o])
     starve = np.where(hx[q] < t_map, np.maximum(t_map + rr - ext[q], 0.0), 0.0)
     stall = np.maximum(done - deadline, 0.0) + starve
-    useless = (back <= p_out) | (late & (h >= n))  # the block would never be out
+    useless = (q <= h) if host else (back <= p_out) | (late & (h >= n))  # the block would never be out
     # Resident bytes over the middle iteration [P, 2P).
     okw = ~useless
     wait = 0.0
-    if budget_bytes is not None and len(s):
+    if host:
+        p_out, back = h, q
+    elif budget_bytes is not None and len(s):
         p_out, wait = _hold(L, ext, s, p_out, back, out_done, sz, okw, budget_bytes)
     diff = np.zeros(4 * P + 1)
     np.add.at(diff, p_out[okw], -sz[okw])
@@ -137,6 +153,13 @@ def _simulate(L: LearnedIteration, w: np.ndarray, budget_bytes: int | None = Non
     return _Sim(peak=int(resident[k]) if P else 0, peak_at=k, stall=stall[mid], useless=useless_w, q=q[mid],
                 mark=mark[mid], absent=np.maximum(back[mid] - p_out[mid], 0), ratio=ratio, resident=resident,
                 wait_ns=wait)
+
+
+def _lead_clock(L: LearnedIteration, lead: np.ndarray, iterations: int) -> np.ndarray:
+    """Host issue times (ns) of positions 0 .. iterations*P - 1 with the host ``lead`` (ns, (P,))
+    ahead of the GPU clock: non-decreasing, never after the GPU's time nor before 0."""
+    ext = _clocks(L, iterations)[0]
+    return np.minimum(np.maximum.accumulate(np.maximum(ext - np.tile(lead, iterations), 0.0)), ext)
 
 
 def _hold(L: LearnedIteration, ext: np.ndarray, s: np.ndarray, p_out: np.ndarray, back: np.ndarray,
@@ -208,12 +231,15 @@ def _needed(L: LearnedIteration) -> tuple[int, int]:
     return int(need[j]), j
 
 
-def _nominal_absence(L: LearnedIteration, held: bool = False) -> np.ndarray:
+def _nominal_absence(L: LearnedIteration, held: bool = False, host: bool = False) -> np.ndarray:
     """bool (windows, P): the GPU positions (mod P) at which each window alone keeps its block
     out under the cost model with idle copy engines (``_simulate``'s clocks and release rule):
     from its release after the copy out to the remap of the latest prefetch the host can issue
     with the remap and copy done before the next access. ``held``: from the position after its
-    last access, where the budget hold (``_hold``) can keep the GPU until the copy ends."""
+    last access, where the budget hold (``_hold``) can keep the GPU until the copy ends.
+    ``host``: the host's positions (``_simulate(host=True)``): from the first op the host issues
+    after the copy out ends (``held``: after the last access, the host waiting for the copy) to
+    the prefetch."""
     P = L.period
     W = len(L.win_s)
     cov = np.zeros((W, P), bool)
@@ -227,7 +253,10 @@ def _nominal_absence(L: LearnedIteration, held: bool = False) -> np.ndarray:
     p_out = _released(ext, hx, s, ext[s] + d)[1]
     q = np.minimum(np.maximum(np.searchsorted(hx, ext[n] - d - r, side="right") - 1, s + 1), n)
     back = np.searchsorted(ext, _marks(ext, hx, s, q, ext[n] - d - r)[1], side="left")
-    if held:
+    if host:
+        h = _released(ext, hx, s, ext[s] + d)[0]
+        p_out, back = (s + 1, q) if held else (h, np.where(q <= h, np.minimum(h + 1, n), q))
+    elif held:
         p_out = s + 1
     length = np.clip(back - p_out, 0, P)
     for w in np.flatnonzero(length > 0):
