@@ -165,7 +165,7 @@ class Plan:
 
 
 def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, max_ratio: float = MAX_RATIO,
-              replayed: bool = True, choose: bool = True) -> Plan:
+              replayed: bool = True, choose: bool = True, limit_s: float | None = None) -> Plan:
     """The plan for ``budget_bytes`` (the method: the docstrings of ``policy`` and ``simulation``).
     ``bound``: also compute the model's saving bound at the predicted ratio (``saving_curve`` on the
     same iteration, tensor level; costs a tensor model). ``replayed``: choose among candidate plans by the
@@ -173,7 +173,8 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
     replays, ~10-20 s on GPT medium's 1,640-op iteration on one slow core) and predict the time by
     it: the chosen windows, with their IDLE hints when the plan carries them. ``choose=False``: the
     cost model's cover at the budget alone, its prefetches timed on the capture's lead (the
-    planner before session 8, whose plans the H200 ran until then), replayed when ``replayed``."""
+    planner before session 8, whose plans the H200 ran until then), replayed when ``replayed``.
+    ``limit_s``: the choice's time limit (``policy._choose``), None for none."""
     budget_bytes = int(budget_bytes)
     P = L.period
     peak_at = int(np.argmax(L.live)) if P else 0
@@ -186,7 +187,7 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
     cov = (_nominal_absence(L), _nominal_absence(L, held=True)) if over or bound else None
     rep = None
     if over and replayed and choose and len(L.blk_size):
-        chosen, sim, rep = _choose(L, budget_bytes, max_ratio, cov)
+        chosen, sim, rep = _choose(L, budget_bytes, max_ratio, cov, limit_s)
     elif over:
         chosen, sim = _cover(L, budget_bytes, max_ratio, sim, *cov)
     reach_at, reach = _reach(L, cov[1]) if cov is not None else (0, 0)
