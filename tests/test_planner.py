@@ -35,7 +35,9 @@ BW = 64 * MiB / 100e-6  # 64 MiB in 100 us
 P = 100
 
 
-def _trace(tmp_path, iterations: int = 6, nccl: bool = False, gpu_ns_per_op: int | None = None):
+def _trace(tmp_path, iterations: int = 6, nccl: bool = False, gpu_ns_per_op: int | None = None, opaque: bool = True):
+    """The trace of the module's docstring; ``opaque=False``: op 10 an ordinary launch (O then a
+    candidate, and no op that may touch any block lies in A's window)."""
     tr = Trace(dt_ns=10_000)
     A = tr.alloc(64 * MiB)
     if nccl:  # an all-reduce names A: the shim pins it
@@ -61,7 +63,7 @@ def _trace(tmp_path, iterations: int = 6, nccl: bool = False, gpu_ns_per_op: int
                 blocks += [A, S, X]
             if p == 10:
                 blocks = [O]  # B stays clear of the opaque launch
-                flags = abi.LaunchFlag.OPAQUE
+                flags = abi.LaunchFlag.OPAQUE if opaque else 0
             if p == 50:
                 blocks += [C]
             tr.launch(0x1000 + p, blocks, flags=flags)

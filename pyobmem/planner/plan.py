@@ -14,7 +14,7 @@ from ..model.saving import TIME_RATIOS, saving_curve
 from ..model.tensors import build_tensors
 from .budget import Budget, parse_budget
 from .learning import DEFAULT_MIN_SWAP_BYTES, LearnedIteration, NoPlan, learn_iteration
-from .policy import _choose, _cover
+from .policy import _choose, _cover, _crosses_all
 from .replay import Replay, replay
 from .simulation import _needed, _nominal_absence, _reach, _simulate
 
@@ -53,7 +53,8 @@ class Plan:
     position, prefetches first at one position); ``swaps`` (list of Swap); ``peak_bytes`` (peak of
     live bytes without swapping), ``predicted_peak`` (with the plan), ``saved_bytes``;
     ``time_ratio`` (the cost model's predicted iteration time over the unswapped one, memory at the
-    GPU's time), ``stall_ns`` (per iteration); ``predicted_time_ratio`` (the prediction: the shim's
+    GPU's time, prefetches timed on the capture's host lead; the plan's own, ``Swap.prefetch_at``,
+    may be earlier: ``policy._choose``), ``stall_ns`` (per iteration, the same); ``predicted_time_ratio`` (the prediction: the shim's
     executor replayed on the host's clock, ``planner.replay``; None when not replayed) and ``replay``
     (its figures: waits, evictions, handoffs per iteration);
     ``feasible`` (the predicted peak fits the budget); ``needed_bytes`` (the least any plan could
@@ -185,6 +186,10 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
     # W x P each, the windows out at each position alone (idle engines; with the budget hold): the
     # daemon skips them for a plan that fits.
     cov = (_nominal_absence(L), _nominal_absence(L, held=True)) if over or bound else None
+    # The choice takes no window across an op that may touch any block: nor do its bounds.
+    skip = _crosses_all(L) if choose else None
+    if cov is not None and skip is not None:
+        cov = tuple(c & ~skip[:, None] for c in cov)
     rep = None
     if over and replayed and choose and len(L.blk_size):
         chosen, sim, rep = _choose(L, budget_bytes, max_ratio, cov, limit_s)
@@ -225,13 +230,15 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
         o = np.lexsort((-a[:, 1].astype(np.int64), a[:, 0]))  # at one position: hints, the prefetch, the swap-out
         for i, name in enumerate(("at", "kind", "until", "addr", "size", "site_at", "site_ord")):
             actions[name] = a[o, i]
-    needed, needed_at = _needed(L)
+    needed, needed_at = _needed(L, skip)
     if rep is None and replayed and P and len(L.blk_size):
         hinted = int(np.count_nonzero(actions["kind"] == abi.ActionKind.IDLE)) > 0
         rep = replay(L, w, sim.q[: len(w)] - (L.win_s[w] + P), budget_bytes, hints=hinted)
-    # The cost model's ratio with prefetches timed on the capture's lead (docs/swap.md "Cost model"):
-    # timed earlier, its mark rule charges each prefetch a remap the shim no longer waits for.
-    bound_bytes, ratio = None, (sim.ratio if rep is None or not len(w) else _simulate(L, w, budget_bytes).ratio)
+    # The cost model's ratio and stalls with prefetches timed on the capture's lead (docs/swap.md
+    # "Cost model"): timed earlier, its mark rule charges each prefetch a remap the shim no longer
+    # waits for.
+    timed = sim if rep is None or not len(w) else _simulate(L, w, budget_bytes)
+    bound_bytes, ratio = None, timed.ratio
     if bound and L.capture is not None:
         curve = model_curve(L)
         saved = peak - sim.peak
@@ -243,7 +250,7 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
         bound_bytes = 0 if curve is None else curve.saved_at(ratio)
     return Plan(
         pid=L.pid, budget_bytes=budget_bytes, template_keys=L.keys, actions=actions, swaps=swaps, peak_bytes=peak,
-        peak_at=peak_at, predicted_peak=sim.peak, time_ratio=ratio, stall_ns=float(sim.stall.sum()),
+        peak_at=peak_at, predicted_peak=sim.peak, time_ratio=ratio, stall_ns=float(timed.stall.sum()),
         feasible=sim.peak <= budget_bytes and len(actions) <= abi.PLAN_MAX_ACTIONS, needed_bytes=needed,
         needed_at=needed_at, needed_op_row=int(L.op_rows[needed_at]) if P else -1, bound_bytes=bound_bytes, iteration_ns=L.iteration_ns, bandwidth=L.bandwidth,
         min_swap_bytes=L.min_swap_bytes, period=P, matching=L.matching, iterations=L.iterations,

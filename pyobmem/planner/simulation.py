@@ -60,7 +60,7 @@ def _released(ext: np.ndarray, hx: np.ndarray, s: np.ndarray, out_done: np.ndarr
     return h, p_out
 
 
-def _simulate(L: LearnedIteration, w: np.ndarray, budget_bytes: int | None = None, *, host: bool = False,
+def _simulate(L: LearnedIteration, w: np.ndarray, budget_bytes: int | None = None, *,
               lead: np.ndarray | None = None) -> _Sim:
     """The cost model on windows ``w`` (rows of L's windows), three iterations unrolled; figures
     of the middle one (the steady state). Two clocks: the shim acts when the host issues an op
@@ -71,11 +71,6 @@ def _simulate(L: LearnedIteration, w: np.ndarray, budget_bytes: int | None = Non
     With ``budget_bytes``, where the resident bytes would exceed the budget while swap-outs are
     still copying, the shim holds the op until enough of them end (``_hold``): the block is out
     from there, and the wait adds to the iteration's time (``wait_ns``).
-
-    ``host``: resident bytes at the host's positions instead, as the shim keeps its budget: a
-    block is out from the first op the host issues after its copy out ends (h) to its prefetch
-    (q, mapped when the host issues it), and a prefetch is never issued before h (the shim would
-    cancel the swap-out); no budget hold (the host's waits are the replay's to count).
 
     ``lead`` (float64 (P,), ns): the host's lead over the GPU at each position that prefetches
     are timed against (default the capture's, ``L.times - L.issue``). The host waits of the
@@ -115,7 +110,7 @@ def _simulate(L: LearnedIteration, w: np.ndarray, budget_bytes: int | None = Non
     # A window too short for both copies: mapped again before its release, the prefetch would
     # cancel the swap-out. It goes after the release instead (the block is out for a position or
     # so, and its consumer stalls).
-    late = (q <= h) if host else (back <= p_out)
+    late = back <= p_out
     if np.any(late):
         q[late] = np.minimum(np.maximum(q[late], h[late] + 1), n[late])
         m2, t2 = _marks(ext, hx, s[late], q[late], start_in[late] - rr[late])
@@ -129,13 +124,11 @@ def _simulate(L: LearnedIteration, w: np.ndarray, budget_bytes: int | None = Non
     done[o] = _fifo(t_map[o] + rr[o], dd[o])
     starve = np.where(hx[q] < t_map, np.maximum(t_map + rr - ext[q], 0.0), 0.0)
     stall = np.maximum(done - deadline, 0.0) + starve
-    useless = (q <= h) if host else (back <= p_out) | (late & (h >= n))  # the block would never be out
+    useless = (back <= p_out) | (late & (h >= n))  # the block would never be out
     # Resident bytes over the middle iteration [P, 2P).
     okw = ~useless
     wait = 0.0
-    if host:
-        p_out, back = h, q
-    elif budget_bytes is not None and len(s):
+    if budget_bytes is not None and len(s):
         p_out, wait = _hold(L, ext, s, p_out, back, out_done, sz, okw, budget_bytes)
     diff = np.zeros(4 * P + 1)
     np.add.at(diff, p_out[okw], -sz[okw])
@@ -216,13 +209,16 @@ def _fifo(ready: np.ndarray, dur: np.ndarray) -> np.ndarray:
     return C + np.maximum.accumulate(ready - (C - dur))
 
 
-def _needed(L: LearnedIteration) -> tuple[int, int]:
-    """(bytes, position): the least resident at one position with every candidate window out."""
+def _needed(L: LearnedIteration, skip: np.ndarray | None = None) -> tuple[int, int]:
+    """(bytes, position): the least resident at one position with every candidate window out
+    (``skip``: bool per window, those left in)."""
     P = L.period
     if not P:
         return 0, 0
     diff = np.zeros(3 * P + 1)
     size = L.cand_size[L.win_cand].astype(np.float64)
+    if skip is not None:
+        size = np.where(skip, 0.0, size)
     for k in range(2):
         np.add.at(diff, L.win_s + 1 + k * P, -size)
         np.add.at(diff, L.win_n + k * P, size)
@@ -231,15 +227,12 @@ def _needed(L: LearnedIteration) -> tuple[int, int]:
     return int(need[j]), j
 
 
-def _nominal_absence(L: LearnedIteration, held: bool = False, host: bool = False) -> np.ndarray:
+def _nominal_absence(L: LearnedIteration, held: bool = False) -> np.ndarray:
     """bool (windows, P): the GPU positions (mod P) at which each window alone keeps its block
     out under the cost model with idle copy engines (``_simulate``'s clocks and release rule):
     from its release after the copy out to the remap of the latest prefetch the host can issue
     with the remap and copy done before the next access. ``held``: from the position after its
-    last access, where the budget hold (``_hold``) can keep the GPU until the copy ends.
-    ``host``: the host's positions (``_simulate(host=True)``): from the first op the host issues
-    after the copy out ends (``held``: after the last access, the host waiting for the copy) to
-    the prefetch."""
+    last access, where the budget hold (``_hold``) can keep the GPU until the copy ends."""
     P = L.period
     W = len(L.win_s)
     cov = np.zeros((W, P), bool)
@@ -253,10 +246,7 @@ def _nominal_absence(L: LearnedIteration, held: bool = False, host: bool = False
     p_out = _released(ext, hx, s, ext[s] + d)[1]
     q = np.minimum(np.maximum(np.searchsorted(hx, ext[n] - d - r, side="right") - 1, s + 1), n)
     back = np.searchsorted(ext, _marks(ext, hx, s, q, ext[n] - d - r)[1], side="left")
-    if host:
-        h = _released(ext, hx, s, ext[s] + d)[0]
-        p_out, back = (s + 1, q) if held else (h, np.where(q <= h, np.minimum(h + 1, n), q))
-    elif held:
+    if held:
         p_out = s + 1
     length = np.clip(back - p_out, 0, P)
     for w in np.flatnonzero(length > 0):
