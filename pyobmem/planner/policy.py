@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import abi
 from .learning import LearnedIteration
-from .replay import Replay, replay
+from .replay import ITERATIONS, Replay, _units, replay
 from .simulation import REMAP_BYTES, REMAP_NS, _nominal_absence, _Sim, _simulate
 
 # Bytes under the budget the cover also aims at (one candidate each): a plan with more out at the
@@ -223,8 +223,6 @@ def _repair(L: LearnedIteration, budget_bytes: int, t: _Trial, skip: np.ndarray,
 def _victim_windows(L: LearnedIteration, t: _Trial) -> list:
     """The windows (rows of L's) of the blocks the replay's shim evicted beyond the plan, at the
     positions it evicted them, most evicted first."""
-    from .replay import ITERATIONS, _units
-
     P = L.period
     cand_row = _units(L, ITERATIONS)[0]["cand_row"]
     hits: dict = {}
