@@ -57,6 +57,10 @@ FINAL_MAX_S = 10.0  # when finishing: stop even if producers keep writing
 
 TICK_S = 1.0  # swap mode: learn/plan at most this often ...
 TICK_CPU_SHARE = 0.25  # ... and spend at most this share of the time planning
+# The planner's choice among candidate plans by the replay stops starting new trials after this
+# (~10-15 s on GPT medium on a slow core; the drain waits meanwhile: the 64 MiB ring holds ~25 s of
+# its records): the best plan found so far is written, the cost model's cover at least.
+PLAN_LIMIT_S = 20.0
 WINDOW_RECORDS = 1 << 20  # op and access records kept for learning (64 MiB)
 SHIM_WARNING = "swap.warn="  # a NOTE the shim writes for the user (native/swap.c), said on stderr
 _STATIC = (abi.Ev.PROCESS, abi.Ev.ALLOC, abi.Ev.FREE, abi.Ev.NOTE, abi.Ev.NCCL)  # NCCL: its blocks stay pinned
@@ -211,7 +215,7 @@ class SwapAgent:
         if isinstance(learned, planner.NoPlan):
             self.last_reason = learned.reason
             return None
-        plan = planner.make_plan(learned, self.budget_bytes)
+        plan = planner.make_plan(learned, self.budget_bytes, limit_s=PLAN_LIMIT_S)
         if not plan.feasible:
             self.last_reason = (
                 f"no plan fits the budget {format_bytes(self.budget_bytes, digits=2)}: the job needs at least "

@@ -28,14 +28,16 @@ from synth import Trace
 from pyobmem import abi, planner
 from pyobmem.capture import read_capture
 from pyobmem.errors import PyobmemError
-from pyobmem.planner import simulation
+from pyobmem.planner import policy, simulation
 
 MiB = 1 << 20
 BW = 64 * MiB / 100e-6  # 64 MiB in 100 us
 P = 100
 
 
-def _trace(tmp_path, iterations: int = 6, nccl: bool = False, gpu_ns_per_op: int | None = None):
+def _trace(tmp_path, iterations: int = 6, nccl: bool = False, gpu_ns_per_op: int | None = None, opaque: bool = True):
+    """The trace of the module's docstring; ``opaque=False``: op 10 an ordinary launch (O then a
+    candidate, and no op that may touch any block lies in A's window)."""
     tr = Trace(dt_ns=10_000)
     A = tr.alloc(64 * MiB)
     if nccl:  # an all-reduce names A: the shim pins it
@@ -61,7 +63,7 @@ def _trace(tmp_path, iterations: int = 6, nccl: bool = False, gpu_ns_per_op: int
                 blocks += [A, S, X]
             if p == 10:
                 blocks = [O]  # B stays clear of the opaque launch
-                flags = abi.LaunchFlag.OPAQUE
+                flags = abi.LaunchFlag.OPAQUE if opaque else 0
             if p == 50:
                 blocks += [C]
             tr.launch(0x1000 + p, blocks, flags=flags)
@@ -110,9 +112,11 @@ def test_learned_iteration_on_the_gpu_clock(tmp_path):
     assert L.issue.max() == 0.0  # the host issued every op before the GPU reached the iteration
 
 
+# The hand-computed cost model: the cover alone (``choose=False``). A's window crosses the opaque
+# launch at op 10, which the planner's replay-judged choice never takes (test_no_window_across_...).
 def test_plan_hand_computed(learned):
     cap, ids, L = learned
-    plan = planner.make_plan(L, 160 * MiB, bound=True)
+    plan = planner.make_plan(L, 160 * MiB, bound=True, choose=False)
     assert plan.feasible
     assert [(s.out_at, s.prefetch_at, s.next_at, s.absent, s.stall_ns) for s in plan.swaps] == [(0, 87, 0, 82, 0.0)]
     addr_a = int(cap.blocks["addr"][cap.blocks["block_id"] == ids["A"]][0])
@@ -130,7 +134,7 @@ def test_plan_hand_computed(learned):
 
 def test_budget_respected_at_every_position(learned):
     _, _, L = learned
-    plan = planner.make_plan(L, 160 * MiB)
+    plan = planner.make_plan(L, 160 * MiB, choose=False)
     sim = simulation._simulate(L, np.array([0]))  # the one window, A
     assert sim.resident.max() == plan.predicted_peak <= plan.budget_bytes
     resident = L.live.copy()
@@ -138,6 +142,20 @@ def test_budget_respected_at_every_position(learned):
         resident[s.out_at + 5 : s.prefetch_at] -= s.size
     assert np.all(resident <= 160 * MiB)
     assert resident.tolist() == sim.resident.tolist()
+
+
+def test_no_window_across_an_op_that_may_touch_any_block(learned):
+    """The opaque launch at op 10 may touch any block: the shim makes every block usable before it,
+    so A, out after op 0, would be back at op 10 (its swap-out cancelled or undone), saving nothing
+    over ops 10..99 where the budget is passed. The planner never takes a window across such an op
+    (LearnedIteration.op_all): A's one window (0, 100) crosses it, so no plan fits 160 MiB and none
+    swaps anything, while the cost model's cover alone (test_plan_hand_computed) takes it."""
+    _, _, L = learned
+    assert np.flatnonzero(L.op_all).tolist() == [10]
+    assert policy._crosses_all(L).tolist() == [True]
+    plan = planner.make_plan(L, 160 * MiB)
+    assert not plan.feasible and not plan.swaps and plan.predicted_peak == 209 * MiB
+    assert len(planner.make_plan(L, 160 * MiB, choose=False).swaps) == 1
 
 
 def test_budget_already_met_needs_no_swap(learned):
@@ -148,7 +166,7 @@ def test_budget_already_met_needs_no_swap(learned):
 
 def test_below_what_the_job_needs_at_one_instant(learned):
     _, _, L = learned
-    plan = planner.make_plan(L, 100 * MiB)
+    plan = planner.make_plan(L, 100 * MiB, choose=False)
     assert not plan.feasible
     assert plan.needed_bytes == 145 * MiB and plan.predicted_peak == 145 * MiB
 
@@ -243,7 +261,7 @@ def test_host_running_ahead_is_modelled_at_the_mark(learned):
     assert (sim.q % P).tolist() == [99] and (sim.mark % P).tolist() == [86]
     assert sim.absent.tolist() == [82] and sim.stall.tolist() == [0.0]
     assert sim.resident[40:60].tolist() == [145 * MiB] * 20
-    plan = planner.make_plan(ahead, 160 * MiB)
+    plan = planner.make_plan(ahead, 160 * MiB, choose=False)
     assert plan.feasible and plan.predicted_peak == 145 * MiB
     assert [(s.out_at, s.mark_at, s.prefetch_at) for s in plan.swaps] == [(0, 86, 99)]
 

@@ -126,7 +126,12 @@ def test_real_tensor_capture_sites(tmp_path):
     L = planner.learn_iteration(cap, min_swap_bytes=1 << 20, by_site=True)
     assert int(np.count_nonzero(L.cand_site[:, 0] >= 0)) == 46
     plan = planner.make_plan(L, int(0.9 * L.live.max()))
-    assert plan.feasible and plan.time_ratio < 1.05
+    assert plan.feasible and plan.time_ratio < 1.12
+    # Chosen by the replay: 9 windows, replayed 1.174 (the cost model 1.099), where the cover alone
+    # (4 windows, the cost model 1.000) replays 1.242.
+    alone = planner.make_plan(L, int(0.9 * L.live.max()), choose=False)
+    assert alone.feasible and alone.time_ratio == pytest.approx(1.0)
+    assert plan.predicted_time_ratio < 1.2 < alone.predicted_time_ratio
 
 
 def _iteration_sites(cap, it, row: int, min_bytes: int = 4 << 20) -> list:
@@ -160,7 +165,7 @@ def test_real_gpt_medium_tensor_capture_plans_by_site():
     assert float(np.max(L.times - L.issue)) > 100e6  # the host runs > 100 ms ahead
     GiB = 1 << 30
     p75 = planner.make_plan(L, 27894743040)
-    assert p75.feasible and p75.time_ratio == pytest.approx(1.0)
+    assert p75.feasible and p75.time_ratio == pytest.approx(1.0, abs=1e-3)
     assert all(s.site is not None for s in p75.swaps if s.block in set(L.cand_block[L.cand_site[:, 0] >= 0].tolist()))
     p60 = planner.make_plan(L, 22173607526)
     assert p60.feasible and 1.05 < p60.time_ratio < 1.15

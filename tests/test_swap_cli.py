@@ -73,7 +73,7 @@ def test_plan_errors(capfd):
 
 
 def test_plan_synthetic_json(tmp_path, capfd):
-    _trace(tmp_path)
+    _trace(tmp_path, opaque=False)  # op 10 an ordinary launch: A's window crosses no op that may touch any block
     assert main(["plan", str(tmp_path / "synth.pyobmem"), "--budget", "160MiB", "--bandwidth", str(BW), "--json"]) == 0
     j = json.loads(capfd.readouterr().out)
     assert j["feasible"] and j["predicted_peak_bytes"] == 145 * MiB and j["saved_bytes"] == 64 * MiB
@@ -99,8 +99,9 @@ def _start_daemon(ring_path, out, control_path, budget):
 def test_daemon_writes_a_plan(tmp_path):
     """The synthetic iteration of test_planner, streamed through the ring: the daemon resolves
     the 50% budget from the NOTE (320 MiB card -> 160 MiB), learns the iteration and writes the
-    hand-computed plan (generation 1) into the control file."""
-    cap, ids = _trace(tmp_path)
+    hand-computed plan (generation 1) into the control file. Op 10 is an ordinary launch here: the
+    planner takes no window across one that may touch any block (test_no_window_across_...)."""
+    cap, ids = _trace(tmp_path, opaque=False)
     tr = Trace(dt_ns=1)
     tr.rows.clear()
     tr.text(abi.Ev.NOTE, 0, f"device0.total_bytes={320 * MiB}")
@@ -124,11 +125,13 @@ def test_daemon_writes_a_plan(tmp_path):
         assert slot["template_keys"][:P].tolist() == [0x1000 + p for p in range(P)]
         addr_a = int(cap.blocks["addr"][cap.blocks["block_id"] == ids["A"]][0])
         addr_x = int(cap.blocks["addr"][cap.blocks["block_id"] == ids["X"]][0])
-        N = int(abi.SITE_NONE)  # both live across iterations: named by address
-        assert int(slot["n_actions"]) == 4  # A's swap-out and prefetch; both candidates' idle hints
-        assert slot["actions"][:4].tolist() == [(0, int(abi.ActionKind.IDLE), 0, addr_a, 64 * MiB, N, 0),
+        addr_o = int(cap.blocks["addr"][cap.blocks["block_id"] == ids["O"]][0])
+        N = int(abi.SITE_NONE)  # all live across iterations: named by address
+        assert int(slot["n_actions"]) == 5  # A's swap-out and prefetch; the three candidates' idle hints
+        assert slot["actions"][:5].tolist() == [(0, int(abi.ActionKind.IDLE), 0, addr_a, 64 * MiB, N, 0),
                                                 (0, int(abi.ActionKind.IDLE), 0, addr_x, 8 * MiB, N, 0),
                                                 (0, int(abi.ActionKind.SWAP_OUT), 0, addr_a, 64 * MiB, N, 0),
+                                                (10, int(abi.ActionKind.IDLE), 10, addr_o, 8 * MiB, N, 0),
                                                 (87, int(abi.ActionKind.PREFETCH), 0, addr_a, 64 * MiB, N, 0)]
         # A drop makes the daemon forget the ops before it; with no new iterations, no new plan.
         ctl.ctl["plan_drops"] = 1

@@ -14,7 +14,7 @@ from ..model.saving import TIME_RATIOS, saving_curve
 from ..model.tensors import build_tensors
 from .budget import Budget, parse_budget
 from .learning import DEFAULT_MIN_SWAP_BYTES, LearnedIteration, NoPlan, learn_iteration
-from .policy import _cover
+from .policy import _choose, _cover, _crosses_all
 from .replay import Replay, replay
 from .simulation import _needed, _nominal_absence, _reach, _simulate
 
@@ -53,7 +53,8 @@ class Plan:
     position, prefetches first at one position); ``swaps`` (list of Swap); ``peak_bytes`` (peak of
     live bytes without swapping), ``predicted_peak`` (with the plan), ``saved_bytes``;
     ``time_ratio`` (the cost model's predicted iteration time over the unswapped one, memory at the
-    GPU's time), ``stall_ns`` (per iteration); ``predicted_time_ratio`` (the prediction: the shim's
+    GPU's time, prefetches timed on the capture's host lead; the plan's own, ``Swap.prefetch_at``,
+    may be earlier: ``policy._choose``), ``stall_ns`` (per iteration, the same); ``predicted_time_ratio`` (the prediction: the shim's
     executor replayed on the host's clock, ``planner.replay``; None when not replayed) and ``replay``
     (its figures: waits, evictions, handoffs per iteration);
     ``feasible`` (the predicted peak fits the budget); ``needed_bytes`` (the least any plan could
@@ -165,12 +166,16 @@ class Plan:
 
 
 def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, max_ratio: float = MAX_RATIO,
-              replayed: bool = True) -> Plan:
+              replayed: bool = True, choose: bool = True, limit_s: float | None = None) -> Plan:
     """The plan for ``budget_bytes`` (the method: the docstrings of ``policy`` and ``simulation``).
     ``bound``: also compute the model's saving bound at the predicted ratio (``saving_curve`` on the
-    same iteration, tensor level; costs a tensor model). ``replayed``: predict its time by the
-    host-clock replay of the shim (``planner.replay``, ~0.3 s on a 1,640-op iteration): the
-    chosen windows, with their IDLE hints when the plan carries them."""
+    same iteration, tensor level; costs a tensor model). ``replayed``: choose among candidate plans by the
+    host-clock replay of the shim (``planner.replay``; ``policy._choose``: up to 3 covers and 9
+    replays, ~10-20 s on GPT medium's 1,640-op iteration on one slow core) and predict the time by
+    it: the chosen windows, with their IDLE hints when the plan carries them. ``choose=False``: the
+    cost model's cover at the budget alone, its prefetches timed on the capture's lead (the
+    planner before session 8, whose plans the H200 ran until then), replayed when ``replayed``.
+    ``limit_s``: the choice's time limit (``policy._choose``), None for none."""
     budget_bytes = int(budget_bytes)
     P = L.period
     peak_at = int(np.argmax(L.live)) if P else 0
@@ -181,7 +186,14 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
     # W x P each, the windows out at each position alone (idle engines; with the budget hold): the
     # daemon skips them for a plan that fits.
     cov = (_nominal_absence(L), _nominal_absence(L, held=True)) if over or bound else None
-    if over:
+    # The choice takes no window across an op that may touch any block: nor do its bounds.
+    skip = _crosses_all(L) if choose else None
+    if cov is not None and skip is not None:
+        cov = tuple(c & ~skip[:, None] for c in cov)
+    rep = None
+    if over and replayed and choose and len(L.blk_size):
+        chosen, sim, rep = _choose(L, budget_bytes, max_ratio, cov, limit_s)
+    elif over:
         chosen, sim = _cover(L, budget_bytes, max_ratio, sim, *cov)
     reach_at, reach = _reach(L, cov[1]) if cov is not None else (0, 0)
     w = np.array(chosen, np.int64)
@@ -218,12 +230,15 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
         o = np.lexsort((-a[:, 1].astype(np.int64), a[:, 0]))  # at one position: hints, the prefetch, the swap-out
         for i, name in enumerate(("at", "kind", "until", "addr", "size", "site_at", "site_ord")):
             actions[name] = a[o, i]
-    needed, needed_at = _needed(L)
-    rep = None
-    if replayed and P and len(L.blk_size):
+    needed, needed_at = _needed(L, skip)
+    if rep is None and replayed and P and len(L.blk_size):
         hinted = int(np.count_nonzero(actions["kind"] == abi.ActionKind.IDLE)) > 0
         rep = replay(L, w, sim.q[: len(w)] - (L.win_s[w] + P), budget_bytes, hints=hinted)
-    bound_bytes, ratio = None, sim.ratio
+    # The cost model's ratio and stalls with prefetches timed on the capture's lead (docs/swap.md
+    # "Cost model"): timed earlier, its mark rule charges each prefetch a remap the shim no longer
+    # waits for.
+    timed = sim if rep is None or not len(w) else _simulate(L, w, budget_bytes)
+    bound_bytes, ratio = None, timed.ratio
     if bound and L.capture is not None:
         curve = model_curve(L)
         saved = peak - sim.peak
@@ -235,7 +250,7 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
         bound_bytes = 0 if curve is None else curve.saved_at(ratio)
     return Plan(
         pid=L.pid, budget_bytes=budget_bytes, template_keys=L.keys, actions=actions, swaps=swaps, peak_bytes=peak,
-        peak_at=peak_at, predicted_peak=sim.peak, time_ratio=ratio, stall_ns=float(sim.stall.sum()),
+        peak_at=peak_at, predicted_peak=sim.peak, time_ratio=ratio, stall_ns=float(timed.stall.sum()),
         feasible=sim.peak <= budget_bytes and len(actions) <= abi.PLAN_MAX_ACTIONS, needed_bytes=needed,
         needed_at=needed_at, needed_op_row=int(L.op_rows[needed_at]) if P else -1, bound_bytes=bound_bytes, iteration_ns=L.iteration_ns, bandwidth=L.bandwidth,
         min_swap_bytes=L.min_swap_bytes, period=P, matching=L.matching, iterations=L.iterations,

@@ -60,7 +60,8 @@ def _released(ext: np.ndarray, hx: np.ndarray, s: np.ndarray, out_done: np.ndarr
     return h, p_out
 
 
-def _simulate(L: LearnedIteration, w: np.ndarray, budget_bytes: int | None = None) -> _Sim:
+def _simulate(L: LearnedIteration, w: np.ndarray, budget_bytes: int | None = None, *,
+              lead: np.ndarray | None = None) -> _Sim:
     """The cost model on windows ``w`` (rows of L's windows), three iterations unrolled; figures
     of the middle one (the steady state). Two clocks: the shim acts when the host issues an op
     (``L.issue``), copies run and memory is used when the GPU executes it (``L.times``); the
@@ -69,7 +70,15 @@ def _simulate(L: LearnedIteration, w: np.ndarray, budget_bytes: int | None = Non
 
     With ``budget_bytes``, where the resident bytes would exceed the budget while swap-outs are
     still copying, the shim holds the op until enough of them end (``_hold``): the block is out
-    from there, and the wait adds to the iteration's time (``wait_ns``)."""
+    from there, and the wait adds to the iteration's time (``wait_ns``).
+
+    ``lead`` (float64 (P,), ns): the host's lead over the GPU at each position that prefetches
+    are timed against (default the capture's, ``L.times - L.issue``). The host waits of the
+    swapping spend the lead (on GPT medium at 75% the replay's host ran ~40 ms ahead in the
+    backward pass, 295 ms unswapped), and a prefetch timed on the capture's lead then starts its
+    copy too late; 0 times each prefetch as if the host ran in step with the GPU (its copy in time
+    whatever the lead, its memory mapped that much earlier). Stalls and the ratio are the GPU
+    clock's either way."""
     P, T = L.period, L.iteration_ns
     ext, hx = _clocks(L, 4)  # positions 0 .. 4P-1
     size = L.cand_size[L.win_cand[w]].astype(np.float64)
@@ -90,7 +99,7 @@ def _simulate(L: LearnedIteration, w: np.ndarray, budget_bytes: int | None = Non
     o = np.argsort(-deadline, kind="stable")
     start_in = np.empty(len(s))
     start_in[o] = -_fifo(-deadline[o], dd[o])  # time reversed: the same queue backwards
-    q = np.searchsorted(hx, start_in - rr, side="right") - 1
+    q = np.searchsorted(hx if lead is None else _lead_clock(L, lead, 4), start_in - rr, side="right") - 1
     # After the last access, never after the next use. A host running ahead issues q before the
     # GPU has even copied the block out; the model counts the memory back from the GPU's position
     # at its mark (t_map), the latest the remap can start. (The shim maps it when the host issues
@@ -137,6 +146,13 @@ def _simulate(L: LearnedIteration, w: np.ndarray, budget_bytes: int | None = Non
     return _Sim(peak=int(resident[k]) if P else 0, peak_at=k, stall=stall[mid], useless=useless_w, q=q[mid],
                 mark=mark[mid], absent=np.maximum(back[mid] - p_out[mid], 0), ratio=ratio, resident=resident,
                 wait_ns=wait)
+
+
+def _lead_clock(L: LearnedIteration, lead: np.ndarray, iterations: int) -> np.ndarray:
+    """Host issue times (ns) of positions 0 .. iterations*P - 1 with the host ``lead`` (ns, (P,))
+    ahead of the GPU clock: non-decreasing, never after the GPU's time nor before 0."""
+    ext = _clocks(L, iterations)[0]
+    return np.minimum(np.maximum.accumulate(np.maximum(ext - np.tile(lead, iterations), 0.0)), ext)
 
 
 def _hold(L: LearnedIteration, ext: np.ndarray, s: np.ndarray, p_out: np.ndarray, back: np.ndarray,
@@ -193,13 +209,16 @@ def _fifo(ready: np.ndarray, dur: np.ndarray) -> np.ndarray:
     return C + np.maximum.accumulate(ready - (C - dur))
 
 
-def _needed(L: LearnedIteration) -> tuple[int, int]:
-    """(bytes, position): the least resident at one position with every candidate window out."""
+def _needed(L: LearnedIteration, skip: np.ndarray | None = None) -> tuple[int, int]:
+    """(bytes, position): the least resident at one position with every candidate window out
+    (``skip``: bool per window, those left in)."""
     P = L.period
     if not P:
         return 0, 0
     diff = np.zeros(3 * P + 1)
     size = L.cand_size[L.win_cand].astype(np.float64)
+    if skip is not None:
+        size = np.where(skip, 0.0, size)
     for k in range(2):
         np.add.at(diff, L.win_s + 1 + k * P, -size)
         np.add.at(diff, L.win_n + k * P, size)
