@@ -105,7 +105,8 @@ class SwapAgent:
         self.plans_written = 0
         self.last_plan = None
         self.last_reason = "no ops yet"
-        self.pending = None  # a plan waiting for the shim to adopt the one in force
+        self.pending = None  # (plan, refined): a plan waiting for the shim to adopt the one in force
+        self.refined = False  # the plan in force is the replay's choice (make_plan choose=True)
         self.candidate = None  # a new template seen once: it replaces the one in force if seen again
         self.idle_ticks = 0  # ticks in a row that found the template in force: the tick backs off
         self.budget_bytes = budget.resolve(None) if budget is not None else None
@@ -167,12 +168,16 @@ class SwapAgent:
         if now < self.next_tick:
             return False
         if self.pending is not None:
-            return self._write(self.pending)
+            return self._write(*self.pending)
         if not self.new_ops or self.budget_bytes is None:
             return False
         t0 = time.monotonic()
+        # The first plan of a template is the cost model's cover (seconds); the next tick refines it
+        # by the host-clock replay (make_plan's choice: up to PLAN_LIMIT_S), on records that by then
+        # hold iterations under the first plan.
+        refine = self.last_plan is not None and not self.refined
         try:
-            plan = self.plan_now()
+            plan = self.plan_now(choose=refine)
         finally:
             spent = time.monotonic() - t0
             # While the template in force holds, learning again backs off (up to 8 times apart).
@@ -188,6 +193,10 @@ class SwapAgent:
         if self.last_plan is not None:
             if _same_cycle(plan.template_keys, self.last_plan.template_keys):
                 self.candidate = None
+                if refine:
+                    self.refined = True
+                    if not np.array_equal(plan.actions, self.last_plan.actions):
+                        return self._write(plan, refined=True)
                 self.idle_ticks += 1
                 return False
             self.idle_ticks = 0
@@ -201,8 +210,10 @@ class SwapAgent:
         self.candidate = None
         return self._write(plan)
 
-    def plan_now(self):
-        """Learn and plan on the records kept; None (and ``last_reason``) when there is no plan."""
+    def plan_now(self, choose: bool = False):
+        """Learn and plan on the records kept; None (and ``last_reason``) when there is no plan.
+        ``choose``: make_plan's choice among candidate plans by the host-clock replay (up to
+        PLAN_LIMIT_S), else the cost model's cover alone."""
         from . import planner  # deferred: the planner loads the model (scipy), needed in swap mode only
 
         if not self.window:
@@ -215,7 +226,7 @@ class SwapAgent:
         if isinstance(learned, planner.NoPlan):
             self.last_reason = learned.reason
             return None
-        plan = planner.make_plan(learned, self.budget_bytes, limit_s=PLAN_LIMIT_S)
+        plan = planner.make_plan(learned, self.budget_bytes, choose=choose, limit_s=PLAN_LIMIT_S if choose else None)
         if not plan.feasible:
             self.last_reason = (
                 f"no plan fits the budget {format_bytes(self.budget_bytes, digits=2)}: the job needs at least "
@@ -232,15 +243,16 @@ class SwapAgent:
                 return None
         return plan
 
-    def _write(self, plan) -> bool:
+    def _write(self, plan, refined: bool = False) -> bool:
         gen = self.control.write_plan(plan)
         if gen is None:
-            self.pending = plan  # the shim has not adopted the plan in force yet
+            self.pending = (plan, refined)  # the shim has not adopted the plan in force yet
             return False
         self.pending = None
         self.last_plan = plan
+        self.refined = refined
         self.plans_written += 1
-        self.last_reason = f"plan {gen} written"
+        self.last_reason = f"plan {gen} written" + (" (refined by the host-clock replay)" if refined else "")
         return True
 
 

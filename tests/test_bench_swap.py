@@ -273,11 +273,15 @@ def test_daemon_prediction_follows_the_daemons_options(tmp_path, monkeypatch):
     from pyobmem import daemon, planner
     from pyobmem.capture import decode_records
 
-    def plan_now(self):
+    chose = []
+
+    def plan_now(self, choose=False):
+        chose.append(choose)
         recs = np.concatenate(self.static + self.window)
         cap = decode_records(recs[np.argsort(recs["ts_ns"], kind="stable")], self.meta, "<live>")
         learned = planner.learn_iteration(cap, min_swap_bytes=self.control.min_swap_bytes, by_site=True)
-        return None if isinstance(learned, planner.NoPlan) else planner.make_plan(learned, self.budget_bytes)
+        return None if isinstance(learned, planner.NoPlan) else planner.make_plan(learned, self.budget_bytes,
+                                                                                choose=choose)
 
     monkeypatch.setattr(daemon.SwapAgent, "plan_now", plan_now)
     path, _ = injected_capture(tmp_path)
@@ -287,6 +291,7 @@ def test_daemon_prediction_follows_the_daemons_options(tmp_path, monkeypatch):
     assert p["peak_bytes"] == 998_246_400 and p["budget_bytes"] == 2 * GIB
     assert p["written_actions"] == p["actions"] and p["plan_actions_match"] == (p["actions"] == 4)
     assert planner.learn_iteration.__name__ == "learn_iteration"  # the watch is undone
+    assert chose == [False]  # one plan adopted: the daemon's first, the cost model's cover
 
 
 def test_swap_row_and_the_json(tmp_path):

@@ -280,3 +280,47 @@ def test_a_template_started_at_another_op_is_the_same():
     a = np.array([5, 1, 2, 5, 3], np.uint64)
     assert _same_cycle(a, np.roll(a, 2)) and _same_cycle(a, a)
     assert not _same_cycle(a, np.array([5, 1, 2, 3, 5], np.uint64)) and not _same_cycle(a, a[:4])
+
+
+def test_agent_refines_its_first_plan_by_the_replay_once(tmp_path, monkeypatch):
+    """The first plan of a template is the cost model's cover (seconds); the next tick plans again
+    with the replay's choice among candidates (make_plan choose=True, up to PLAN_LIMIT_S) and
+    writes it only if its actions differ; later ticks do not choose again."""
+    import dataclasses
+
+    from pyobmem import planner
+    from pyobmem.daemon import PLAN_LIMIT_S, SwapAgent
+    from pyobmem.planner import parse_budget
+
+    calls = []
+    real = planner.make_plan
+
+    def make_plan(L, budget, **k):
+        calls.append((k.get("choose"), k.get("limit_s")))
+        plan = real(L, budget, **k)
+        if k.get("choose"):  # a choice that differs from the cover: one action fewer
+            plan = dataclasses.replace(plan, actions=plan.actions[:-1])
+        return plan
+
+    monkeypatch.setattr(planner, "make_plan", make_plan)
+    tr = Trace(dt_ns=10_000)
+    A, B, C = (tr.alloc(64 * MiB) for _ in range(3))
+    for _ in range(12):
+        for p in range(P):
+            tr.launch(0x1000 + p, [B] + ([A] if p == 0 else []) + ([C] if p == 50 else []))
+    recs = tr.records()
+    ctl = Control.create(str(tmp_path / "c.ctl"), 160 * MiB, 4 * MiB)
+    agent = SwapAgent(ctl, parse_budget(str(160 * MiB)), meta={"copy_bandwidth": BW}, warn=lambda m: None)
+    agent.feed(recs[: len(recs) // 2])
+    assert agent.tick(now=1e9) is True and ctl.generation == 1 and not agent.refined
+    first = agent.last_plan
+    ctl.ctl["adopted"] = 1
+    agent.feed(recs[len(recs) // 2 : 3 * len(recs) // 4])
+    assert agent.tick(now=2e9) is True and ctl.generation == 2 and agent.refined
+    assert len(agent.last_plan.actions) == len(first.actions) - 1
+    assert agent.last_reason == "plan 2 written (refined by the host-clock replay)"
+    ctl.ctl["adopted"] = 2
+    agent.feed(recs[3 * len(recs) // 4 :])
+    assert agent.tick(now=1e10) is False and ctl.generation == 2
+    assert calls == [(False, None), (True, PLAN_LIMIT_S), (False, None)]
+    ctl.close(unlink=True)

@@ -174,7 +174,7 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
     replays, ~10-20 s on GPT medium's 1,640-op iteration on one slow core) and predict the time by
     it: the chosen windows, with their IDLE hints when the plan carries them. ``choose=False``: the
     cost model's cover at the budget alone, its prefetches timed on the capture's lead (the
-    planner before session 8, whose plans the H200 ran until then), replayed when ``replayed``.
+    planner of session 7 and before, whose plans the H200 ran), replayed when ``replayed``.
     ``limit_s``: the choice's time limit (``policy._choose``), None for none."""
     budget_bytes = int(budget_bytes)
     P = L.period
