@@ -324,3 +324,51 @@ def test_agent_refines_its_first_plan_by_the_replay_once(tmp_path, monkeypatch):
     assert agent.tick(now=1e10) is False and ctl.generation == 2
     assert calls == [(False, None), (True, PLAN_LIMIT_S), (False, None)]
     ctl.close(unlink=True)
+
+
+def test_agent_replacing_a_template_by_the_replays_choice_does_not_choose_again(tmp_path, monkeypatch):
+    """A new template found on the tick that refines the one in force is planned by the replay's
+    choice (make_plan choose=True, up to PLAN_LIMIT_S with the drain waiting); when it replaces the
+    plan in force, that plan is already the choice: the next tick on the same template plans the
+    cost model's cover alone (seconds), not the choice once more."""
+    from pyobmem import planner
+    from pyobmem.daemon import SwapAgent
+    from pyobmem.planner import parse_budget
+
+    calls = []
+    real = planner.make_plan
+
+    def make_plan(L, budget, **k):
+        calls.append(k.get("choose"))
+        return real(L, budget, **k)
+
+    monkeypatch.setattr(planner, "make_plan", make_plan)
+
+    def iteration(tr, A, B, C, base):
+        for p in range(P):
+            tr.launch(base + p, [B] + ([A] if p == 0 else []) + ([C] if p == 50 else []))
+
+    tr = Trace(dt_ns=10_000)
+    A, B, C = (tr.alloc(64 * MiB) for _ in range(3))
+    for _ in range(6):
+        iteration(tr, A, B, C, 0x1000)
+    first = len(tr.rows)
+    for _ in range(30):
+        iteration(tr, A, B, C, 0x2000)
+    recs = tr.records()
+    cut = [first + (len(recs) - first) * i // 3 for i in range(4)]
+    ctl = Control.create(str(tmp_path / "c.ctl"), 160 * MiB, 4 * MiB)
+    agent = SwapAgent(ctl, parse_budget(str(160 * MiB)), meta={"copy_bandwidth": BW}, warn=lambda m: None)
+    agent.feed(recs[:first])
+    assert agent.tick(now=1e9) is True and ctl.generation == 1 and not agent.refined
+    ctl.ctl["adopted"] = 1
+    agent.feed(recs[cut[0] : cut[1]])
+    assert agent.tick(now=2e9) is False and ctl.generation == 1  # the new template seen once
+    agent.feed(recs[cut[1] : cut[2]])
+    assert agent.tick(now=3e9) is True and ctl.generation == 2  # seen again: it replaces the plan
+    assert agent.last_plan.template_keys.tolist() == [0x2000 + p for p in range(P)] and agent.refined
+    ctl.ctl["adopted"] = 2
+    agent.feed(recs[cut[2] :])
+    assert agent.tick(now=1e10) is False and ctl.generation == 2
+    assert calls == [False, True, True, False]
+    ctl.close(unlink=True)
