@@ -208,7 +208,8 @@ class SwapAgent:
             self.last_reason = "the job fits the budget: nothing to swap"  # no plan to follow yet
             return False
         self.candidate = None
-        return self._write(plan)
+        # Planned on a refining tick, the new template's plan is the replay's choice already.
+        return self._write(plan, refined=refine)
 
     def plan_now(self, choose: bool = False):
         """Learn and plan on the records kept; None (and ``last_reason``) when there is no plan.
