@@ -58,9 +58,11 @@ FINAL_MAX_S = 10.0  # when finishing: stop even if producers keep writing
 TICK_S = 1.0  # swap mode: learn/plan at most this often ...
 TICK_CPU_SHARE = 0.25  # ... and spend at most this share of the time planning
 # The planner's choice among candidate plans by the replay stops starting new trials after this
-# (~10-15 s on GPT medium on a slow core; the drain waits meanwhile: the 64 MiB ring holds ~25 s of
-# its records): the best plan found so far is written, the cost model's cover at least.
-PLAN_LIMIT_S = 20.0
+# (14-18 s in all on GPT medium on a slow core; the drain waits meanwhile, and the 64 MiB ring holds
+# ~25 s of its records): the best plan found so far is written, the cost model's cover at least. A
+# trial begun before the limit runs on (a cover ~5 s, a replay ~0.3 s there): the whole choice
+# stays under ~20 s.
+PLAN_LIMIT_S = 12.0
 WINDOW_RECORDS = 1 << 20  # op and access records kept for learning (64 MiB)
 SHIM_WARNING = "swap.warn="  # a NOTE the shim writes for the user (native/swap.c), said on stderr
 _STATIC = (abi.Ev.PROCESS, abi.Ev.ALLOC, abi.Ev.FREE, abi.Ev.NOTE, abi.Ev.NCCL)  # NCCL: its blocks stay pinned
@@ -178,12 +180,20 @@ class SwapAgent:
         refine = self.last_plan is not None and not self.refined
         try:
             plan = self.plan_now(choose=refine)
+        except Exception as e:  # noqa: BLE001
+            if not refine:
+                raise
+            # The cover in force stays; the choice is not tried again (the drain waited for it).
+            self.refined = True
+            self._warn(f"pyobmem: swap: refining the plan failed ({type(e).__name__}: {e}); the first plan stays")
+            return False
         finally:
             spent = time.monotonic() - t0
             # While the template in force holds, learning again backs off (up to 8 times apart).
             self.next_tick = now + max(self.tick_s, spent / TICK_CPU_SHARE) * (1 << min(self.idle_ticks, 3))
             self.new_ops = 0
         if plan is None:
+            self.refined |= refine  # a choice that gave no plan is not tried again either
             return False
         # Learning goes on after a plan: what looked like the iteration early on (a model's layers
         # while its weights are set up, or one pass after a drop) gives way to the training step

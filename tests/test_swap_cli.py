@@ -372,3 +372,42 @@ def test_agent_replacing_a_template_by_the_replays_choice_does_not_choose_again(
     assert agent.tick(now=1e10) is False and ctl.generation == 2
     assert calls == [False, True, True, False]
     ctl.close(unlink=True)
+
+
+def test_agent_refine_that_fails_keeps_the_first_plan_and_is_not_tried_again(tmp_path, monkeypatch):
+    """A refine (the replay's choice) that raises, or gives no plan, leaves the cover in force with
+    one warning and is not tried again: the drain waits while the daemon plans."""
+    from pyobmem import planner
+    from pyobmem.daemon import SwapAgent
+    from pyobmem.planner import parse_budget
+
+    real = planner.make_plan
+    chose = []
+
+    def make_plan(L, budget, **k):
+        chose.append(bool(k.get("choose")))
+        if k.get("choose"):
+            raise RuntimeError("replay broke")
+        return real(L, budget, **k)
+
+    monkeypatch.setattr(planner, "make_plan", make_plan)
+    tr = Trace(dt_ns=10_000)
+    A, B, C = (tr.alloc(64 * MiB) for _ in range(3))
+    for _ in range(12):
+        for p in range(P):
+            tr.launch(0x1000 + p, [B] + ([A] if p == 0 else []) + ([C] if p == 50 else []))
+    recs = tr.records()
+    said = []
+    ctl = Control.create(str(tmp_path / "c.ctl"), 160 * MiB, 4 * MiB)
+    agent = SwapAgent(ctl, parse_budget(str(160 * MiB)), meta={"copy_bandwidth": BW}, warn=said.append)
+    thirds = [len(recs) // 3, 2 * len(recs) // 3, len(recs)]
+    agent.feed(recs[: thirds[0]])
+    assert agent.tick(now=1e9) is True and ctl.generation == 1
+    ctl.ctl["adopted"] = 1
+    agent.feed(recs[thirds[0] : thirds[1]])
+    assert agent.tick(now=2e9) is False and agent.refined and ctl.generation == 1
+    assert said == ["pyobmem: swap: refining the plan failed (RuntimeError: replay broke); the first plan stays"]
+    agent.feed(recs[thirds[1] :])
+    assert agent.tick(now=1e10) is False and ctl.generation == 1
+    assert chose == [False, True, False]
+    ctl.close(unlink=True)
