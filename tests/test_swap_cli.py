@@ -83,6 +83,17 @@ def test_plan_synthetic_json(tmp_path, capfd):
     assert [(s["block"], s["row"], s["site"]) for s in j["swaps"]] == [("100:1", 0, None)]  # pid:id, as every verb names it
 
 
+def _three_block_iterations():
+    """12 iterations of P launches, each touching B, and A at op 0 and C at op 50 (64 MiB each:
+    one of them must be out under 160 MiB): records for SwapAgent tests."""
+    tr = Trace(dt_ns=10_000)
+    A, B, C = (tr.alloc(64 * MiB) for _ in range(3))
+    for _ in range(12):
+        for p in range(P):
+            tr.launch(0x1000 + p, [B] + ([A] if p == 0 else []) + ([C] if p == 50 else []))
+    return tr.records()
+
+
 def _start_daemon(ring_path, out, control_path, budget):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(
@@ -303,12 +314,7 @@ def test_agent_refines_its_first_plan_by_the_replay_once(tmp_path, monkeypatch):
         return plan
 
     monkeypatch.setattr(planner, "make_plan", make_plan)
-    tr = Trace(dt_ns=10_000)
-    A, B, C = (tr.alloc(64 * MiB) for _ in range(3))
-    for _ in range(12):
-        for p in range(P):
-            tr.launch(0x1000 + p, [B] + ([A] if p == 0 else []) + ([C] if p == 50 else []))
-    recs = tr.records()
+    recs = _three_block_iterations()
     ctl = Control.create(str(tmp_path / "c.ctl"), 160 * MiB, 4 * MiB)
     agent = SwapAgent(ctl, parse_budget(str(160 * MiB)), meta={"copy_bandwidth": BW}, warn=lambda m: None)
     agent.feed(recs[: len(recs) // 2])
@@ -391,12 +397,7 @@ def test_agent_refine_that_fails_keeps_the_first_plan_and_is_not_tried_again(tmp
         return real(L, budget, **k)
 
     monkeypatch.setattr(planner, "make_plan", make_plan)
-    tr = Trace(dt_ns=10_000)
-    A, B, C = (tr.alloc(64 * MiB) for _ in range(3))
-    for _ in range(12):
-        for p in range(P):
-            tr.launch(0x1000 + p, [B] + ([A] if p == 0 else []) + ([C] if p == 50 else []))
-    recs = tr.records()
+    recs = _three_block_iterations()
     said = []
     ctl = Control.create(str(tmp_path / "c.ctl"), 160 * MiB, 4 * MiB)
     agent = SwapAgent(ctl, parse_budget(str(160 * MiB)), meta={"copy_bandwidth": BW}, warn=said.append)
