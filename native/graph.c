@@ -1,9 +1,17 @@
 /*
  * CUDA graphs (C10): a graph launch runs many kernels with no per-kernel hook. At instantiate
  * and exec-update, walk the graph (kernel nodes, memset and memcpy nodes, child graphs) and keep
- * per CUgraphExec the candidate pointer words of their parameters; at cuGraphLaunch resolve them
- * against the block table and emit GRAPH_LAUNCH + ACCESS. Kernel nodes whose parameters cannot
- * be read make the graph OPAQUE.
+ * per CUgraphExec, per top-level node, the candidate pointer words of its parameters; at
+ * cuGraphLaunch resolve them against the block table and emit GRAPH_LAUNCH + ACCESS.
+ *
+ * An executable graph's node parameters can change after instantiation without a new graph:
+ * cuGraphExec{Kernel,Memcpy,Memset,ChildGraph,BatchMemOp}NodeSetParams and cuGraphExecNodeSetParams
+ * (XLA's command buffers update their nodes this way whenever buffer addresses change). Each
+ * replaces that node's words; a node handle we do not hold (one inside a child graph or a
+ * conditional body) gets its own entry, a superset that stays safe. Nodes whose parameters
+ * cannot be read (no kernel layout, a batch memory op, a conditional node: its bodies are not
+ * readable through the driver API) make the graph OPAQUE: in swap mode it brings every block
+ * back before it runs.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -13,67 +21,128 @@
 
 #define MAX_GRAPH_DEPTH 8
 
-struct exec_info {
-    CUgraphExec exec;
-    uint64_t *words;
+/* The words of one node of the graph an exec was instantiated from (all of a child graph's). */
+struct node_words {
+    CUgraphNode node;
+    uint64_t *w;
     size_t n, cap;
     uint32_t kernel_nodes;
     uint16_t flags;
+};
+
+struct exec_info {
+    CUgraphExec exec;
+    struct node_words *nodes;
+    size_t nn;
     struct exec_info *next;
 };
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct exec_info *g_execs;
 
-static void push(struct exec_info *x, uint64_t w)
+static void push(struct node_words *e, uint64_t w)
 {
     if (w < 4096) /* small integers are no device pointers */
         return;
-    if (x->n == x->cap) {
-        size_t cap = x->cap ? x->cap * 2 : 64;
-        uint64_t *nw = realloc(x->words, cap * sizeof *nw);
+    if (e->n == e->cap) {
+        size_t cap = e->cap ? e->cap * 2 : 16;
+        uint64_t *nw = realloc(e->w, cap * sizeof *nw);
         if (!nw) {
-            x->flags |= PYOBMEM_LAUNCH_OPAQUE;
+            e->flags |= PYOBMEM_LAUNCH_OPAQUE;
             return;
         }
-        x->words = nw;
-        x->cap = cap;
+        e->w = nw;
+        e->cap = cap;
     }
-    x->words[x->n++] = w;
+    e->w[e->n++] = w;
 }
 
-static void push_word(void *x, uint32_t offset, uint64_t w)
+static void push_word(void *e, uint32_t offset, uint64_t w)
 {
     (void)offset;
-    push(x, w);
+    push(e, w);
 }
 
-static void walk_kernel(struct exec_info *x, CUgraphNode node)
+static void kernel_words(struct node_words *e, CUfunction func, CUkernel kern, void **kernelParams)
 {
-    CUDA_KERNEL_NODE_PARAMS kp;
-    memset(&kp, 0, sizeof kp);
-    x->kernel_nodes++;
-    if (!real_cuGraphKernelNodeGetParams_v2 || real_cuGraphKernelNodeGetParams_v2(node, &kp) != CUDA_SUCCESS) {
-        x->flags |= PYOBMEM_LAUNCH_OPAQUE;
-        return;
-    }
-    uintptr_t handle = kp.func ? (uintptr_t)kp.func : (uintptr_t)kp.kern;
+    e->kernel_nodes++;
+    uintptr_t handle = func ? (uintptr_t)func : (uintptr_t)kern;
     const struct param_layout *l = params_get(handle);
-    if (!l->known || (!kp.kernelParams && l->count > 0)) {
-        x->flags |= PYOBMEM_LAUNCH_OPAQUE | (l->known ? 0 : PYOBMEM_LAUNCH_NO_LAYOUT);
+    if (!l->known || (!kernelParams && l->count > 0)) {
+        e->flags |= PYOBMEM_LAUNCH_OPAQUE | (l->known ? 0 : PYOBMEM_LAUNCH_NO_LAYOUT);
         return;
     }
     for (uint32_t i = 0; i < l->count; i++)
-        if (l->size[i] >= 8 && kp.kernelParams[i])
-            param_words(kp.kernelParams[i], l->offset[i], l->size[i], push_word, x);
+        if (l->size[i] >= 8 && kernelParams[i])
+            param_words(kernelParams[i], l->offset[i], l->size[i], push_word, e);
 }
 
-static void walk(struct exec_info *x, CUgraph graph, int depth)
+static void memcpy_words(struct node_words *e, const CUDA_MEMCPY3D *cp)
+{
+    if (cp->srcMemoryType == CU_MEMORYTYPE_DEVICE || cp->srcMemoryType == CU_MEMORYTYPE_UNIFIED)
+        push(e, cp->srcDevice);
+    if (cp->dstMemoryType == CU_MEMORYTYPE_DEVICE || cp->dstMemoryType == CU_MEMORYTYPE_UNIFIED)
+        push(e, cp->dstDevice);
+}
+
+/* Node types that never touch device memory the application allocated (graph-owned memory of
+ * MEM_ALLOC/MEM_FREE nodes is no block of ours). */
+static int touches_nothing(CUgraphNodeType t)
+{
+    return t == CU_GRAPH_NODE_TYPE_EMPTY || t == CU_GRAPH_NODE_TYPE_HOST || t == CU_GRAPH_NODE_TYPE_WAIT_EVENT ||
+           t == CU_GRAPH_NODE_TYPE_EVENT_RECORD || t == CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL ||
+           t == CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT || t == CU_GRAPH_NODE_TYPE_MEM_ALLOC ||
+           t == CU_GRAPH_NODE_TYPE_MEM_FREE;
+}
+
+static void walk(struct node_words *e, CUgraph graph, int depth);
+
+/* The words of one node of a (non-executable) graph, read back through the driver. */
+static void node_fill(struct node_words *e, CUgraphNode node, int depth)
+{
+    CUgraphNodeType t;
+    if (!real_cuGraphNodeGetType || real_cuGraphNodeGetType(node, &t) != CUDA_SUCCESS) {
+        e->flags |= PYOBMEM_LAUNCH_OPAQUE;
+        return;
+    }
+    if (t == CU_GRAPH_NODE_TYPE_KERNEL) {
+        CUDA_KERNEL_NODE_PARAMS kp;
+        memset(&kp, 0, sizeof kp);
+        if (!real_cuGraphKernelNodeGetParams_v2 || real_cuGraphKernelNodeGetParams_v2(node, &kp) != CUDA_SUCCESS) {
+            e->kernel_nodes++;
+            e->flags |= PYOBMEM_LAUNCH_OPAQUE;
+            return;
+        }
+        kernel_words(e, kp.func, kp.kern, kp.kernelParams);
+    } else if (t == CU_GRAPH_NODE_TYPE_MEMSET) {
+        CUDA_MEMSET_NODE_PARAMS mp;
+        if (real_cuGraphMemsetNodeGetParams && real_cuGraphMemsetNodeGetParams(node, &mp) == CUDA_SUCCESS)
+            push(e, mp.dst);
+        else
+            e->flags |= PYOBMEM_LAUNCH_OPAQUE;
+    } else if (t == CU_GRAPH_NODE_TYPE_MEMCPY) {
+        CUDA_MEMCPY3D cp;
+        if (real_cuGraphMemcpyNodeGetParams && real_cuGraphMemcpyNodeGetParams(node, &cp) == CUDA_SUCCESS)
+            memcpy_words(e, &cp);
+        else
+            e->flags |= PYOBMEM_LAUNCH_OPAQUE;
+    } else if (t == CU_GRAPH_NODE_TYPE_GRAPH) {
+        CUgraph child;
+        if (real_cuGraphChildGraphNodeGetGraph && real_cuGraphChildGraphNodeGetGraph(node, &child) == CUDA_SUCCESS)
+            walk(e, child, depth + 1);
+        else
+            e->flags |= PYOBMEM_LAUNCH_OPAQUE;
+    } else if (!touches_nothing(t)) { /* a batch memory op, a conditional node, a type newer than us */
+        e->flags |= PYOBMEM_LAUNCH_OPAQUE;
+    }
+}
+
+/* Every node of `graph`, into one entry (a child graph's words belong to its node). */
+static void walk(struct node_words *e, CUgraph graph, int depth)
 {
     size_t n = 0;
-    if (depth > MAX_GRAPH_DEPTH || !real_cuGraphGetNodes || !real_cuGraphNodeGetType ||
-        real_cuGraphGetNodes(graph, NULL, &n) != CUDA_SUCCESS) {
-        x->flags |= PYOBMEM_LAUNCH_OPAQUE;
+    if (depth > MAX_GRAPH_DEPTH || !real_cuGraphGetNodes || real_cuGraphGetNodes(graph, NULL, &n) != CUDA_SUCCESS) {
+        e->flags |= PYOBMEM_LAUNCH_OPAQUE;
         return;
     }
     if (n == 0)
@@ -81,34 +150,20 @@ static void walk(struct exec_info *x, CUgraph graph, int depth)
     CUgraphNode *nodes = calloc(n, sizeof *nodes);
     if (!nodes || real_cuGraphGetNodes(graph, nodes, &n) != CUDA_SUCCESS) {
         free(nodes);
-        x->flags |= PYOBMEM_LAUNCH_OPAQUE;
+        e->flags |= PYOBMEM_LAUNCH_OPAQUE;
         return;
     }
-    for (size_t i = 0; i < n; i++) {
-        CUgraphNodeType t;
-        if (real_cuGraphNodeGetType(nodes[i], &t) != CUDA_SUCCESS)
-            continue;
-        if (t == CU_GRAPH_NODE_TYPE_KERNEL) {
-            walk_kernel(x, nodes[i]);
-        } else if (t == CU_GRAPH_NODE_TYPE_MEMSET) {
-            CUDA_MEMSET_NODE_PARAMS mp;
-            if (real_cuGraphMemsetNodeGetParams && real_cuGraphMemsetNodeGetParams(nodes[i], &mp) == CUDA_SUCCESS)
-                push(x, mp.dst);
-        } else if (t == CU_GRAPH_NODE_TYPE_MEMCPY) {
-            CUDA_MEMCPY3D cp;
-            if (real_cuGraphMemcpyNodeGetParams && real_cuGraphMemcpyNodeGetParams(nodes[i], &cp) == CUDA_SUCCESS) {
-                if (cp.srcMemoryType == CU_MEMORYTYPE_DEVICE || cp.srcMemoryType == CU_MEMORYTYPE_UNIFIED)
-                    push(x, cp.srcDevice);
-                if (cp.dstMemoryType == CU_MEMORYTYPE_DEVICE || cp.dstMemoryType == CU_MEMORYTYPE_UNIFIED)
-                    push(x, cp.dstDevice);
-            }
-        } else if (t == CU_GRAPH_NODE_TYPE_GRAPH) {
-            CUgraph child;
-            if (real_cuGraphChildGraphNodeGetGraph && real_cuGraphChildGraphNodeGetGraph(nodes[i], &child) == CUDA_SUCCESS)
-                walk(x, child, depth + 1);
-        }
-    }
+    for (size_t i = 0; i < n; i++)
+        node_fill(e, nodes[i], depth);
     free(nodes);
+}
+
+static void exec_free(struct exec_info *x)
+{
+    for (size_t i = 0; i < x->nn; i++)
+        free(x->nodes[i].w);
+    free(x->nodes);
+    free(x);
 }
 
 static void forget_locked(CUgraphExec exec)
@@ -117,13 +172,22 @@ static void forget_locked(CUgraphExec exec)
         if ((*pp)->exec == exec) {
             struct exec_info *x = *pp;
             *pp = x->next;
-            free(x->words);
-            free(x);
+            exec_free(x);
             return;
         }
     }
 }
 
+static struct exec_info *find_locked(CUgraphExec exec)
+{
+    for (struct exec_info *x = g_execs; x; x = x->next)
+        if (x->exec == exec)
+            return x;
+    return NULL;
+}
+
+/* A new exec (or one updated from a whole graph): one entry per top-level node. A failure to
+ * list the nodes leaves one OPAQUE entry. */
 static void remember(CUgraphExec exec, CUgraph graph)
 {
     struct exec_info *x = calloc(1, sizeof *x);
@@ -131,13 +195,67 @@ static void remember(CUgraphExec exec, CUgraph graph)
         return;
     x->exec = exec;
     shim_tls_guard++;
-    walk(x, graph, 0);
+    size_t n = 0;
+    CUgraphNode *nodes = NULL;
+    int ok = real_cuGraphGetNodes && real_cuGraphGetNodes(graph, NULL, &n) == CUDA_SUCCESS;
+    if (ok && n > 0)
+        ok = (nodes = calloc(n, sizeof *nodes)) != NULL && real_cuGraphGetNodes(graph, nodes, &n) == CUDA_SUCCESS;
+    x->nodes = calloc(ok && n ? n : 1, sizeof *x->nodes);
+    if (!x->nodes) {
+        shim_tls_guard--;
+        free(nodes);
+        free(x);
+        return;
+    }
+    if (!ok) {
+        x->nn = 1;
+        x->nodes[0].flags = PYOBMEM_LAUNCH_OPAQUE;
+    } else {
+        x->nn = n;
+        for (size_t i = 0; i < n; i++) {
+            x->nodes[i].node = nodes[i];
+            node_fill(&x->nodes[i], nodes[i], 0);
+        }
+    }
     shim_tls_guard--;
+    free(nodes);
     pthread_mutex_lock(&g_mu);
     forget_locked(exec);
     x->next = g_execs;
     g_execs = x;
     pthread_mutex_unlock(&g_mu);
+}
+
+/* After a successful cuGraphExec*SetParams: `fresh` (built by the caller) becomes node's words
+ * in exec. An exec we never saw instantiated stays unknown (its launches are OPAQUE). */
+static void node_update(CUgraphExec exec, CUgraphNode node, struct node_words *fresh)
+{
+    fresh->node = node;
+    pthread_mutex_lock(&g_mu);
+    struct exec_info *x = find_locked(exec);
+    struct node_words *slot = NULL;
+    if (x) {
+        for (size_t i = 0; i < x->nn && !slot; i++)
+            if (x->nodes[i].node == node)
+                slot = &x->nodes[i];
+        if (!slot) {
+            struct node_words *nn = realloc(x->nodes, (x->nn + 1) * sizeof *nn);
+            if (nn) {
+                x->nodes = nn;
+                slot = &nn[x->nn++];
+                memset(slot, 0, sizeof *slot);
+            } else if (x->nn) { /* keep the old words, and say the launch may touch more */
+                x->nodes[0].flags |= PYOBMEM_LAUNCH_OPAQUE;
+            }
+        }
+    }
+    if (slot) {
+        uint64_t *old = slot->w;
+        *slot = *fresh;
+        fresh->w = old;
+    }
+    pthread_mutex_unlock(&g_mu);
+    free(fresh->w);
 }
 
 #define DEF_INSTANTIATE(NAME, PARAMS, ARGS)                   \
@@ -195,6 +313,77 @@ CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec hGraphExec)
     return r;
 }
 
+
+/* ---- node parameters changed in an executable graph ---- */
+
+#define DEF_NODE_SET(NAME, PARAMS, ARGS, FILL)                      \
+    CUresult CUDAAPI NAME PARAMS                                    \
+    {                                                               \
+        int rec = shim_begin();                                     \
+        CUresult r = REAL(NAME, ARGS);                              \
+        if (rec && r == CUDA_SUCCESS) {                             \
+            struct node_words e;                                    \
+            memset(&e, 0, sizeof e);                                \
+            shim_tls_guard++;                                       \
+            FILL;                                                   \
+            shim_tls_guard--;                                       \
+            node_update(hGraphExec, hNode, &e);                     \
+        }                                                           \
+        return r;                                                   \
+    }
+DEF_NODE_SET(cuGraphExecKernelNodeSetParams,
+             (CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS_v1 *p), (hGraphExec, hNode, p),
+             kernel_words(&e, p->func, NULL, p->kernelParams))
+DEF_NODE_SET(cuGraphExecKernelNodeSetParams_v2,
+             (CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS *p), (hGraphExec, hNode, p),
+             kernel_words(&e, p->func, p->kern, p->kernelParams))
+DEF_NODE_SET(cuGraphExecMemcpyNodeSetParams,
+             (CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_MEMCPY3D *p, CUcontext ctx), (hGraphExec, hNode, p, ctx),
+             memcpy_words(&e, p))
+DEF_NODE_SET(cuGraphExecMemsetNodeSetParams,
+             (CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_MEMSET_NODE_PARAMS *p, CUcontext ctx),
+             (hGraphExec, hNode, p, ctx), push(&e, p->dst))
+DEF_NODE_SET(cuGraphExecChildGraphNodeSetParams, (CUgraphExec hGraphExec, CUgraphNode hNode, CUgraph child),
+             (hGraphExec, hNode, child), walk(&e, child, 1))
+DEF_NODE_SET(cuGraphExecBatchMemOpNodeSetParams,
+             (CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_BATCH_MEM_OP_NODE_PARAMS *p), (hGraphExec, hNode, p),
+             e.flags |= PYOBMEM_LAUNCH_OPAQUE)
+
+/* CUDA 12.2's generic setter: the node's type is in the parameters. */
+static void generic_words(struct node_words *e, const CUgraphNodeParams *p)
+{
+    if (p->type == CU_GRAPH_NODE_TYPE_KERNEL)
+        kernel_words(e, p->kernel.func, p->kernel.kern, p->kernel.kernelParams);
+    else if (p->type == CU_GRAPH_NODE_TYPE_MEMCPY)
+        memcpy_words(e, &p->memcpy.copyParams);
+    else if (p->type == CU_GRAPH_NODE_TYPE_MEMSET)
+        push(e, p->memset.dst);
+    else if (p->type == CU_GRAPH_NODE_TYPE_GRAPH)
+        walk(e, p->graph.graph, 1);
+    else if (!touches_nothing(p->type))
+        e->flags |= PYOBMEM_LAUNCH_OPAQUE;
+}
+DEF_NODE_SET(cuGraphExecNodeSetParams, (CUgraphExec hGraphExec, CUgraphNode hNode, CUgraphNodeParams *p),
+             (hGraphExec, hNode, p), generic_words(&e, p))
+
+/* ---- launches ---- */
+
+/* The exec's words, flags and kernel-node count (under g_mu). */
+static uint16_t exec_summary(const struct exec_info *x, size_t *words, uint32_t *kernel_nodes)
+{
+    uint16_t flags = 0;
+    size_t n = 0;
+    uint32_t k = 0;
+    for (size_t i = 0; i < x->nn; i++) {
+        flags |= x->nodes[i].flags;
+        n += x->nodes[i].n;
+        k += x->nodes[i].kernel_nodes;
+    }
+    *words = n;
+    *kernel_nodes = k;
+    return flags;
+}
+
 static void record_graph_launch(CUgraphExec exec, CUstream s)
 {
     struct touched t;
@@ -202,22 +391,19 @@ static void record_graph_launch(CUgraphExec exec, CUstream s)
     t.truncated = 0;
     uint16_t flags = 0;
     uint32_t kernel_nodes = 0;
-    int known = 0;
     pthread_mutex_lock(&g_mu);
-    for (struct exec_info *x = g_execs; x; x = x->next) {
-        if (x->exec != exec)
-            continue;
-        known = 1;
-        flags = x->flags;
-        kernel_nodes = x->kernel_nodes;
+    struct exec_info *x = find_locked(exec);
+    if (x) {
+        size_t n;
+        flags = exec_summary(x, &n, &kernel_nodes);
         blocks_read_lock();
-        for (size_t i = 0; i < x->n; i++)
-            touched_add(&t, x->words[i]);
+        for (size_t i = 0; i < x->nn; i++)
+            for (size_t j = 0; j < x->nodes[i].n; j++)
+                touched_add(&t, x->nodes[i].w[j]);
         blocks_read_unlock();
-        break;
     }
     pthread_mutex_unlock(&g_mu);
-    if (!known) /* instantiated before we saw it, or through an unhooked entry point */
+    if (!x) /* instantiated before we saw it, or through an unhooked entry point */
         flags |= PYOBMEM_LAUNCH_OPAQUE | PYOBMEM_LAUNCH_NO_LAYOUT;
     if (t.truncated)
         flags |= PYOBMEM_LAUNCH_TRUNCATED;
@@ -237,17 +423,20 @@ static CUresult graph_swap_begin(struct swap_op *op, CUgraphExec exec, CUstream 
     size_t n = 0;
     int how = SWAP_OP_OPAQUE;
     pthread_mutex_lock(&g_mu);
-    for (struct exec_info *x = g_execs; x; x = x->next) {
-        if (x->exec != exec)
-            continue;
-        how = (x->flags & PYOBMEM_LAUNCH_OPAQUE) ? SWAP_OP_OPAQUE : 0;
-        if (x->n && (words = malloc(x->n * sizeof *words)) != NULL) {
-            memcpy(words, x->words, x->n * sizeof *words);
-            n = x->n;
-        } else if (x->n) {
+    struct exec_info *x = find_locked(exec);
+    if (x) {
+        uint32_t k;
+        how = (exec_summary(x, &n, &k) & PYOBMEM_LAUNCH_OPAQUE) ? SWAP_OP_OPAQUE : 0;
+        if (n && (words = malloc(n * sizeof *words)) != NULL) {
+            size_t at = 0;
+            for (size_t i = 0; i < x->nn; i++) {
+                memcpy(words + at, x->nodes[i].w, x->nodes[i].n * sizeof *words);
+                at += x->nodes[i].n;
+            }
+        } else if (n) {
             how |= SWAP_OP_INCOMPLETE;
+            n = 0;
         }
-        break;
     }
     pthread_mutex_unlock(&g_mu);
     CUresult r = swap_op_begin(op, (uint64_t)(uintptr_t)exec, s, how, words, n);

@@ -272,14 +272,15 @@ static const struct hook_entry *hook_by_name(const char *name)
 
 static const char *const g_families[] = {
     "cuMemAlloc", "cuMemFree", "cuMemCreate", "cuMemMap", "cuMemUnmap", "cuMemRelease", "cuLaunch",
-    "cuGraphLaunch", "cuGraphInstantiate", "cuMemcpy", "cuMemset",
+    "cuGraphLaunch", "cuGraphInstantiate", "cuGraphExec", "cuMemcpy", "cuMemset",
     /* the calls that free kernel handles (params.c) */
     "cuModuleUnload", "cuLibraryUnload", "cuCtxDestroy", "cuCtxDetach", "cuDevicePrimaryCtxRelease",
     "cuDevicePrimaryCtxReset", "cuGreenCtxDestroy",
 };
 
 /* Names in those families that never touch device memory: not worth a note. */
-static const char *const g_host_only[] = {"cuLaunchHostFunc", "cuMemAllocHost", "cuMemFreeHost"};
+static const char *const g_host_only[] = {"cuLaunchHostFunc", "cuMemAllocHost", "cuMemFreeHost", "cuGraphExecHostNode",
+                                          "cuGraphExecEvent", "cuGraphExecExternalSemaphores", "cuGraphExecGetFlags"};
 
 static int in_family(const char *name)
 {

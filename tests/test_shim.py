@@ -432,6 +432,26 @@ def test_c10_graph_launch_touches_node_params(fake, tmp_path):
     assert len(run.of(Ev.LAUNCH)) == 0
 
 
+def test_c10_graph_exec_node_updates_change_what_a_launch_touches(fake, tmp_path):
+    # XLA updates its command buffers' nodes in the executable graph whenever buffer addresses
+    # change; a launch must name the blocks of the parameters in force, not the instantiated ones.
+    run = run_driver(fake, tmp_path, "graph_update")
+    for key in ("kset_rc", "mset_rc", "cset_rc", "kset1_rc", "gset_rc"):
+        assert run.out[key] == 0, key
+    assert run.out["bad_rc"] != 0  # the fake refuses memset params for a kernel node
+    g = run.of(Ev.GRAPH_LAUNCH)
+    assert g["a"].tolist() == [1, 2, 3, 4, 5, 6, 7]
+    # node 1 a b / memset c / child graph d  ->  c+8 d / a+16 / (empty)  ->  b+4 b+8 / a+16  ->  d+32 / a+16
+    assert accesses(run, 1) == [word(1, 0), word(2, 0), word(3, 0), word(4, 0)]
+    assert accesses(run, 2) == [word(3, 8), word(4, 0), word(1, 16)]
+    assert accesses(run, 3) == [word(2, 4), word(1, 16)]
+    assert accesses(run, 4) == [word(4, 32), word(1, 16)]
+    assert g["e"].tolist() == [4, 3, 2, 2, 0, 0, 0]
+    assert g["d"].tolist() == [2, 1, 1, 1, 0, 0, 0]  # kernel nodes
+    opaque = LaunchFlag.OPAQUE
+    assert [f & opaque for f in g["flags"].tolist()] == [0, 0, 0, 0, opaque, opaque, 0]
+
+
 # ---------------------------------------------------------------- processes, ring, threads
 
 

@@ -238,6 +238,78 @@ static int scenario_graph(void)
     return 0;
 }
 
+/* An executable graph's nodes changed in place (XLA's command buffers): each launch names the
+ * blocks of the parameters the exec has now. Graph a..d: kernel (a, n, b), memset c, child graph
+ * with kernel (d, n, 0). */
+static int scenario_graph_update(void)
+{
+    typedef CUresult (*kset_fn)(CUgraphExec, CUgraphNode, const CUDA_KERNEL_NODE_PARAMS *);
+    typedef CUresult (*kset1_fn)(CUgraphExec, CUgraphNode, const CUDA_KERNEL_NODE_PARAMS_v1 *);
+    typedef CUresult (*mset_fn)(CUgraphExec, CUgraphNode, const CUDA_MEMSET_NODE_PARAMS *, CUcontext);
+    typedef CUresult (*cset_fn)(CUgraphExec, CUgraphNode, CUgraph);
+    typedef CUresult (*gset_fn)(CUgraphExec, CUgraphNode, CUgraphNodeParams *);
+    p_cuInit(0);
+    CUdeviceptr a = must_alloc(1 << 16), b = must_alloc(1 << 16), c = must_alloc(1 << 16), d = must_alloc(1 << 16);
+    int n = 5;
+    CUdeviceptr x = a, y = b, zero = 0;
+    void *args1[] = {&x, &n, &y}, *argsc[] = {&d, &n, &zero};
+    struct fake_node k1 = {.type = CU_GRAPH_NODE_TYPE_KERNEL, .func = FAKE_FUNC_A, .kernelParams = args1};
+    struct fake_node ms = {.type = CU_GRAPH_NODE_TYPE_MEMSET, .dst = c};
+    struct fake_node kc = {.type = CU_GRAPH_NODE_TYPE_KERNEL, .func = FAKE_FUNC_A, .kernelParams = argsc};
+    struct fake_graph child = {.n = 1, .nodes = {&kc}}, empty = {.n = 0};
+    struct fake_node cg = {.type = CU_GRAPH_NODE_TYPE_GRAPH, .child = &child};
+    struct fake_graph g = {.n = 3, .nodes = {&k1, &ms, &cg}};
+    CUgraphExec exec = NULL;
+    GET(inst_fn, "cuGraphInstantiateWithFlags")(&exec, (CUgraph)&g, 0);
+    glaunch_fn gl = GET(glaunch_fn, "cuGraphLaunch");
+    gl(exec, NULL); /* 1: a b c d */
+
+    CUdeviceptr x2 = c + 8, y2 = d;
+    void *args2[] = {&x2, &n, &y2};
+    CUDA_KERNEL_NODE_PARAMS kp = {0};
+    kp.func = FAKE_FUNC_A;
+    kp.kernelParams = args2;
+    printf("kset_rc=%d\n", (int)GET(kset_fn, "cuGraphExecKernelNodeSetParams")(exec, (CUgraphNode)&k1, &kp));
+    CUDA_MEMSET_NODE_PARAMS mp = {0};
+    mp.dst = a + 16;
+    printf("mset_rc=%d\n", (int)GET(mset_fn, "cuGraphExecMemsetNodeSetParams")(exec, (CUgraphNode)&ms, &mp, NULL));
+    printf("cset_rc=%d\n", (int)GET(cset_fn, "cuGraphExecChildGraphNodeSetParams")(exec, (CUgraphNode)&cg, (CUgraph)&empty));
+    gl(exec, NULL); /* 2: c+8 d a+16 */
+
+    CUdeviceptr x3 = b + 4, y3 = b + 8;
+    void *args3[] = {&x3, &n, &y3};
+    CUDA_KERNEL_NODE_PARAMS_v1 kp1 = {0};
+    kp1.func = FAKE_FUNC_A;
+    kp1.kernelParams = args3;
+    kset1_fn set1 = (kset1_fn)get("cuGraphExecKernelNodeSetParams", 11000, CU_GET_PROC_ADDRESS_DEFAULT);
+    printf("kset1_rc=%d\n", (int)set1(exec, (CUgraphNode)&k1, &kp1));
+    printf("bad_rc=%d\n", (int)GET(mset_fn, "cuGraphExecMemsetNodeSetParams")(exec, (CUgraphNode)&k1, &mp, NULL));
+    gl(exec, NULL); /* 3: b+4 a+16 (the failed set changes nothing) */
+
+    CUdeviceptr x4 = d + 32;
+    void *args4[] = {&x4, &n, &zero};
+    CUgraphNodeParams gp;
+    memset(&gp, 0, sizeof gp);
+    gp.type = CU_GRAPH_NODE_TYPE_KERNEL;
+    gp.kernel.func = FAKE_FUNC_A;
+    gp.kernel.kernelParams = args4;
+    printf("gset_rc=%d\n", (int)GET(gset_fn, "cuGraphExecNodeSetParams")(exec, (CUgraphNode)&k1, &gp));
+    gl(exec, NULL); /* 4: d+32 a+16 */
+
+    struct fake_node bm = {.type = CU_GRAPH_NODE_TYPE_BATCH_MEM_OP}, cond = {.type = CU_GRAPH_NODE_TYPE_CONDITIONAL};
+    struct fake_node host = {.type = CU_GRAPH_NODE_TYPE_HOST}, none = {.type = CU_GRAPH_NODE_TYPE_EMPTY};
+    struct fake_graph g_bm = {.n = 1, .nodes = {&bm}}, g_cond = {.n = 2, .nodes = {&host, &cond}};
+    struct fake_graph g_host = {.n = 2, .nodes = {&host, &none}};
+    CUgraphExec e_bm = NULL, e_cond = NULL, e_host = NULL;
+    GET(inst_fn, "cuGraphInstantiateWithFlags")(&e_bm, (CUgraph)&g_bm, 0);
+    GET(inst_fn, "cuGraphInstantiateWithFlags")(&e_cond, (CUgraph)&g_cond, 0);
+    GET(inst_fn, "cuGraphInstantiateWithFlags")(&e_host, (CUgraph)&g_host, 0);
+    gl(e_bm, NULL);   /* 5: opaque (a batch memory op writes memory) */
+    gl(e_cond, NULL); /* 6: opaque (a conditional's bodies cannot be read) */
+    gl(e_host, NULL); /* 7: touches nothing */
+    return 0;
+}
+
 static int scenario_unhooked(void)
 {
     void *legacy = get("cuMemAlloc", 3000, 0);
@@ -638,6 +710,8 @@ int main(int argc, char **argv)
         rc = scenario_vmm();
     else if (!strcmp(s, "graph"))
         rc = scenario_graph();
+    else if (!strcmp(s, "graph_update"))
+        rc = scenario_graph_update();
     else if (!strcmp(s, "unhooked"))
         rc = scenario_unhooked();
     else if (!strcmp(s, "batch"))

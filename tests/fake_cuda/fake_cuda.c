@@ -366,6 +366,51 @@ API CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned lon
     return CUDA_SUCCESS;
 }
 API CUresult cuGraphLaunch(CUgraphExec e, CUstream s) { return e ? graph_launch(e, s) : CUDA_ERROR_INVALID_VALUE; }
+static CUresult kernel_set(CUgraphExec e, CUgraphNode h, CUfunction f, CUkernel k, void **kp)
+{
+    struct fake_node to = {.type = CU_GRAPH_NODE_TYPE_KERNEL, .func = f, .kern = k, .kernelParams = kp};
+    return exec_node_set(e, h, &to);
+}
+API CUresult cuGraphExecKernelNodeSetParams(CUgraphExec e, CUgraphNode h, const CUDA_KERNEL_NODE_PARAMS_v1 *p)
+{
+    return kernel_set(e, h, p->func, NULL, p->kernelParams);
+}
+API CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec e, CUgraphNode h, const CUDA_KERNEL_NODE_PARAMS *p)
+{
+    return kernel_set(e, h, p->func, p->kern, p->kernelParams);
+}
+API CUresult cuGraphExecMemsetNodeSetParams(CUgraphExec e, CUgraphNode h, const CUDA_MEMSET_NODE_PARAMS *p, CUcontext c)
+{
+    (void)c;
+    struct fake_node to = {.type = CU_GRAPH_NODE_TYPE_MEMSET, .dst = p->dst};
+    return exec_node_set(e, h, &to);
+}
+API CUresult cuGraphExecChildGraphNodeSetParams(CUgraphExec e, CUgraphNode h, CUgraph child)
+{
+    struct fake_node to = {.type = CU_GRAPH_NODE_TYPE_GRAPH};
+    return child ? exec_node_set(e, h, &to) : CUDA_ERROR_INVALID_VALUE;
+}
+API CUresult cuGraphExecBatchMemOpNodeSetParams(CUgraphExec e, CUgraphNode h, const CUDA_BATCH_MEM_OP_NODE_PARAMS *p)
+{
+    struct fake_node to = {.type = CU_GRAPH_NODE_TYPE_BATCH_MEM_OP};
+    return p ? exec_node_set(e, h, &to) : CUDA_ERROR_INVALID_VALUE;
+}
+API CUresult cuGraphExecNodeSetParams(CUgraphExec e, CUgraphNode h, CUgraphNodeParams *p)
+{
+    if (p->type == CU_GRAPH_NODE_TYPE_KERNEL)
+        return kernel_set(e, h, p->kernel.func, p->kernel.kern, p->kernel.kernelParams);
+    struct fake_node to = {.type = p->type, .dst = p->type == CU_GRAPH_NODE_TYPE_MEMSET ? p->memset.dst : 0};
+    return exec_node_set(e, h, &to);
+}
+/* A child-graph node's graph (fake_node.child). */
+API CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode h, CUgraph *g)
+{
+    const struct fake_node *n = (const struct fake_node *)h;
+    if (n->type != CU_GRAPH_NODE_TYPE_GRAPH)
+        return CUDA_ERROR_INVALID_VALUE;
+    *g = (CUgraph)n->child;
+    return CUDA_SUCCESS;
+}
 API CUresult cuGraphExecDestroy(CUgraphExec e) { return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
 
 /* ---- cuGetProcAddress: names -> versioned symbols, like the real driver ---- */
@@ -437,6 +482,12 @@ static const struct sym syms[] = {
     S("cuGraphInstantiate", 11000, cuGraphInstantiateWithFlags, NULL),
     S("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags, NULL),
     S("cuGraphLaunch", 10000, cuGraphLaunch, NULL),
+    S("cuGraphExecKernelNodeSetParams", 10010, cuGraphExecKernelNodeSetParams, NULL),
+    S("cuGraphExecKernelNodeSetParams", 12000, cuGraphExecKernelNodeSetParams_v2, NULL),
+    S("cuGraphExecMemsetNodeSetParams", 10020, cuGraphExecMemsetNodeSetParams, NULL),
+    S("cuGraphExecChildGraphNodeSetParams", 11010, cuGraphExecChildGraphNodeSetParams, NULL),
+    S("cuGraphExecBatchMemOpNodeSetParams", 11070, cuGraphExecBatchMemOpNodeSetParams, NULL),
+    S("cuGraphExecNodeSetParams", 12020, cuGraphExecNodeSetParams, NULL),
     S("cuGraphExecDestroy", 10000, cuGraphExecDestroy, NULL),
 };
 

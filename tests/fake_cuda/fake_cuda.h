@@ -25,6 +25,7 @@ struct fake_node {
     CUkernel kern;
     void **kernelParams;
     CUdeviceptr dst;     /* memset */
+    const struct fake_graph *child; /* child-graph node */
 };
 struct fake_graph {
     size_t n;

@@ -511,6 +511,38 @@ static int scenario_graph(void)
     return 0;
 }
 
+/* The same, but the graph was instantiated naming t only, and its kernel node was then set, in the
+ * executable graph, to name a (XLA's command-buffer updates): a must come back all the same. */
+static int scenario_graph_update(void)
+{
+    typedef CUresult (*kset_fn)(CUgraphExec, CUgraphNode, const CUDA_KERNEL_NODE_PARAMS *);
+    CUdeviceptr a = must_alloc(2 * MIB), t = must_alloc(2 * MIB);
+    printf("a=%" PRIu64 "\n", (uint64_t)a);
+    fill(a, 2 * MIB, 8);
+    int n = 0;
+    CUdeviceptr zero = 0;
+    void *args_t[] = {&t, &n, &zero}, *args_a[] = {&a, &n, &zero};
+    struct fake_node k = {.type = CU_GRAPH_NODE_TYPE_KERNEL, .func = FAKE_FUNC_A, .kernelParams = args_t};
+    struct fake_graph g = {.n = 1, .nodes = {&k}};
+    CUgraphExec exec = NULL;
+    ((inst_fn)get("cuGraphInstantiateWithFlags"))(&exec, (CUgraph)&g, 0);
+    sync_point(1); /* plan: [op_b(t), op_a(a)], swap a out after op 1 */
+    op_b(t);
+    op_a(a, 0, 0);
+    fakeAdvance(-1);
+    op_b(t);
+    printf("a_out=%d\n", fakeAccess(a) == -1);
+    CUDA_KERNEL_NODE_PARAMS kp = {0};
+    kp.func = FAKE_FUNC_A;
+    kp.kernelParams = args_a;
+    printf("set_rc=%d\n", (int)((kset_fn)get("cuGraphExecKernelNodeSetParams"))(exec, (CUgraphNode)&k, &kp));
+    printf("graph_rc=%d\n", (int)((glaunch_fn)get("cuGraphLaunch"))(exec, S1));
+    fakeAdvance(-1);
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 8, 0));
+    counters();
+    return 0;
+}
+
 /* Batched copies: a and b are out when one batch copy touches both (dst and src); every block
  * it touches comes back before the real call, on the entry point `variant` asks for:
  * [3d]12080 (12.8's shape, failIdx), [3d]13000 (13.0's, _v2), with "pt" the per-thread twin on S1,
@@ -1449,6 +1481,8 @@ int main(int argc, char **argv)
         rc = scenario_plan();
     else if (!strcmp(s, "graph"))
         rc = scenario_graph();
+    else if (!strcmp(s, "graph_update"))
+        rc = scenario_graph_update();
     else if (!strcmp(s, "batch"))
         rc = scenario_batch(argc > 2 ? argv[2] : "12080");
     else if (!strcmp(s, "ptrtable"))

@@ -81,6 +81,32 @@ def test_c10_graph_launch_makes_blocks_resident_first(c10):
 
 
 @pytest.fixture(scope="module")
+def c10u(shim, progs, tmp_path_factory):
+    d = tmp_path_factory.mktemp("c10u")
+    return run_swap([build_swap_prog(progs), "c10u", REPLAYS], d, budget="160MiB", timeout=180)
+
+
+@pytest.mark.gpu
+def test_c10_exec_node_update_brings_the_new_block_back(c10u):
+    # Parameters set in the executable graph (XLA's command buffers do it whenever buffer
+    # addresses change) name a block that is out: it must be brought back before the replay.
+    run = c10u
+    assert run.rc == 0 and run.kv.get("done") == "1", run.why()
+    assert run.kv["dev_errors"] == "0" and run.kv["host_bad"] == "0", run.why()
+    assert [int(run.kv[f"round_{i}"]) for i in range(6)] == [REPLAYS // 4] * 4 + [REPLAYS] * 2, run.kv
+    cap, kv, pid = run.cap, run.kv, run.pid
+    swap_on(cap, pid)
+    blocks = [one_block(cap, pid, ival(kv[f"blk{i}"]), 64 * MiB) for i in range(4)]
+    graphs = op_rows(cap, pid, abi.Ev.GRAPH_LAUNCH)
+    assert len(graphs) == REPLAYS, f"{len(graphs)} graph launches\n{describe_ops(cap, pid, 120)}"
+    for r, g in enumerate(graphs):
+        want = blocks[int(kv[f"target_{r}"])]
+        assert touched_blocks(cap, int(g)) == {want}, (r, touched_blocks(cap, int(g)), want)
+        assert not out_at(cap, want, int(cap.ops["ts_ns"][int(g)])), f"block row {want} out at replay {r}"
+    record_figure("c10_exec_update", {"graph_launches": len(graphs), "swap_events": len(swap_rows(cap, pid))})
+
+
+@pytest.fixture(scope="module")
 def c10_torch(shim, need_torch, tmp_path_factory):
     d = tmp_path_factory.mktemp("c10_torch")
     env = {"PYTORCH_CUDA_ALLOC_CONF": None}

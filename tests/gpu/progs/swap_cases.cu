@@ -5,6 +5,8 @@
 //   swap_cases c08 struct|split     a block reached only through a device-side struct / a split pointer
 //   swap_cases c09                  blocks reached only through a pointer table copied by H2D
 //   swap_cases c10                  a captured graph touching 2 of 6 blocks, replayed between direct touches
+//   swap_cases c10u                 a captured one-kernel graph retargeted in the executable graph
+//                                   (cudaGraphExecKernelNodeSetParams) to block r % 4 at replay r
 //   swap_cases c11                  stream captures (global mode) while the shim swaps, same and other thread
 //   swap_cases c14                  2000 cudaMallocAsync / pool allocations next to swap blocks
 //   swap_cases c16                  a spinning kernel on one stream while blocks swap on another
@@ -476,6 +478,53 @@ static int case_c10(int replays)
     return rc;
 }
 
+// C10 with node updates (XLA's command buffers): the graph is captured naming block 0; before
+// replay r its kernel node is set, in the executable graph, to step block r % 4 at its round.
+// Blocks 4 and 5 are touched after every replay, so under a two-block budget the next replay's
+// block is out when its parameters are set.
+static int case_c10u(int replays)
+{
+    Blocks b;
+    b.init();
+    const char *names[] = {"blk0", "blk1", "blk2", "blk3", "blk4", "blk5"};
+    for (int i = 0; i < 6; i++)
+        b.alloc(names[i]);
+    print_common(b);
+    b.fill_all();
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    RK(cudaStreamBeginCapture(b.s, cudaStreamCaptureModeGlobal));
+    step<<<GRID, THREADS, 0, b.s>>>(b.p[0], b.n(0), 0, b.round[0], b.err);
+    RK(cudaStreamEndCapture(b.s, &g));
+    RK(cudaGraphInstantiate(&ge, g, 0));
+    cudaGraphNode_t node;
+    size_t n_nodes = 1;
+    RK(cudaGraphGetNodes(g, &node, &n_nodes));
+    cudaKernelNodeParams kp;
+    RK(cudaGraphKernelNodeGetParams(node, &kp));
+    printf("@ graph_exec=%p\n", (void *)ge);
+    for (int r = 0; r < replays; r++) {
+        int k = r % 4;
+        uint32_t *p = b.p[k];
+        size_t n = b.n(k);
+        uint32_t blk = (uint32_t)k, round = b.round[k];
+        unsigned long long *err = b.err;
+        void *args[] = {&p, &n, &blk, &round, &err};
+        kp.kernelParams = args;
+        RK(cudaGraphExecKernelNodeSetParams(ge, node, &kp));
+        printf("@ t_replay_%d=%llu\n@ target_%d=%d\n", r, (unsigned long long)now_ns(), r, k);
+        RK(cudaGraphLaunch(ge, b.s));
+        RK(cudaStreamSynchronize(b.s));
+        b.round[k]++;
+        b.touch(4);
+        b.touch(5);
+    }
+    printf("@ graph_launches=%d\n", replays);
+    RK(cudaGraphExecDestroy(ge));
+    RK(cudaGraphDestroy(g));
+    return b.finish();
+}
+
 // Waits (at most 10 s) until flag is set; returns 0 on time-out.
 static int wait_flag(std::atomic<int> &flag)
 {
@@ -916,7 +965,7 @@ int main(int argc, char **argv)
 {
     setvbuf(stdout, nullptr, _IOLBF, 0);
     if (argc < 2)
-        DIE("usage: %s roundtrip|c08|c09|c10|c11|c14|c16|c17|c18|lowbudget [args]", argv[0]);
+        DIE("usage: %s roundtrip|c08|c09|c10|c10u|c11|c14|c16|c17|c18|lowbudget [args]", argv[0]);
     const char *mode = argv[1];
     printf("@ pid=%d\n@ mode=%s\n", (int)getpid(), mode);
     if (!strcmp(mode, "roundtrip"))
@@ -927,6 +976,8 @@ int main(int argc, char **argv)
         return case_c09(argc > 2 ? atoi(argv[2]) : 5);
     if (!strcmp(mode, "c10"))
         return case_c10(argc > 2 ? atoi(argv[2]) : 8);
+    if (!strcmp(mode, "c10u"))
+        return case_c10u(argc > 2 ? atoi(argv[2]) : 8);
     if (!strcmp(mode, "c11"))
         return case_c11();
     if (!strcmp(mode, "c14"))
