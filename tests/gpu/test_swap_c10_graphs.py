@@ -101,7 +101,8 @@ def test_c10_exec_node_update_brings_the_new_block_back(c10u):
     assert len(graphs) == REPLAYS, f"{len(graphs)} graph launches\n{describe_ops(cap, pid, 120)}"
     for r, g in enumerate(graphs):
         want = blocks[int(kv[f"target_{r}"])]
-        assert touched_blocks(cap, int(g)) == {want}, (r, touched_blocks(cap, int(g)), want)
+        # the 64 MiB blocks it names (besides, the 8-byte error counter)
+        assert touched_blocks(cap, int(g)) & set(blocks) == {want}, (r, touched_blocks(cap, int(g)), want)
         assert not out_at(cap, want, int(cap.ops["ts_ns"][int(g)])), f"block row {want} out at replay {r}"
     record_figure("c10_exec_update", {"graph_launches": len(graphs), "swap_events": len(swap_rows(cap, pid))})
 
