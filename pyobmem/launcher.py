@@ -172,6 +172,9 @@ def tensor_presets(base: dict) -> tuple[dict, list[str]]:
                            "limited to what the driver sees of them")
     wanted = {"XLA_PYTHON_CLIENT_ALLOCATOR": "cuda_async", "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
               "TF_GPU_ALLOCATOR": "cuda_malloc_async"}
+    # preallocation belongs to the allocator: a user's own XLA allocator keeps XLA's own default
+    if base.get("XLA_PYTHON_CLIENT_ALLOCATOR", "cuda_async") != "cuda_async":
+        del wanted["XLA_PYTHON_CLIENT_PREALLOCATE"]
     for name, value in wanted.items():
         if name not in base:
             applied[name] = value

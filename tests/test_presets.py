@@ -45,6 +45,15 @@ def test_jax_and_tensorflow_settings_of_the_user_win():
                        "that framework's blocks"]
 
 
+def test_a_users_xla_allocator_keeps_its_preallocation():
+    # XLA_PYTHON_CLIENT_MEM_FRACTION sizes the BFC arena the user asked for: no PREALLOCATE=false under it
+    applied, limited = tensor_presets({"XLA_PYTHON_CLIENT_ALLOCATOR": "bfc", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.05"})
+    assert not any(k.startswith("XLA_") for k in applied), applied
+    assert limited == ["XLA_PYTHON_CLIENT_ALLOCATOR=bfc is kept; swapping is limited to what the driver sees of "
+                       "that framework's blocks"]
+    assert tensor_presets({"XLA_PYTHON_CLIENT_ALLOCATOR": "cuda_async"})[0]["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+
+
 def test_tensor_blocks_trace_records_and_names_the_presets(tmp_path, shim):  # noqa: F811
     code = "import os; print(os.environ['PYTORCH_CUDA_ALLOC_CONF'], os.environ['XLA_PYTHON_CLIENT_ALLOCATOR'])"
     env = clean_env(shim["env"], drop=("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "TF_GPU_ALLOCATOR"))

@@ -20,6 +20,8 @@ def _run(progs, tmp_path, mode):
 
 
 @pytest.mark.gpu
+@pytest.mark.xfail(strict=True, reason="on the H200 (driver 580) the host-to-device copy never finished while the "
+                   "app stream waited on the flag: the program hung until its alarm (sessions 3 and 8, docs/swap.md)")
 def test_swap_in_enacted_in_gpu_time_host_flag(progs, tmp_path):
     """The flag in mapped pinned host memory, set by the helper thread once its copy is done."""
     run = _run(progs, tmp_path, "host")

@@ -1,5 +1,6 @@
-"""C13 under swap mode on the real driver: PyTorch with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-maps 2 MiB pages into one large reserved range with the VMM API itself. Those mappings are the
+"""C13 under swap mode on the real driver: PyTorch with
+PYTORCH_CUDA_ALLOC_CONF=backend:native,expandable_segments:True (the user's own backend: the
+per-tensor preset keeps it) maps 2 MiB pages into one large reserved range with the VMM API itself. Those mappings are the
 application's: the shim records them (blocks of kind VMM) and never swaps them (it only VMM-backs
 and swaps cuMemAlloc blocks). tests/gpu/progs/swap_torch_train.py (eager, four 64 MiB pressure
 tensors) under --swap --budget 256MiB --min-swap-bytes 2MiB must give the same losses, parameters
@@ -14,7 +15,7 @@ import pytest
 from gpu_util import PROGS, block_rows, describe_swaps, record_figure, run_plain, run_swap, swap_on, swap_rows
 from pyobmem import abi
 
-CONF = "expandable_segments:True"
+CONF = "backend:native,expandable_segments:True"
 
 
 @pytest.fixture(scope="module")
