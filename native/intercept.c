@@ -272,7 +272,7 @@ static const struct hook_entry *hook_by_name(const char *name)
 
 static const char *const g_families[] = {
     "cuMemAlloc", "cuMemFree", "cuMemCreate", "cuMemMap", "cuMemUnmap", "cuMemRelease", "cuLaunch",
-    "cuGraphLaunch", "cuGraphInstantiate", "cuGraphExec", "cuMemcpy", "cuMemset",
+    "cuGraphLaunch", "cuGraphInstantiate", "cuGraphExec", "cuGraphAddNode", "cuMemcpy", "cuMemset",
     /* the calls that free kernel handles (params.c) */
     "cuModuleUnload", "cuLibraryUnload", "cuCtxDestroy", "cuCtxDetach", "cuDevicePrimaryCtxRelease",
     "cuDevicePrimaryCtxReset", "cuGreenCtxDestroy",

@@ -452,6 +452,21 @@ def test_c10_graph_exec_node_updates_change_what_a_launch_touches(fake, tmp_path
     assert [f & opaque for f in g["flags"].tolist()] == [0, 0, 0, 0, opaque, opaque, 0]
 
 
+def test_c26_conditional_bodies_are_walked_and_forgotten_with_their_graph(fake, tmp_path):
+    run = run_driver(fake, tmp_path, "graph_cond")
+    assert run.out["add_rc"] == run.out["add1_rc"] == run.out["destroy_rc"] == 0
+    g = run.of(Ev.GRAPH_LAUNCH)
+    assert g["a"].tolist() == [1, 2]
+    # kernel a / IF: then kernel b, else memset c+8 and WHILE: kernel d -- the union of every body
+    assert accesses(run, 1) == [word(1, 0), word(2, 0), word(3, 8), word(4, 0)]
+    assert g["d"].tolist() == [3, 1]  # kernel nodes, bodies included
+    flags = [LaunchFlag(int(f)) for f in g["flags"]]
+    assert LaunchFlag.CONDITIONAL in flags[0] and LaunchFlag.OPAQUE not in flags[0], flags
+    # after cuGraphDestroy the conditional node is unknown: a new exec of it is opaque
+    assert LaunchFlag.OPAQUE in flags[1] and LaunchFlag.CONDITIONAL not in flags[1], flags
+    assert accesses(run, 2) == [word(1, 0)]
+
+
 # ---------------------------------------------------------------- processes, ring, threads
 
 

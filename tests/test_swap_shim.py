@@ -414,6 +414,20 @@ def test_c10_graph_node_set_in_the_exec_brings_its_new_block_back(fake, tmp_path
     no_misbehaviour(run)
 
 
+def test_c26_conditional_graph_brings_back_its_bodies_blocks_only(fake, tmp_path):
+    def plan(path, pid, out):
+        write_plan(path, pid, 1, [KERN_B, FUNC_A], [(1, ActionKind.SWAP_OUT, out["a"], 2 * MIB),
+                                                    (1, ActionKind.SWAP_OUT, out["u"], 2 * MIB)])
+
+    run = run_swap(fake, tmp_path, "graph_cond", plans={1: plan})
+    assert run.out["a_out"] == run.out["u_out"] == 1
+    assert run.out["add_rc"] == 0 and run.out["graph_rc"] == 0
+    assert run.swaps(Ev.SWAP_IN, run.out["a"])["flags"].tolist() == [SwapInCause.DEMAND]
+    assert run.out["bad_a"] == 0
+    assert run.out["u_still_out"] == 1  # an opaque graph would have brought u back too
+    no_misbehaviour(run)
+
+
 # ---------------------------------------------------------------- plan following
 
 

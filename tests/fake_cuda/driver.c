@@ -310,6 +310,55 @@ static int scenario_graph_update(void)
     return 0;
 }
 
+/* Conditional nodes (C26): an IF node made by cuGraphAddNode (then: kernel on b; else: memset of
+ * c+8 and a WHILE node, made through the 12.2 entry point, whose body runs a kernel on d) next
+ * to a kernel on a. Launch 1 touches the union; after cuGraphDestroy the nodes are forgotten, and
+ * a launch of an exec made from the same (fake) graph again is opaque. */
+static int scenario_graph_cond(void)
+{
+    typedef CUresult (*add_fn)(CUgraphNode *, CUgraph, const CUgraphNode *, const CUgraphEdgeData *, size_t,
+                               CUgraphNodeParams *);
+    typedef CUresult (*add1_fn)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraphNodeParams *);
+    typedef CUresult (*gdestroy_fn)(CUgraph);
+    p_cuInit(0);
+    CUdeviceptr a = must_alloc(1 << 16), b = must_alloc(1 << 16), c = must_alloc(1 << 16), d = must_alloc(1 << 16);
+    int n = 5;
+    CUdeviceptr zero = 0;
+    void *args_a[] = {&a, &n, &zero}, *args_b[] = {&b, &n, &zero}, *args_d[] = {&d, &n, &zero};
+    struct fake_node ka = {.type = CU_GRAPH_NODE_TYPE_KERNEL, .func = FAKE_FUNC_A, .kernelParams = args_a};
+    struct fake_node kb = {.type = CU_GRAPH_NODE_TYPE_KERNEL, .func = FAKE_FUNC_A, .kernelParams = args_b};
+    struct fake_node kd = {.type = CU_GRAPH_NODE_TYPE_KERNEL, .func = FAKE_FUNC_A, .kernelParams = args_d};
+    struct fake_node ms = {.type = CU_GRAPH_NODE_TYPE_MEMSET, .dst = c + 8};
+    struct fake_graph g = {.n = 1, .nodes = {&ka}};
+    CUgraphNodeParams ip, wp;
+    memset(&ip, 0, sizeof ip);
+    ip.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+    ip.conditional.type = CU_GRAPH_COND_TYPE_IF;
+    ip.conditional.size = 2;
+    CUgraphNode in_node = NULL, while_node = NULL;
+    printf("add_rc=%d\n", (int)GET(add_fn, "cuGraphAddNode")(&in_node, (CUgraph)&g, NULL, NULL, 0, &ip));
+    struct fake_graph *then_g = (struct fake_graph *)ip.conditional.phGraph_out[0];
+    struct fake_graph *else_g = (struct fake_graph *)ip.conditional.phGraph_out[1];
+    then_g->nodes[then_g->n++] = &kb;
+    else_g->nodes[else_g->n++] = &ms;
+    memset(&wp, 0, sizeof wp);
+    wp.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+    wp.conditional.type = CU_GRAPH_COND_TYPE_WHILE;
+    wp.conditional.size = 1;
+    add1_fn add1 = (add1_fn)get("cuGraphAddNode", 12020, CU_GET_PROC_ADDRESS_DEFAULT);
+    printf("add1_rc=%d\n", (int)add1(&while_node, (CUgraph)else_g, NULL, 0, &wp));
+    struct fake_graph *loop_g = (struct fake_graph *)wp.conditional.phGraph_out[0];
+    loop_g->nodes[loop_g->n++] = &kd;
+    CUgraphExec e1 = NULL, e2 = NULL;
+    GET(inst_fn, "cuGraphInstantiateWithFlags")(&e1, (CUgraph)&g, 0);
+    glaunch_fn gl = GET(glaunch_fn, "cuGraphLaunch");
+    gl(e1, NULL); /* 1: a b c+8 d */
+    printf("destroy_rc=%d\n", (int)GET(gdestroy_fn, "cuGraphDestroy")((CUgraph)&g));
+    GET(inst_fn, "cuGraphInstantiateWithFlags")(&e2, (CUgraph)&g, 0);
+    gl(e2, NULL); /* 2: a, opaque */
+    return 0;
+}
+
 static int scenario_unhooked(void)
 {
     void *legacy = get("cuMemAlloc", 3000, 0);
@@ -712,6 +761,8 @@ int main(int argc, char **argv)
         rc = scenario_graph();
     else if (!strcmp(s, "graph_update"))
         rc = scenario_graph_update();
+    else if (!strcmp(s, "graph_cond"))
+        rc = scenario_graph_cond();
     else if (!strcmp(s, "unhooked"))
         rc = scenario_unhooked();
     else if (!strcmp(s, "batch"))

@@ -402,6 +402,40 @@ API CUresult cuGraphExecNodeSetParams(CUgraphExec e, CUgraphNode h, CUgraphNodeP
     struct fake_node to = {.type = p->type, .dst = p->type == CU_GRAPH_NODE_TYPE_MEMSET ? p->memset.dst : 0};
     return exec_node_set(e, h, &to);
 }
+/* Conditional nodes: up to 8, of up to 4 bodies each; the bodies are fake graphs the caller fills. */
+#define MAX_COND 8
+static struct fake_node cond_nodes[MAX_COND];
+static struct fake_graph cond_bodies[MAX_COND][4];
+static CUgraph cond_out[MAX_COND][4];
+static int n_cond;
+API CUresult cuGraphAddNode_v2(CUgraphNode *ph, CUgraph g, const CUgraphNode *deps, const CUgraphEdgeData *ed, size_t nd,
+                               CUgraphNodeParams *p)
+{
+    (void)deps; (void)ed; (void)nd;
+    struct fake_graph *fg = (struct fake_graph *)g;
+    if (!ph || !fg || !p || fg->n >= 8)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (p->type != CU_GRAPH_NODE_TYPE_CONDITIONAL)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    unsigned size = p->conditional.size;
+    pthread_mutex_lock(&fmu);
+    int i = n_cond < MAX_COND && size >= 1 && size <= 4 ? n_cond++ : -1;
+    pthread_mutex_unlock(&fmu);
+    if (i < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned k = 0; k < size; k++)
+        cond_out[i][k] = (CUgraph)&cond_bodies[i][k];
+    p->conditional.phGraph_out = cond_out[i];
+    cond_nodes[i] = (struct fake_node){.type = CU_GRAPH_NODE_TYPE_CONDITIONAL, .bodies = cond_bodies[i]};
+    fg->nodes[fg->n++] = &cond_nodes[i];
+    *ph = (CUgraphNode)&cond_nodes[i];
+    return CUDA_SUCCESS;
+}
+API CUresult cuGraphAddNode(CUgraphNode *ph, CUgraph g, const CUgraphNode *deps, size_t nd, CUgraphNodeParams *p)
+{
+    return cuGraphAddNode_v2(ph, g, deps, NULL, nd, p);
+}
+API CUresult cuGraphDestroy(CUgraph g) { return g ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
 /* A child-graph node's graph (fake_node.child). */
 API CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode h, CUgraph *g)
 {
@@ -488,6 +522,9 @@ static const struct sym syms[] = {
     S("cuGraphExecChildGraphNodeSetParams", 11010, cuGraphExecChildGraphNodeSetParams, NULL),
     S("cuGraphExecBatchMemOpNodeSetParams", 11070, cuGraphExecBatchMemOpNodeSetParams, NULL),
     S("cuGraphExecNodeSetParams", 12020, cuGraphExecNodeSetParams, NULL),
+    S("cuGraphAddNode", 12020, cuGraphAddNode, NULL),
+    S("cuGraphAddNode", 12030, cuGraphAddNode_v2, NULL),
+    S("cuGraphDestroy", 10000, cuGraphDestroy, NULL),
     S("cuGraphExecDestroy", 10000, cuGraphExecDestroy, NULL),
 };
 

@@ -26,6 +26,7 @@ struct fake_node {
     void **kernelParams;
     CUdeviceptr dst;     /* memset */
     const struct fake_graph *child; /* child-graph node */
+    struct fake_graph *bodies;      /* conditional node (cuGraphAddNode): its body graphs */
 };
 struct fake_graph {
     size_t n;

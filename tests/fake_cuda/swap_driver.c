@@ -543,6 +543,45 @@ static int scenario_graph_update(void)
     return 0;
 }
 
+/* Conditional nodes (C26): a and u are out; a graph whose IF body names a brings back a only
+ * (the union of its bodies, not every block as for an opaque graph). */
+static int scenario_graph_cond(void)
+{
+    typedef CUresult (*add_fn)(CUgraphNode *, CUgraph, const CUgraphNode *, const CUgraphEdgeData *, size_t,
+                               CUgraphNodeParams *);
+    CUdeviceptr a = must_alloc(2 * MIB), t = must_alloc(2 * MIB), u = must_alloc(2 * MIB);
+    printf("a=%" PRIu64 "\nu=%" PRIu64 "\n", (uint64_t)a, (uint64_t)u);
+    fill(a, 2 * MIB, 8);
+    fill(u, 2 * MIB, 9);
+    sync_point(1); /* plan: [op_b(t), op_a(a)], swap a and u out after op 1 */
+    op_b(t);
+    op_a(a, 0, 0);
+    fakeAdvance(-1);
+    op_b(t);
+    printf("a_out=%d\nu_out=%d\n", fakeAccess(a) == -1, fakeAccess(u) == -1);
+    int n = 0;
+    CUdeviceptr zero = 0;
+    void *args[] = {&a, &n, &zero};
+    struct fake_node k = {.type = CU_GRAPH_NODE_TYPE_KERNEL, .func = FAKE_FUNC_A, .kernelParams = args};
+    struct fake_graph g = {.n = 0};
+    CUgraphNodeParams ip;
+    memset(&ip, 0, sizeof ip);
+    ip.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+    ip.conditional.type = CU_GRAPH_COND_TYPE_IF;
+    ip.conditional.size = 1;
+    CUgraphNode node = NULL;
+    printf("add_rc=%d\n", (int)((add_fn)get("cuGraphAddNode"))(&node, (CUgraph)&g, NULL, NULL, 0, &ip));
+    struct fake_graph *body = (struct fake_graph *)ip.conditional.phGraph_out[0];
+    body->nodes[body->n++] = &k;
+    CUgraphExec exec = NULL;
+    ((inst_fn)get("cuGraphInstantiateWithFlags"))(&exec, (CUgraph)&g, 0);
+    printf("graph_rc=%d\n", (int)((glaunch_fn)get("cuGraphLaunch"))(exec, S1));
+    fakeAdvance(-1);
+    printf("bad_a=%ld\nu_still_out=%d\n", check(a, 2 * MIB, 8, 0), fakeAccess(u) == -1);
+    counters();
+    return 0;
+}
+
 /* Batched copies: a and b are out when one batch copy touches both (dst and src); every block
  * it touches comes back before the real call, on the entry point `variant` asks for:
  * [3d]12080 (12.8's shape, failIdx), [3d]13000 (13.0's, _v2), with "pt" the per-thread twin on S1,
@@ -1483,6 +1522,8 @@ int main(int argc, char **argv)
         rc = scenario_graph();
     else if (!strcmp(s, "graph_update"))
         rc = scenario_graph_update();
+    else if (!strcmp(s, "graph_cond"))
+        rc = scenario_graph_cond();
     else if (!strcmp(s, "batch"))
         rc = scenario_batch(argc > 2 ? argv[2] : "12080");
     else if (!strcmp(s, "ptrtable"))

@@ -108,6 +108,35 @@ def test_c10_exec_node_update_brings_the_new_block_back(c10u):
 
 
 @pytest.fixture(scope="module")
+def c26(shim, progs, tmp_path_factory):
+    d = tmp_path_factory.mktemp("c26")
+    return run_swap([build_swap_prog(progs), "c26", REPLAYS], d, budget="160MiB", timeout=180)
+
+
+@pytest.mark.gpu
+def test_c26_conditional_body_blocks_resident_at_every_replay(c26):
+    # C26: the body of an IF node (made by cudaGraphAddNode, captured into) moves blocks 0 and 1;
+    # the launch touches the union of the bodies, flagged CONDITIONAL, not OPAQUE.
+    run = c26
+    assert run.rc == 0 and run.kv.get("done") == "1", run.why()
+    assert run.kv["dev_errors"] == "0" and run.kv["host_bad"] == "0", run.why()
+    assert int(run.kv["round_0"]) == int(run.kv["round_1"]) == REPLAYS, run.kv
+    cap, kv, pid = run.cap, run.kv, run.pid
+    swap_on(cap, pid)
+    a, b = (one_block(cap, pid, ival(kv[f"blk{i}"]), 64 * MiB) for i in (0, 1))
+    graphs = op_rows(cap, pid, abi.Ev.GRAPH_LAUNCH)
+    assert len(graphs) == REPLAYS, f"{len(graphs)} graph launches\n{describe_ops(cap, pid, 120)}"
+    for r, g in enumerate(graphs):
+        g = int(g)
+        f = abi.LaunchFlag(int(cap.ops["flags"][g]))
+        assert abi.LaunchFlag.CONDITIONAL in f and abi.LaunchFlag.OPAQUE not in f, (r, f)
+        assert {a, b} <= touched_blocks(cap, g), (r, touched_blocks(cap, g), a, b)
+        for blk in (a, b):
+            assert not out_at(cap, blk, int(cap.ops["ts_ns"][g])), f"block row {blk} out at replay {r}"
+    record_figure("c26_conditional", {"graph_launches": len(graphs), "swap_events": len(swap_rows(cap, pid))})
+
+
+@pytest.fixture(scope="module")
 def c10_torch(shim, need_torch, tmp_path_factory):
     d = tmp_path_factory.mktemp("c10_torch")
     env = {"PYTORCH_CUDA_ALLOC_CONF": None}

@@ -115,6 +115,8 @@ enum pyobmem_launch_flags {
     PYOBMEM_LAUNCH_UNKNOWN_ADDRESS = 1u << 6, /* an argument word is an address the driver knows
                                                * (cuPointerGetAttribute, asked once per kernel and
                                                * argument offset) that is in no recorded block */
+    PYOBMEM_LAUNCH_CONDITIONAL = 1u << 7, /* a graph with conditional nodes: the device picks which
+                                           * bodies run; the touched set is the union of them all */
 };
 
 enum pyobmem_copy_kind {

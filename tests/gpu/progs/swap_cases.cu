@@ -7,6 +7,8 @@
 //   swap_cases c10                  a captured graph touching 2 of 6 blocks, replayed between direct touches
 //   swap_cases c10u                 a captured one-kernel graph retargeted in the executable graph
 //                                   (cudaGraphExecKernelNodeSetParams) to block r % 4 at replay r
+//   swap_cases c26                  an IF node (cudaGraphAddNode) whose body steps blocks 0 and 1, replayed
+//                                   between direct touches of the four others
 //   swap_cases c11                  stream captures (global mode) while the shim swaps, same and other thread
 //   swap_cases c14                  2000 cudaMallocAsync / pool allocations next to swap blocks
 //   swap_cases c16                  a spinning kernel on one stream while blocks swap on another
@@ -525,6 +527,60 @@ static int case_c10u(int replays)
     return b.finish();
 }
 
+// C26: a graph of one conditional IF node (default value 1: the body runs at every launch) whose
+// body, captured into the node's body graph, moves blocks 0 and 1 one round forward; as in c10 the
+// four other blocks are touched between replays, so under a two-block budget both body blocks are
+// out before every replay after the first.
+static int case_c26(int replays)
+{
+    Blocks b;
+    b.init();
+    const char *names[] = {"blk0", "blk1", "blk2", "blk3", "blk4", "blk5"};
+    for (int i = 0; i < 6; i++)
+        b.alloc(names[i]);
+    print_common(b);
+    b.fill_all();
+    uint32_t *d_round = nullptr;
+    RK(cudaMalloc((void **)&d_round, sizeof *d_round));
+    RK(cudaMemset(d_round, 0, sizeof *d_round));
+    RK(cudaDeviceSynchronize());
+    cudaGraph_t g;
+    RK(cudaGraphCreate(&g, 0));
+    cudaGraphConditionalHandle h;
+    RK(cudaGraphConditionalHandleCreate(&h, g, 1, cudaGraphCondAssignDefault));
+    cudaGraphNodeParams cp = {};
+    cp.type = cudaGraphNodeTypeConditional;
+    cp.conditional.handle = h;
+    cp.conditional.type = cudaGraphCondTypeIf;
+    cp.conditional.size = 1;
+    cudaGraphNode_t cn;
+    RK(cudaGraphAddNode(&cn, g, nullptr, nullptr, 0, &cp));
+    cudaGraph_t body = cp.conditional.phGraph_out[0];
+    RK(cudaStreamBeginCaptureToGraph(b.s, body, nullptr, nullptr, 0, cudaStreamCaptureModeGlobal));
+    step_dev<<<GRID, THREADS, 0, b.s>>>(b.p[0], b.n(0), 0, d_round, b.err);
+    step_dev<<<GRID, THREADS, 0, b.s>>>(b.p[1], b.n(1), 1, d_round, b.err);
+    bump<<<1, 1, 0, b.s>>>(d_round);
+    cudaGraph_t captured;
+    RK(cudaStreamEndCapture(b.s, &captured));
+    cudaGraphExec_t ge;
+    RK(cudaGraphInstantiate(&ge, g, 0));
+    printf("@ graph_exec=%p\n", (void *)ge);
+    for (int r = 0; r < replays; r++) {
+        RK(cudaGraphLaunch(ge, b.s));
+        RK(cudaStreamSynchronize(b.s));
+        b.round[0]++;
+        b.round[1]++;
+        for (int i = 2; i < 6; i++)
+            b.touch(i);
+    }
+    printf("@ graph_launches=%d\n", replays);
+    RK(cudaGraphExecDestroy(ge));
+    RK(cudaGraphDestroy(g));
+    int rc = b.finish();
+    RK(cudaFree(d_round));
+    return rc;
+}
+
 // Waits (at most 10 s) until flag is set; returns 0 on time-out.
 static int wait_flag(std::atomic<int> &flag)
 {
@@ -965,7 +1021,7 @@ int main(int argc, char **argv)
 {
     setvbuf(stdout, nullptr, _IOLBF, 0);
     if (argc < 2)
-        DIE("usage: %s roundtrip|c08|c09|c10|c10u|c11|c14|c16|c17|c18|lowbudget [args]", argv[0]);
+        DIE("usage: %s roundtrip|c08|c09|c10|c10u|c26|c11|c14|c16|c17|c18|lowbudget [args]", argv[0]);
     const char *mode = argv[1];
     printf("@ pid=%d\n@ mode=%s\n", (int)getpid(), mode);
     if (!strcmp(mode, "roundtrip"))
@@ -978,6 +1034,8 @@ int main(int argc, char **argv)
         return case_c10(argc > 2 ? atoi(argv[2]) : 8);
     if (!strcmp(mode, "c10u"))
         return case_c10u(argc > 2 ? atoi(argv[2]) : 8);
+    if (!strcmp(mode, "c26"))
+        return case_c26(argc > 2 ? atoi(argv[2]) : 8);
     if (!strcmp(mode, "c11"))
         return case_c11();
     if (!strcmp(mode, "c14"))
