@@ -177,6 +177,8 @@ static void node_fill(struct node_words *e, CUgraphNode node, int depth)
 
 /* ---- conditional nodes: remembered at creation, forgotten with their graph ---- */
 
+static void touch_node_params(const CUgraphNodeParams *p);
+
 static void cond_remember(CUgraphNode node, CUgraph parent, const CUgraphNodeParams *p)
 {
     if (p->type != CU_GRAPH_NODE_TYPE_CONDITIONAL || !p->conditional.phGraph_out)
@@ -229,6 +231,8 @@ CUresult CUDAAPI cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph, const 
                                 size_t numDependencies, CUgraphNodeParams *nodeParams)
 {
     int rec = shim_begin();
+    if (rec)
+        touch_node_params(nodeParams);
     CUresult r = REAL(cuGraphAddNode, (phGraphNode, hGraph, dependencies, numDependencies, nodeParams));
     if (rec && r == CUDA_SUCCESS && phGraphNode && nodeParams)
         cond_remember(*phGraphNode, hGraph, nodeParams);
@@ -240,6 +244,8 @@ CUresult CUDAAPI cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, con
                                    CUgraphNodeParams *nodeParams)
 {
     int rec = shim_begin();
+    if (rec)
+        touch_node_params(nodeParams);
     CUresult r = REAL(cuGraphAddNode_v2, (phGraphNode, hGraph, dependencies, dependencyData, numDependencies, nodeParams));
     if (rec && r == CUDA_SUCCESS && phGraphNode && nodeParams)
         cond_remember(*phGraphNode, hGraph, nodeParams);
@@ -307,14 +313,13 @@ static struct exec_info *find_locked(CUgraphExec exec)
     return NULL;
 }
 
-/* A new exec (or one updated from a whole graph): one entry per top-level node. A failure to
- * list the nodes leaves one OPAQUE entry. */
-static void remember(CUgraphExec exec, CUgraph graph)
+/* The words of every top-level node of `graph` (for an exec about to be instantiated or updated
+ * from it); a failure to list the nodes leaves one OPAQUE entry. NULL when out of memory. */
+static struct exec_info *exec_build(CUgraph graph)
 {
     struct exec_info *x = calloc(1, sizeof *x);
     if (!x)
-        return;
-    x->exec = exec;
+        return NULL;
     shim_tls_guard++;
     size_t n = 0;
     CUgraphNode *nodes = NULL;
@@ -326,7 +331,7 @@ static void remember(CUgraphExec exec, CUgraph graph)
         shim_tls_guard--;
         free(nodes);
         free(x);
-        return;
+        return NULL;
     }
     if (!ok) {
         x->nn = 1;
@@ -340,11 +345,34 @@ static void remember(CUgraphExec exec, CUgraph graph)
     }
     shim_tls_guard--;
     free(nodes);
+    return x;
+}
+
+static void exec_store(struct exec_info *x, CUgraphExec exec)
+{
+    x->exec = exec;
     pthread_mutex_lock(&g_mu);
     forget_locked(exec);
     x->next = g_execs;
     g_execs = x;
     pthread_mutex_unlock(&g_mu);
+}
+
+/* Swap mode: the driver checks the device pointers of memcpy and memset nodes when a graph is
+ * built, instantiated or its nodes set, and refuses one without a mapping (XLA: "Failed to set
+ * memcpy D2D node params: CUDA_ERROR_INVALID_VALUE" for a block that was out). Bring back the
+ * blocks `words` name first, as for a pointer query. */
+static void touch_words(const uint64_t *w, size_t n)
+{
+    if (SHIM_UNLIKELY(g_shim.swap))
+        for (size_t i = 0; i < n; i++)
+            swap_touch(w[i]);
+}
+
+static void exec_touch(const struct exec_info *x)
+{
+    for (size_t i = 0; x && i < x->nn; i++)
+        touch_words(x->nodes[i].w, x->nodes[i].n);
 }
 
 /* After a successful cuGraphExec*SetParams: `fresh` (built by the caller) becomes node's words
@@ -383,9 +411,13 @@ static void node_update(CUgraphExec exec, CUgraphNode node, struct node_words *f
     CUresult CUDAAPI NAME PARAMS                              \
     {                                                         \
         int rec = shim_begin();                               \
+        struct exec_info *x = rec ? exec_build(hGraph) : NULL; \
+        exec_touch(x);                                        \
         CUresult r = REAL(NAME, ARGS);                        \
-        if (rec && r == CUDA_SUCCESS && phGraphExec)          \
-            remember(*phGraphExec, hGraph);                   \
+        if (x && r == CUDA_SUCCESS && phGraphExec)            \
+            exec_store(x, *phGraphExec);                      \
+        else if (x)                                           \
+            exec_free(x);                                     \
         return r;                                             \
     }
 DEF_INSTANTIATE(cuGraphInstantiate,
@@ -407,18 +439,26 @@ CUresult CUDAAPI cuGraphExecUpdate(CUgraphExec hGraphExec, CUgraph hGraph, CUgra
                                    CUgraphExecUpdateResult *updateResult_out)
 {
     int rec = shim_begin();
+    struct exec_info *x = rec ? exec_build(hGraph) : NULL;
+    exec_touch(x);
     CUresult r = REAL(cuGraphExecUpdate, (hGraphExec, hGraph, hErrorNode_out, updateResult_out));
-    if (rec && r == CUDA_SUCCESS)
-        remember(hGraphExec, hGraph);
+    if (x && r == CUDA_SUCCESS)
+        exec_store(x, hGraphExec);
+    else if (x)
+        exec_free(x);
     return r;
 }
 
 CUresult CUDAAPI cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphExecUpdateResultInfo *resultInfo)
 {
     int rec = shim_begin();
+    struct exec_info *x = rec ? exec_build(hGraph) : NULL;
+    exec_touch(x);
     CUresult r = REAL(cuGraphExecUpdate_v2, (hGraphExec, hGraph, resultInfo));
-    if (rec && r == CUDA_SUCCESS)
-        remember(hGraphExec, hGraph);
+    if (x && r == CUDA_SUCCESS)
+        exec_store(x, hGraphExec);
+    else if (x)
+        exec_free(x);
     return r;
 }
 
@@ -437,38 +477,46 @@ CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec hGraphExec)
 
 /* ---- node parameters changed in an executable graph ---- */
 
-#define DEF_NODE_SET(NAME, PARAMS, ARGS, FILL)                      \
+/* FILL builds the node's words from the new parameters (before the call: in swap mode the blocks
+ * of a memcpy, memset or child graph node are brought back first, TOUCH); kernel parameters are
+ * not checked by the driver. */
+#define DEF_NODE_SET(NAME, PARAMS, ARGS, FILL, TOUCH)               \
     CUresult CUDAAPI NAME PARAMS                                    \
     {                                                               \
         int rec = shim_begin();                                     \
-        CUresult r = REAL(NAME, ARGS);                              \
-        if (rec && r == CUDA_SUCCESS) {                             \
-            struct node_words e;                                    \
-            memset(&e, 0, sizeof e);                                \
+        struct node_words e;                                        \
+        memset(&e, 0, sizeof e);                                    \
+        if (rec) {                                                  \
             shim_tls_guard++;                                       \
             FILL;                                                   \
             shim_tls_guard--;                                       \
-            node_update(hGraphExec, hNode, &e);                     \
+            if (TOUCH)                                              \
+                touch_words(e.w, e.n);                              \
         }                                                           \
+        CUresult r = REAL(NAME, ARGS);                              \
+        if (rec && r == CUDA_SUCCESS)                               \
+            node_update(hGraphExec, hNode, &e);                     \
+        else                                                        \
+            free(e.w);                                              \
         return r;                                                   \
     }
 DEF_NODE_SET(cuGraphExecKernelNodeSetParams,
              (CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS_v1 *p), (hGraphExec, hNode, p),
-             kernel_words(&e, p->func, NULL, p->kernelParams))
+             kernel_words(&e, p->func, NULL, p->kernelParams), 0)
 DEF_NODE_SET(cuGraphExecKernelNodeSetParams_v2,
              (CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS *p), (hGraphExec, hNode, p),
-             kernel_words(&e, p->func, p->kern, p->kernelParams))
+             kernel_words(&e, p->func, p->kern, p->kernelParams), 0)
 DEF_NODE_SET(cuGraphExecMemcpyNodeSetParams,
              (CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_MEMCPY3D *p, CUcontext ctx), (hGraphExec, hNode, p, ctx),
-             memcpy_words(&e, p))
+             memcpy_words(&e, p), 1)
 DEF_NODE_SET(cuGraphExecMemsetNodeSetParams,
              (CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_MEMSET_NODE_PARAMS *p, CUcontext ctx),
-             (hGraphExec, hNode, p, ctx), push(&e, p->dst))
+             (hGraphExec, hNode, p, ctx), push(&e, p->dst), 1)
 DEF_NODE_SET(cuGraphExecChildGraphNodeSetParams, (CUgraphExec hGraphExec, CUgraphNode hNode, CUgraph child),
-             (hGraphExec, hNode, child), walk(&e, child, 1))
+             (hGraphExec, hNode, child), walk(&e, child, 1), 1)
 DEF_NODE_SET(cuGraphExecBatchMemOpNodeSetParams,
              (CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_BATCH_MEM_OP_NODE_PARAMS *p), (hGraphExec, hNode, p),
-             e.flags |= PYOBMEM_LAUNCH_OPAQUE)
+             e.flags |= PYOBMEM_LAUNCH_OPAQUE, 0)
 
 /* CUDA 12.2's generic setter: the node's type is in the parameters. */
 static void generic_words(struct node_words *e, const CUgraphNodeParams *p)
@@ -485,7 +533,67 @@ static void generic_words(struct node_words *e, const CUgraphNodeParams *p)
         e->flags |= PYOBMEM_LAUNCH_OPAQUE;
 }
 DEF_NODE_SET(cuGraphExecNodeSetParams, (CUgraphExec hGraphExec, CUgraphNode hNode, CUgraphNodeParams *p),
-             (hGraphExec, hNode, p), generic_words(&e, p))
+             (hGraphExec, hNode, p), generic_words(&e, p), p->type != CU_GRAPH_NODE_TYPE_KERNEL)
+
+/* ---- memcpy and memset nodes of a graph being built: the driver checks their pointers ---- */
+
+static void touch_copy(const CUDA_MEMCPY3D *p)
+{
+    if (p && SHIM_UNLIKELY(g_shim.swap)) {
+        struct node_words e;
+        memset(&e, 0, sizeof e);
+        memcpy_words(&e, p);
+        touch_words(e.w, e.n);
+        free(e.w);
+    }
+}
+
+static void touch_node_params(const CUgraphNodeParams *p)
+{
+    if (!p || !SHIM_UNLIKELY(g_shim.swap))
+        return;
+    if (p->type == CU_GRAPH_NODE_TYPE_MEMCPY)
+        touch_copy(&p->memcpy.copyParams);
+    else if (p->type == CU_GRAPH_NODE_TYPE_MEMSET)
+        swap_touch(p->memset.dst);
+}
+
+CUresult CUDAAPI cuGraphAddMemcpyNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                      size_t numDependencies, const CUDA_MEMCPY3D *copyParams, CUcontext ctx)
+{
+    if (shim_begin())
+        touch_copy(copyParams);
+    return REAL(cuGraphAddMemcpyNode, (phGraphNode, hGraph, dependencies, numDependencies, copyParams, ctx));
+}
+
+CUresult CUDAAPI cuGraphAddMemsetNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                      size_t numDependencies, const CUDA_MEMSET_NODE_PARAMS *memsetParams, CUcontext ctx)
+{
+    if (shim_begin() && memsetParams && SHIM_UNLIKELY(g_shim.swap))
+        swap_touch(memsetParams->dst);
+    return REAL(cuGraphAddMemsetNode, (phGraphNode, hGraph, dependencies, numDependencies, memsetParams, ctx));
+}
+
+CUresult CUDAAPI cuGraphMemcpyNodeSetParams(CUgraphNode hNode, const CUDA_MEMCPY3D *nodeParams)
+{
+    if (shim_begin())
+        touch_copy(nodeParams);
+    return REAL(cuGraphMemcpyNodeSetParams, (hNode, nodeParams));
+}
+
+CUresult CUDAAPI cuGraphMemsetNodeSetParams(CUgraphNode hNode, const CUDA_MEMSET_NODE_PARAMS *nodeParams)
+{
+    if (shim_begin() && nodeParams && SHIM_UNLIKELY(g_shim.swap))
+        swap_touch(nodeParams->dst);
+    return REAL(cuGraphMemsetNodeSetParams, (hNode, nodeParams));
+}
+
+CUresult CUDAAPI cuGraphNodeSetParams(CUgraphNode hNode, CUgraphNodeParams *nodeParams)
+{
+    if (shim_begin())
+        touch_node_params(nodeParams);
+    return REAL(cuGraphNodeSetParams, (hNode, nodeParams));
+}
 
 /* ---- launches ---- */
 

@@ -414,6 +414,20 @@ def test_c10_graph_node_set_in_the_exec_brings_its_new_block_back(fake, tmp_path
     no_misbehaviour(run)
 
 
+def test_c10_node_set_to_a_block_that_is_out_brings_it_back_first(fake, tmp_path):
+    # the driver checks memcpy and memset nodes' pointers (XLA on the H200: "Failed to set memcpy
+    # D2D node params: CUDA_ERROR_INVALID_VALUE" when the block was out)
+    def plan(path, pid, out):
+        write_plan(path, pid, 1, [KERN_B, FUNC_A], [(1, ActionKind.SWAP_OUT, out["a"], 2 * MIB)])
+
+    run = run_swap(fake, tmp_path, "graph_set_out", plans={1: plan})
+    assert run.out["a_out"] == 1
+    assert run.out["set_rc"] == 0
+    assert len(run.swaps(Ev.SWAP_IN, run.out["a"])) == 1
+    assert run.out["bad_a"] == 0
+    no_misbehaviour(run)
+
+
 def test_c26_conditional_graph_brings_back_its_bodies_blocks_only(fake, tmp_path):
     def plan(path, pid, out):
         write_plan(path, pid, 1, [KERN_B, FUNC_A], [(1, ActionKind.SWAP_OUT, out["a"], 2 * MIB),

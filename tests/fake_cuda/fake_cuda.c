@@ -382,6 +382,11 @@ API CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec e, CUgraphNode h, con
 API CUresult cuGraphExecMemsetNodeSetParams(CUgraphExec e, CUgraphNode h, const CUDA_MEMSET_NODE_PARAMS *p, CUcontext c)
 {
     (void)c;
+    pthread_mutex_lock(&fmu); /* like the driver: a reserved address with nothing mapped is refused */
+    int unmapped = p->dst >= VMM_BASE && p->dst < VMM_END && !mapping_of(p->dst);
+    pthread_mutex_unlock(&fmu);
+    if (unmapped)
+        return CUDA_ERROR_INVALID_VALUE;
     struct fake_node to = {.type = CU_GRAPH_NODE_TYPE_MEMSET, .dst = p->dst};
     return exec_node_set(e, h, &to);
 }

@@ -543,6 +543,33 @@ static int scenario_graph_update(void)
     return 0;
 }
 
+/* A memset node of an executable graph set to a block that is out: the driver refuses an unmapped
+ * pointer, so the block must be back before the real call (XLA sets memcpy nodes this way). */
+static int scenario_graph_set_out(void)
+{
+    typedef CUresult (*mset_fn)(CUgraphExec, CUgraphNode, const CUDA_MEMSET_NODE_PARAMS *, CUcontext);
+    CUdeviceptr a = must_alloc(2 * MIB), t = must_alloc(2 * MIB);
+    printf("a=%" PRIu64 "\n", (uint64_t)a);
+    fill(a, 2 * MIB, 8);
+    struct fake_node ms = {.type = CU_GRAPH_NODE_TYPE_MEMSET, .dst = t};
+    struct fake_graph g = {.n = 1, .nodes = {&ms}};
+    CUgraphExec exec = NULL;
+    ((inst_fn)get("cuGraphInstantiateWithFlags"))(&exec, (CUgraph)&g, 0);
+    sync_point(1); /* plan: [op_b(t), op_a(a)], swap a out after op 1 */
+    op_b(t);
+    op_a(a, 0, 0);
+    fakeAdvance(-1);
+    op_b(t);
+    printf("a_out=%d\n", fakeAccess(a) == -1);
+    CUDA_MEMSET_NODE_PARAMS mp = {0};
+    mp.dst = a + 64;
+    printf("set_rc=%d\n", (int)((mset_fn)get("cuGraphExecMemsetNodeSetParams"))(exec, (CUgraphNode)&ms, &mp, NULL));
+    fakeAdvance(-1);
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 8, 0));
+    counters();
+    return 0;
+}
+
 /* Conditional nodes (C26): a and u are out; a graph whose IF body names a brings back a only
  * (the union of its bodies, not every block as for an opaque graph). */
 static int scenario_graph_cond(void)
@@ -1524,6 +1551,8 @@ int main(int argc, char **argv)
         rc = scenario_graph_update();
     else if (!strcmp(s, "graph_cond"))
         rc = scenario_graph_cond();
+    else if (!strcmp(s, "graph_set_out"))
+        rc = scenario_graph_set_out();
     else if (!strcmp(s, "batch"))
         rc = scenario_batch(argc > 2 ? argv[2] : "12080");
     else if (!strcmp(s, "ptrtable"))
