@@ -33,6 +33,7 @@ struct node_words {
     size_t n, cap;
     uint32_t kernel_nodes;
     uint16_t flags;
+    struct node_words *checked; /* while walking in swap mode: where memcpy and memset words go too */
 };
 
 struct exec_info {
@@ -149,13 +150,13 @@ static void node_fill(struct node_words *e, CUgraphNode node, int depth)
     } else if (t == CU_GRAPH_NODE_TYPE_MEMSET) {
         CUDA_MEMSET_NODE_PARAMS mp;
         if (real_cuGraphMemsetNodeGetParams && real_cuGraphMemsetNodeGetParams(node, &mp) == CUDA_SUCCESS)
-            push(e, mp.dst);
+            push(e, mp.dst), e->checked ? push(e->checked, mp.dst) : (void)0;
         else
             e->flags |= PYOBMEM_LAUNCH_OPAQUE;
     } else if (t == CU_GRAPH_NODE_TYPE_MEMCPY) {
         CUDA_MEMCPY3D cp;
         if (real_cuGraphMemcpyNodeGetParams && real_cuGraphMemcpyNodeGetParams(node, &cp) == CUDA_SUCCESS)
-            memcpy_words(e, &cp);
+            memcpy_words(e, &cp), e->checked ? memcpy_words(e->checked, &cp) : (void)0;
         else
             e->flags |= PYOBMEM_LAUNCH_OPAQUE;
     } else if (t == CU_GRAPH_NODE_TYPE_GRAPH) {
@@ -314,8 +315,9 @@ static struct exec_info *find_locked(CUgraphExec exec)
 }
 
 /* The words of every top-level node of `graph` (for an exec about to be instantiated or updated
- * from it); a failure to list the nodes leaves one OPAQUE entry. NULL when out of memory. */
-static struct exec_info *exec_build(CUgraph graph)
+ * from it); a failure to list the nodes leaves one OPAQUE entry. NULL when out of memory.
+ * `checked` (swap mode, else NULL) gets the words of its memcpy and memset nodes too. */
+static struct exec_info *exec_build(CUgraph graph, struct node_words *checked)
 {
     struct exec_info *x = calloc(1, sizeof *x);
     if (!x)
@@ -340,7 +342,9 @@ static struct exec_info *exec_build(CUgraph graph)
         x->nn = n;
         for (size_t i = 0; i < n; i++) {
             x->nodes[i].node = nodes[i];
+            x->nodes[i].checked = checked;
             node_fill(&x->nodes[i], nodes[i], 0);
+            x->nodes[i].checked = NULL;
         }
     }
     shim_tls_guard--;
@@ -361,18 +365,23 @@ static void exec_store(struct exec_info *x, CUgraphExec exec)
 /* Swap mode: the driver checks the device pointers of memcpy and memset nodes when a graph is
  * built, instantiated or its nodes set, and refuses one without a mapping (XLA: "Failed to set
  * memcpy D2D node params: CUDA_ERROR_INVALID_VALUE" for a block that was out). Bring back the
- * blocks `words` name first, as for a pointer query. */
+ * blocks `words` name first, as for a pointer query. Another thread's op may evict them again
+ * before the real call: not held (a known gap, docs/swap.md). */
 static void touch_words(const uint64_t *w, size_t n)
 {
-    if (SHIM_UNLIKELY(g_shim.swap))
-        for (size_t i = 0; i < n; i++)
-            swap_touch(w[i]);
+    if (SHIM_UNLIKELY(g_shim.swap) && n)
+        swap_touch_many(w, n);
 }
 
-static void exec_touch(const struct exec_info *x)
+/* exec_build for an instantiate or update: in swap mode its memcpy and memset blocks brought back. */
+static struct exec_info *exec_build_touched(CUgraph graph)
 {
-    for (size_t i = 0; x && i < x->nn; i++)
-        touch_words(x->nodes[i].w, x->nodes[i].n);
+    struct node_words checked;
+    memset(&checked, 0, sizeof checked);
+    struct exec_info *x = exec_build(graph, SHIM_UNLIKELY(g_shim.swap) ? &checked : NULL);
+    touch_words(checked.w, checked.n);
+    free(checked.w);
+    return x;
 }
 
 /* After a successful cuGraphExec*SetParams: `fresh` (built by the caller) becomes node's words
@@ -411,8 +420,7 @@ static void node_update(CUgraphExec exec, CUgraphNode node, struct node_words *f
     CUresult CUDAAPI NAME PARAMS                              \
     {                                                         \
         int rec = shim_begin();                               \
-        struct exec_info *x = rec ? exec_build(hGraph) : NULL; \
-        exec_touch(x);                                        \
+        struct exec_info *x = rec ? exec_build_touched(hGraph) : NULL; \
         CUresult r = REAL(NAME, ARGS);                        \
         if (x && r == CUDA_SUCCESS && phGraphExec)            \
             exec_store(x, *phGraphExec);                      \
@@ -439,8 +447,7 @@ CUresult CUDAAPI cuGraphExecUpdate(CUgraphExec hGraphExec, CUgraph hGraph, CUgra
                                    CUgraphExecUpdateResult *updateResult_out)
 {
     int rec = shim_begin();
-    struct exec_info *x = rec ? exec_build(hGraph) : NULL;
-    exec_touch(x);
+    struct exec_info *x = rec ? exec_build_touched(hGraph) : NULL;
     CUresult r = REAL(cuGraphExecUpdate, (hGraphExec, hGraph, hErrorNode_out, updateResult_out));
     if (x && r == CUDA_SUCCESS)
         exec_store(x, hGraphExec);
@@ -452,8 +459,7 @@ CUresult CUDAAPI cuGraphExecUpdate(CUgraphExec hGraphExec, CUgraph hGraph, CUgra
 CUresult CUDAAPI cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphExecUpdateResultInfo *resultInfo)
 {
     int rec = shim_begin();
-    struct exec_info *x = rec ? exec_build(hGraph) : NULL;
-    exec_touch(x);
+    struct exec_info *x = rec ? exec_build_touched(hGraph) : NULL;
     CUresult r = REAL(cuGraphExecUpdate_v2, (hGraphExec, hGraph, resultInfo));
     if (x && r == CUDA_SUCCESS)
         exec_store(x, hGraphExec);
@@ -479,7 +485,8 @@ CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec hGraphExec)
 
 /* FILL builds the node's words from the new parameters (before the call: in swap mode the blocks
  * of a memcpy, memset or child graph node are brought back first, TOUCH); kernel parameters are
- * not checked by the driver. */
+ * not checked by the driver. FILL runs before the driver has seen the arguments: it must accept
+ * a NULL parameter pointer (the driver refuses it, with its own code). */
 #define DEF_NODE_SET(NAME, PARAMS, ARGS, FILL, TOUCH)               \
     CUresult CUDAAPI NAME PARAMS                                    \
     {                                                               \
@@ -502,16 +509,16 @@ CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec hGraphExec)
     }
 DEF_NODE_SET(cuGraphExecKernelNodeSetParams,
              (CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS_v1 *p), (hGraphExec, hNode, p),
-             kernel_words(&e, p->func, NULL, p->kernelParams), 0)
+             if (p) kernel_words(&e, p->func, NULL, p->kernelParams), 0)
 DEF_NODE_SET(cuGraphExecKernelNodeSetParams_v2,
              (CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS *p), (hGraphExec, hNode, p),
-             kernel_words(&e, p->func, p->kern, p->kernelParams), 0)
+             if (p) kernel_words(&e, p->func, p->kern, p->kernelParams), 0)
 DEF_NODE_SET(cuGraphExecMemcpyNodeSetParams,
              (CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_MEMCPY3D *p, CUcontext ctx), (hGraphExec, hNode, p, ctx),
-             memcpy_words(&e, p), 1)
+             if (p) memcpy_words(&e, p), 1)
 DEF_NODE_SET(cuGraphExecMemsetNodeSetParams,
              (CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_MEMSET_NODE_PARAMS *p, CUcontext ctx),
-             (hGraphExec, hNode, p, ctx), push(&e, p->dst), 1)
+             (hGraphExec, hNode, p, ctx), if (p) push(&e, p->dst), 1)
 DEF_NODE_SET(cuGraphExecChildGraphNodeSetParams, (CUgraphExec hGraphExec, CUgraphNode hNode, CUgraph child),
              (hGraphExec, hNode, child), walk(&e, child, 1), 1)
 DEF_NODE_SET(cuGraphExecBatchMemOpNodeSetParams,
@@ -533,7 +540,7 @@ static void generic_words(struct node_words *e, const CUgraphNodeParams *p)
         e->flags |= PYOBMEM_LAUNCH_OPAQUE;
 }
 DEF_NODE_SET(cuGraphExecNodeSetParams, (CUgraphExec hGraphExec, CUgraphNode hNode, CUgraphNodeParams *p),
-             (hGraphExec, hNode, p), generic_words(&e, p), p->type != CU_GRAPH_NODE_TYPE_KERNEL)
+             (hGraphExec, hNode, p), if (p) generic_words(&e, p), p && p->type != CU_GRAPH_NODE_TYPE_KERNEL)
 
 /* ---- memcpy and memset nodes of a graph being built: the driver checks their pointers ---- */
 

@@ -273,6 +273,9 @@ int swap_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, s
 void swap_never(CUdeviceptr p);
 /* A pointer query names p: the block holding it comes back now if it is out (synchronously). */
 void swap_touch(CUdeviceptr p);
+/* The blocks of words[0..n) that are out, brought back at once (one lock, one LRU stamp): the
+ * pointers of a graph's memcpy and memset nodes, which the driver checks (graph.c). */
+void swap_touch_many(const uint64_t *words, size_t n);
 void swap_atfork_prepare(void);
 void swap_atfork_parent(void);
 void swap_atfork_child(void);

@@ -333,6 +333,23 @@ void swap_touch(CUdeviceptr p)
     unrelax(relaxed, old);
 }
 
+void swap_touch_many(const uint64_t *words, size_t n)
+{
+    CUstreamCaptureMode old;
+    int relaxed = relax(&old);
+    pthread_mutex_lock(&g_mu);
+    uint64_t stamp = ++g_tick; /* one stamp: none of them is the least recently used of the others */
+    for (size_t i = 0; i < n; i++) {
+        struct sblock *b = block_at(words[i]);
+        if (b) {
+            b->lru = stamp;
+            bring_back(b);
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    unrelax(relaxed, old);
+}
+
 int swap_open(const char *path)
 {
     if (!path || !*path)

@@ -439,6 +439,8 @@ def test_c10_graph_exec_node_updates_change_what_a_launch_touches(fake, tmp_path
     for key in ("kset_rc", "mset_rc", "cset_rc", "kset1_rc", "gset_rc"):
         assert run.out[key] == 0, key
     assert run.out["bad_rc"] != 0  # the fake refuses memset params for a kernel node
+    # NULL parameters: the driver's CUDA_ERROR_INVALID_VALUE (1), no crash
+    assert run.out["null_rc"] == 3 * 1 and run.out["null1_rc"] == 1
     g = run.of(Ev.GRAPH_LAUNCH)
     assert g["a"].tolist() == [1, 2, 3, 4, 5, 6, 7]
     # node 1 a b / memset c / child graph d  ->  c+8 d / a+16 / (empty)  ->  b+4 b+8 / a+16  ->  d+32 / a+16

@@ -422,8 +422,9 @@ def test_c10_node_set_to_a_block_that_is_out_brings_it_back_first(fake, tmp_path
 
     run = run_swap(fake, tmp_path, "graph_set_out", plans={1: plan})
     assert run.out["a_out"] == 1
+    assert run.out["inst_rc"] == 0  # a graph with a memset node on a, instantiated while a is out
     assert run.out["set_rc"] == 0
-    assert len(run.swaps(Ev.SWAP_IN, run.out["a"])) == 1
+    assert len(run.swaps(Ev.SWAP_IN, run.out["a"])) == 1  # brought back by the instantiate
     assert run.out["bad_a"] == 0
     no_misbehaviour(run)
 

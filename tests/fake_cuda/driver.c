@@ -283,7 +283,11 @@ static int scenario_graph_update(void)
     kp1.kernelParams = args3;
     kset1_fn set1 = (kset1_fn)get("cuGraphExecKernelNodeSetParams", 11000, CU_GET_PROC_ADDRESS_DEFAULT);
     printf("kset1_rc=%d\n", (int)set1(exec, (CUgraphNode)&k1, &kp1));
+    printf("null1_rc=%d\n", (int)set1(exec, (CUgraphNode)&k1, NULL));
     printf("bad_rc=%d\n", (int)GET(mset_fn, "cuGraphExecMemsetNodeSetParams")(exec, (CUgraphNode)&k1, &mp, NULL));
+    printf("null_rc=%d\n", (int)GET(kset_fn, "cuGraphExecKernelNodeSetParams")(exec, (CUgraphNode)&k1, NULL) +
+                               (int)GET(mset_fn, "cuGraphExecMemsetNodeSetParams")(exec, (CUgraphNode)&ms, NULL, NULL) +
+                               (int)GET(gset_fn, "cuGraphExecNodeSetParams")(exec, (CUgraphNode)&k1, NULL));
     gl(exec, NULL); /* 3: b+4 a+16 (the failed set changes nothing) */
 
     CUdeviceptr x4 = d + 32;

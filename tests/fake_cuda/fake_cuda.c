@@ -356,6 +356,16 @@ API CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned lon
     (void)f;
     if (!g)
         return CUDA_ERROR_INVALID_VALUE;
+    const struct fake_graph *fg = (const struct fake_graph *)g;
+    pthread_mutex_lock(&fmu); /* like the driver: a memset node's unmapped destination is refused */
+    int unmapped = 0;
+    for (size_t i = 0; i < fg->n; i++)
+        if (fg->nodes[i]->type == CU_GRAPH_NODE_TYPE_MEMSET && fg->nodes[i]->dst >= VMM_BASE &&
+            fg->nodes[i]->dst < VMM_END && !mapping_of(fg->nodes[i]->dst))
+            unmapped = 1;
+    pthread_mutex_unlock(&fmu);
+    if (unmapped)
+        return CUDA_ERROR_INVALID_VALUE;
     *e = (CUgraphExec)(uintptr_t)__atomic_add_fetch(&next_exec, 0x10, __ATOMIC_RELAXED);
     pthread_mutex_lock(&fmu);
     if (n_execs < MAX_EXECS) {
@@ -373,15 +383,21 @@ static CUresult kernel_set(CUgraphExec e, CUgraphNode h, CUfunction f, CUkernel 
 }
 API CUresult cuGraphExecKernelNodeSetParams(CUgraphExec e, CUgraphNode h, const CUDA_KERNEL_NODE_PARAMS_v1 *p)
 {
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
     return kernel_set(e, h, p->func, NULL, p->kernelParams);
 }
 API CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec e, CUgraphNode h, const CUDA_KERNEL_NODE_PARAMS *p)
 {
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
     return kernel_set(e, h, p->func, p->kern, p->kernelParams);
 }
 API CUresult cuGraphExecMemsetNodeSetParams(CUgraphExec e, CUgraphNode h, const CUDA_MEMSET_NODE_PARAMS *p, CUcontext c)
 {
     (void)c;
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&fmu); /* like the driver: a reserved address with nothing mapped is refused */
     int unmapped = p->dst >= VMM_BASE && p->dst < VMM_END && !mapping_of(p->dst);
     pthread_mutex_unlock(&fmu);
@@ -402,6 +418,8 @@ API CUresult cuGraphExecBatchMemOpNodeSetParams(CUgraphExec e, CUgraphNode h, co
 }
 API CUresult cuGraphExecNodeSetParams(CUgraphExec e, CUgraphNode h, CUgraphNodeParams *p)
 {
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
     if (p->type == CU_GRAPH_NODE_TYPE_KERNEL)
         return kernel_set(e, h, p->kernel.func, p->kernel.kern, p->kernel.kernelParams);
     struct fake_node to = {.type = p->type, .dst = p->type == CU_GRAPH_NODE_TYPE_MEMSET ? p->memset.dst : 0};

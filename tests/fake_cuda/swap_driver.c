@@ -561,6 +561,10 @@ static int scenario_graph_set_out(void)
     fakeAdvance(-1);
     op_b(t);
     printf("a_out=%d\n", fakeAccess(a) == -1);
+    struct fake_node ms_a = {.type = CU_GRAPH_NODE_TYPE_MEMSET, .dst = a + 128};
+    struct fake_graph g_a = {.n = 1, .nodes = {&ms_a}};
+    CUgraphExec exec_a = NULL;
+    printf("inst_rc=%d\n", (int)((inst_fn)get("cuGraphInstantiateWithFlags"))(&exec_a, (CUgraph)&g_a, 0));
     CUDA_MEMSET_NODE_PARAMS mp = {0};
     mp.dst = a + 64;
     printf("set_rc=%d\n", (int)((mset_fn)get("cuGraphExecMemsetNodeSetParams"))(exec, (CUgraphNode)&ms, &mp, NULL));
