@@ -13,10 +13,9 @@
  * brings every block back before it runs.
  *
  * Conditional nodes (C26: torch.cond, torch.while_loop, XLA's while and if): the device decides
- * which body runs, and the driver API cannot read the bodies back, so they are remembered when
- * cuGraphAddNode creates the node (its phGraph_out) and forgotten with their graph
- * (cuGraphDestroy). The walk descends into every body: the launch touches the union and is
- * flagged CONDITIONAL. A conditional node we did not see created makes the graph OPAQUE.
+ * which body runs; graph_build.c keeps their bodies, and the walk descends into every one: the
+ * launch touches the union and is flagged CONDITIONAL. A conditional node it did not see created
+ * makes the graph OPAQUE.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -43,20 +42,8 @@ struct exec_info {
     struct exec_info *next;
 };
 
-#define MAX_COND_BODIES 64
-
-/* A conditional node and its body graphs, from cuGraphAddNode. */
-struct cond_info {
-    CUgraphNode node;
-    CUgraph parent;
-    unsigned n;
-    CUgraph bodies[MAX_COND_BODIES];
-    struct cond_info *next;
-};
-
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct exec_info *g_execs;
-static struct cond_info *g_conds;
 
 static void push(struct node_words *e, uint64_t w)
 {
@@ -115,21 +102,6 @@ static int touches_nothing(CUgraphNodeType t)
 
 static void walk(struct node_words *e, CUgraph graph, int depth);
 
-/* The bodies of conditional node `node` (under no lock), or 0 when it was not seen created. */
-static unsigned cond_bodies(CUgraphNode node, CUgraph *bodies)
-{
-    unsigned n = 0;
-    pthread_mutex_lock(&g_mu);
-    for (struct cond_info *c = g_conds; c; c = c->next)
-        if (c->node == node) {
-            n = c->n;
-            memcpy(bodies, c->bodies, n * sizeof *bodies);
-            break;
-        }
-    pthread_mutex_unlock(&g_mu);
-    return n;
-}
-
 /* The words of one node of a (non-executable) graph, read back through the driver. */
 static void node_fill(struct node_words *e, CUgraphNode node, int depth)
 {
@@ -166,103 +138,14 @@ static void node_fill(struct node_words *e, CUgraphNode node, int depth)
         else
             e->flags |= PYOBMEM_LAUNCH_OPAQUE;
     } else if (t == CU_GRAPH_NODE_TYPE_CONDITIONAL) {
-        CUgraph bodies[MAX_COND_BODIES];
-        unsigned nb = cond_bodies(node, bodies);
+        CUgraph bodies[GRAPH_MAX_COND_BODIES];
+        unsigned nb = graph_cond_bodies(node, bodies);
         e->flags |= nb ? PYOBMEM_LAUNCH_CONDITIONAL : PYOBMEM_LAUNCH_OPAQUE;
         for (unsigned i = 0; i < nb; i++)
             walk(e, bodies[i], depth + 1);
     } else if (!touches_nothing(t)) { /* a batch memory op, a type newer than us */
         e->flags |= PYOBMEM_LAUNCH_OPAQUE;
     }
-}
-
-/* ---- conditional nodes: remembered at creation, forgotten with their graph ---- */
-
-static void touch_node_params(const CUgraphNodeParams *p);
-
-static void cond_remember(CUgraphNode node, CUgraph parent, const CUgraphNodeParams *p)
-{
-    if (p->type != CU_GRAPH_NODE_TYPE_CONDITIONAL || !p->conditional.phGraph_out)
-        return;
-    struct cond_info *c = calloc(1, sizeof *c);
-    if (!c)
-        return; /* not remembered: the walk finds it unknown, and the graph OPAQUE */
-    c->node = node;
-    c->parent = parent;
-    if (p->conditional.size <= MAX_COND_BODIES) {
-        c->n = p->conditional.size;
-        memcpy(c->bodies, p->conditional.phGraph_out, c->n * sizeof *c->bodies);
-    }
-    pthread_mutex_lock(&g_mu);
-    for (struct cond_info **pp = &g_conds; *pp; pp = &(*pp)->next)
-        if ((*pp)->node == node) { /* a handle reused after its node was destroyed */
-            struct cond_info *old = *pp;
-            *pp = old->next;
-            free(old);
-            break;
-        }
-    if (c->n) {
-        c->next = g_conds;
-        g_conds = c;
-    } else {
-        free(c); /* more bodies than we keep: unknown, OPAQUE */
-    }
-    pthread_mutex_unlock(&g_mu);
-}
-
-/* Forget the conditional nodes of `graph` and, with them, those inside their bodies. */
-static void cond_forget_locked(CUgraph graph, int depth)
-{
-    for (struct cond_info **pp = &g_conds; *pp;) {
-        struct cond_info *c = *pp;
-        if (c->parent != graph) {
-            pp = &c->next;
-            continue;
-        }
-        *pp = c->next;
-        if (depth < MAX_GRAPH_DEPTH)
-            for (unsigned i = 0; i < c->n; i++)
-                cond_forget_locked(c->bodies[i], depth + 1);
-        free(c);
-        pp = &g_conds; /* the recursion may have unlinked any entry: start over */
-    }
-}
-
-CUresult CUDAAPI cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
-                                size_t numDependencies, CUgraphNodeParams *nodeParams)
-{
-    int rec = shim_begin();
-    if (rec)
-        touch_node_params(nodeParams);
-    CUresult r = REAL(cuGraphAddNode, (phGraphNode, hGraph, dependencies, numDependencies, nodeParams));
-    if (rec && r == CUDA_SUCCESS && phGraphNode && nodeParams)
-        cond_remember(*phGraphNode, hGraph, nodeParams);
-    return r;
-}
-
-CUresult CUDAAPI cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
-                                   const CUgraphEdgeData *dependencyData, size_t numDependencies,
-                                   CUgraphNodeParams *nodeParams)
-{
-    int rec = shim_begin();
-    if (rec)
-        touch_node_params(nodeParams);
-    CUresult r = REAL(cuGraphAddNode_v2, (phGraphNode, hGraph, dependencies, dependencyData, numDependencies, nodeParams));
-    if (rec && r == CUDA_SUCCESS && phGraphNode && nodeParams)
-        cond_remember(*phGraphNode, hGraph, nodeParams);
-    return r;
-}
-
-CUresult CUDAAPI cuGraphDestroy(CUgraph hGraph)
-{
-    int rec = shim_begin();
-    CUresult r = REAL(cuGraphDestroy, (hGraph));
-    if (rec && r == CUDA_SUCCESS) {
-        pthread_mutex_lock(&g_mu);
-        cond_forget_locked(hGraph, 0);
-        pthread_mutex_unlock(&g_mu);
-    }
-    return r;
 }
 
 /* Every node of `graph`, into one entry (a child graph's words belong to its node). */
@@ -542,66 +425,6 @@ static void generic_words(struct node_words *e, const CUgraphNodeParams *p)
 DEF_NODE_SET(cuGraphExecNodeSetParams, (CUgraphExec hGraphExec, CUgraphNode hNode, CUgraphNodeParams *p),
              (hGraphExec, hNode, p), if (p) generic_words(&e, p), p && p->type != CU_GRAPH_NODE_TYPE_KERNEL)
 
-/* ---- memcpy and memset nodes of a graph being built: the driver checks their pointers ---- */
-
-static void touch_copy(const CUDA_MEMCPY3D *p)
-{
-    if (p && SHIM_UNLIKELY(g_shim.swap)) {
-        struct node_words e;
-        memset(&e, 0, sizeof e);
-        memcpy_words(&e, p);
-        touch_words(e.w, e.n);
-        free(e.w);
-    }
-}
-
-static void touch_node_params(const CUgraphNodeParams *p)
-{
-    if (!p || !SHIM_UNLIKELY(g_shim.swap))
-        return;
-    if (p->type == CU_GRAPH_NODE_TYPE_MEMCPY)
-        touch_copy(&p->memcpy.copyParams);
-    else if (p->type == CU_GRAPH_NODE_TYPE_MEMSET)
-        swap_touch(p->memset.dst);
-}
-
-CUresult CUDAAPI cuGraphAddMemcpyNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
-                                      size_t numDependencies, const CUDA_MEMCPY3D *copyParams, CUcontext ctx)
-{
-    if (shim_begin())
-        touch_copy(copyParams);
-    return REAL(cuGraphAddMemcpyNode, (phGraphNode, hGraph, dependencies, numDependencies, copyParams, ctx));
-}
-
-CUresult CUDAAPI cuGraphAddMemsetNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
-                                      size_t numDependencies, const CUDA_MEMSET_NODE_PARAMS *memsetParams, CUcontext ctx)
-{
-    if (shim_begin() && memsetParams && SHIM_UNLIKELY(g_shim.swap))
-        swap_touch(memsetParams->dst);
-    return REAL(cuGraphAddMemsetNode, (phGraphNode, hGraph, dependencies, numDependencies, memsetParams, ctx));
-}
-
-CUresult CUDAAPI cuGraphMemcpyNodeSetParams(CUgraphNode hNode, const CUDA_MEMCPY3D *nodeParams)
-{
-    if (shim_begin())
-        touch_copy(nodeParams);
-    return REAL(cuGraphMemcpyNodeSetParams, (hNode, nodeParams));
-}
-
-CUresult CUDAAPI cuGraphMemsetNodeSetParams(CUgraphNode hNode, const CUDA_MEMSET_NODE_PARAMS *nodeParams)
-{
-    if (shim_begin() && nodeParams && SHIM_UNLIKELY(g_shim.swap))
-        swap_touch(nodeParams->dst);
-    return REAL(cuGraphMemsetNodeSetParams, (hNode, nodeParams));
-}
-
-CUresult CUDAAPI cuGraphNodeSetParams(CUgraphNode hNode, CUgraphNodeParams *nodeParams)
-{
-    if (shim_begin())
-        touch_node_params(nodeParams);
-    return REAL(cuGraphNodeSetParams, (hNode, nodeParams));
-}
-
 /* ---- launches ---- */
 
 /* The exec's words, flags and kernel-node count (under g_mu). */
@@ -721,5 +544,4 @@ void graphs_atfork_child(void)
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     g_mu = fresh;
     g_execs = NULL; /* the parent's execs mean nothing here; their memory is left as is */
-    g_conds = NULL;
 }

@@ -75,6 +75,7 @@ static void atfork_prepare(void)
     swap_atfork_prepare();
     params_atfork_prepare();
     graphs_atfork_prepare();
+    graph_conds_atfork_prepare();
     host_alias_atfork_prepare();
     blocks_atfork_prepare();
 }
@@ -84,6 +85,7 @@ static void atfork_parent(void)
     blocks_atfork_parent();
     host_alias_atfork_parent();
     graphs_atfork_parent();
+    graph_conds_atfork_parent();
     params_atfork_parent();
     swap_atfork_parent();
 }
@@ -93,6 +95,7 @@ static void atfork_child(void)
     blocks_reset_after_fork();
     host_alias_atfork_child();
     graphs_atfork_child();
+    graph_conds_atfork_child();
     params_atfork_child();
     swap_atfork_child();
     gpuclock_atfork_child();

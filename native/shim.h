@@ -348,6 +348,13 @@ static inline void gpuclock_after(CUstream s)
     } while (0)
 
 /* ---- graph.c ---- */
+/* graph_build.c: the bodies of a conditional node seen created (cuGraphAddNode), copied into
+ * bodies[GRAPH_MAX_COND_BODIES]; 0 when unknown. */
+#define GRAPH_MAX_COND_BODIES 64
+unsigned graph_cond_bodies(CUgraphNode node, CUgraph *bodies);
+void graph_conds_atfork_prepare(void);
+void graph_conds_atfork_parent(void);
+void graph_conds_atfork_child(void);
 void graphs_atfork_prepare(void);
 void graphs_atfork_parent(void);
 void graphs_atfork_child(void);
