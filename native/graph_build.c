@@ -5,8 +5,8 @@
  * pointers (cuGraphAddMemcpyNode, cuGraphAddMemsetNode, their SetParams, cuGraphNodeSetParams,
  * cuGraphAddNode).
  *
- * A conditional node's entry is forgotten with its graph (cuGraphDestroy), and with it those
- * inside its bodies. Its own mutex, never held across a driver call.
+ * A conditional node's entry is forgotten with its graph (cuGraphDestroy) or alone
+ * (cuGraphDestroyNode), and with it those inside its bodies. Its own mutex, never held across a driver call.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -114,6 +114,21 @@ static void cond_forget_locked(CUgraph graph, int depth)
     }
 }
 
+/* Forget conditional node `node` (destroyed alone) and the nodes inside its bodies. */
+static void cond_forget_node_locked(CUgraphNode node)
+{
+    for (struct cond_info **pp = &g_conds; *pp; pp = &(*pp)->next) {
+        struct cond_info *c = *pp;
+        if (c->node != node)
+            continue;
+        *pp = c->next;
+        for (unsigned i = 0; i < c->n; i++)
+            cond_forget_locked(c->bodies[i], 1);
+        free(c);
+        return;
+    }
+}
+
 CUresult CUDAAPI cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
                                 size_t numDependencies, CUgraphNodeParams *nodeParams)
 {
@@ -146,6 +161,18 @@ CUresult CUDAAPI cuGraphDestroy(CUgraph hGraph)
     if (rec && r == CUDA_SUCCESS) {
         pthread_mutex_lock(&g_cond_mu);
         cond_forget_locked(hGraph, 0);
+        pthread_mutex_unlock(&g_cond_mu);
+    }
+    return r;
+}
+
+CUresult CUDAAPI cuGraphDestroyNode(CUgraphNode hNode)
+{
+    int rec = shim_begin();
+    CUresult r = REAL(cuGraphDestroyNode, (hNode));
+    if (rec && r == CUDA_SUCCESS) {
+        pthread_mutex_lock(&g_cond_mu);
+        cond_forget_node_locked(hNode);
         pthread_mutex_unlock(&g_cond_mu);
     }
     return r;

@@ -458,15 +458,18 @@ def test_c26_conditional_bodies_are_walked_and_forgotten_with_their_graph(fake, 
     run = run_driver(fake, tmp_path, "graph_cond")
     assert run.out["add_rc"] == run.out["add1_rc"] == run.out["destroy_rc"] == 0
     g = run.of(Ev.GRAPH_LAUNCH)
-    assert g["a"].tolist() == [1, 2]
+    assert g["a"].tolist() == [1, 2, 3, 4]
     # kernel a / IF: then kernel b, else memset c+8 and WHILE: kernel d -- the union of every body
     assert accesses(run, 1) == [word(1, 0), word(2, 0), word(3, 8), word(4, 0)]
-    assert g["d"].tolist() == [3, 1]  # kernel nodes, bodies included
+    assert g["d"].tolist() == [3, 1, 1, 0]  # kernel nodes, bodies included
     flags = [LaunchFlag(int(f)) for f in g["flags"]]
     assert LaunchFlag.CONDITIONAL in flags[0] and LaunchFlag.OPAQUE not in flags[0], flags
     # after cuGraphDestroy the conditional node is unknown: a new exec of it is opaque
     assert LaunchFlag.OPAQUE in flags[1] and LaunchFlag.CONDITIONAL not in flags[1], flags
     assert accesses(run, 2) == [word(1, 0)]
+    # a conditional node destroyed alone (cuGraphDestroyNode) is forgotten too
+    assert run.out["ndestroy_rc"] == 0 and accesses(run, 3) == [word(2, 0)] and accesses(run, 4) == []
+    assert LaunchFlag.CONDITIONAL in flags[2] and LaunchFlag.OPAQUE in flags[3], flags
 
 
 # ---------------------------------------------------------------- processes, ring, threads

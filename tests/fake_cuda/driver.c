@@ -360,6 +360,24 @@ static int scenario_graph_cond(void)
     printf("destroy_rc=%d\n", (int)GET(gdestroy_fn, "cuGraphDestroy")((CUgraph)&g));
     GET(inst_fn, "cuGraphInstantiateWithFlags")(&e2, (CUgraph)&g, 0);
     gl(e2, NULL); /* 2: a, opaque */
+
+    /* a conditional node destroyed alone: forgotten, the graph that still lists it opaque */
+    typedef CUresult (*ndestroy_fn)(CUgraphNode);
+    struct fake_graph g3 = {.n = 0};
+    CUgraphNodeParams p3;
+    memset(&p3, 0, sizeof p3);
+    p3.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+    p3.conditional.size = 1;
+    CUgraphNode n3 = NULL;
+    GET(add_fn, "cuGraphAddNode")(&n3, (CUgraph)&g3, NULL, NULL, 0, &p3);
+    struct fake_graph *b3 = (struct fake_graph *)p3.conditional.phGraph_out[0];
+    b3->nodes[b3->n++] = &kb;
+    CUgraphExec e3 = NULL, e4 = NULL;
+    GET(inst_fn, "cuGraphInstantiateWithFlags")(&e3, (CUgraph)&g3, 0);
+    gl(e3, NULL); /* 3: b, conditional */
+    printf("ndestroy_rc=%d\n", (int)GET(ndestroy_fn, "cuGraphDestroyNode")(n3));
+    GET(inst_fn, "cuGraphInstantiateWithFlags")(&e4, (CUgraph)&g3, 0);
+    gl(e4, NULL); /* 4: opaque */
     return 0;
 }
 

@@ -459,6 +459,7 @@ API CUresult cuGraphAddNode(CUgraphNode *ph, CUgraph g, const CUgraphNode *deps,
     return cuGraphAddNode_v2(ph, g, deps, NULL, nd, p);
 }
 API CUresult cuGraphDestroy(CUgraph g) { return g ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+API CUresult cuGraphDestroyNode(CUgraphNode n) { return n ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
 /* A child-graph node's graph (fake_node.child). */
 API CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode h, CUgraph *g)
 {
@@ -548,6 +549,7 @@ static const struct sym syms[] = {
     S("cuGraphAddNode", 12020, cuGraphAddNode, NULL),
     S("cuGraphAddNode", 12030, cuGraphAddNode_v2, NULL),
     S("cuGraphDestroy", 10000, cuGraphDestroy, NULL),
+    S("cuGraphDestroyNode", 10000, cuGraphDestroyNode, NULL),
     S("cuGraphExecDestroy", 10000, cuGraphExecDestroy, NULL),
 };
 
