@@ -328,6 +328,17 @@ static int scenario_opaque(void)
     return 0;
 }
 
+/* The plans' iteration [op_b(t), op_a(a)], run once under the plan sync_point(1) waits for, and
+ * op_b(t) again: a swap-out the plan puts after op 1 has been released. */
+static void plan_point(CUdeviceptr a, CUdeviceptr t)
+{
+    sync_point(1);
+    op_b(t);
+    op_a(a, 0, 0);
+    fakeAdvance(-1);
+    op_b(t);
+}
+
 /* C11: A is out when a capture on stream S2 starts touching it: brought back synchronously,
  * nothing of the shim on the capturing stream, no planned action during the capture. */
 static int scenario_capture(void)
@@ -336,11 +347,7 @@ static int scenario_capture(void)
     CUdeviceptr a = must_alloc(2 * MIB), t = must_alloc(2 * MIB);
     printf("a=%" PRIu64 "\nt=%" PRIu64 "\n", (uint64_t)a, (uint64_t)t);
     fill(a, 2 * MIB, 4);
-    sync_point(1); /* plan: [op_b(t), op_a(a)], swap a out after op 1 */
-    op_b(t);
-    op_a(a, 0, 0);
-    fakeAdvance(-1);
-    op_b(t); /* a released */
+    plan_point(a, t); /* the plan: swap a out after op 1 */
     printf("a_out=%d\n", fakeAccess(a) == -1);
     capture_fn begin = (capture_fn)dlsym(lib, "cuStreamBeginCapture_v2");
     endcap_fn end = (endcap_fn)dlsym(lib, "cuStreamEndCapture");
@@ -491,11 +498,7 @@ static int scenario_graph(void)
     CUdeviceptr a = must_alloc(2 * MIB), t = must_alloc(2 * MIB);
     printf("a=%" PRIu64 "\n", (uint64_t)a);
     fill(a, 2 * MIB, 8);
-    sync_point(1); /* plan: [op_b(t), op_a(a)], swap a out after op 1 */
-    op_b(t);
-    op_a(a, 0, 0);
-    fakeAdvance(-1);
-    op_b(t);
+    plan_point(a, t); /* the plan: swap a out after op 1 */
     printf("a_out=%d\n", fakeAccess(a) == -1);
     int n = 0;
     CUdeviceptr zero = 0;
@@ -526,11 +529,7 @@ static int scenario_graph_update(void)
     struct fake_graph g = {.n = 1, .nodes = {&k}};
     CUgraphExec exec = NULL;
     ((inst_fn)get("cuGraphInstantiateWithFlags"))(&exec, (CUgraph)&g, 0);
-    sync_point(1); /* plan: [op_b(t), op_a(a)], swap a out after op 1 */
-    op_b(t);
-    op_a(a, 0, 0);
-    fakeAdvance(-1);
-    op_b(t);
+    plan_point(a, t); /* the plan: swap a out after op 1 */
     printf("a_out=%d\n", fakeAccess(a) == -1);
     CUDA_KERNEL_NODE_PARAMS kp = {0};
     kp.func = FAKE_FUNC_A;
@@ -555,11 +554,7 @@ static int scenario_graph_set_out(void)
     struct fake_graph g = {.n = 1, .nodes = {&ms}};
     CUgraphExec exec = NULL;
     ((inst_fn)get("cuGraphInstantiateWithFlags"))(&exec, (CUgraph)&g, 0);
-    sync_point(1); /* plan: [op_b(t), op_a(a)], swap a out after op 1 */
-    op_b(t);
-    op_a(a, 0, 0);
-    fakeAdvance(-1);
-    op_b(t);
+    plan_point(a, t); /* the plan: swap a out after op 1 */
     printf("a_out=%d\n", fakeAccess(a) == -1);
     struct fake_node ms_a = {.type = CU_GRAPH_NODE_TYPE_MEMSET, .dst = a + 128};
     struct fake_graph g_a = {.n = 1, .nodes = {&ms_a}};
@@ -584,11 +579,7 @@ static int scenario_graph_cond(void)
     printf("a=%" PRIu64 "\nu=%" PRIu64 "\n", (uint64_t)a, (uint64_t)u);
     fill(a, 2 * MIB, 8);
     fill(u, 2 * MIB, 9);
-    sync_point(1); /* plan: [op_b(t), op_a(a)], swap a and u out after op 1 */
-    op_b(t);
-    op_a(a, 0, 0);
-    fakeAdvance(-1);
-    op_b(t);
+    plan_point(a, t); /* the plan: swap a and u out after op 1 */
     printf("a_out=%d\nu_out=%d\n", fakeAccess(a) == -1, fakeAccess(u) == -1);
     int n = 0;
     CUdeviceptr zero = 0;
