@@ -441,15 +441,36 @@ static int case_c09(int rounds)
     return rc;
 }
 
-static int case_c10(int replays)
+// Six 64 MiB blocks (blk0..blk5), filled: the graph cases' set-up.
+static void six_blocks(Blocks &b)
 {
-    Blocks b;
     b.init();
     const char *names[] = {"blk0", "blk1", "blk2", "blk3", "blk4", "blk5"};
     for (int i = 0; i < 6; i++)
         b.alloc(names[i]);
     print_common(b);
     b.fill_all();
+}
+
+// Replays ge, which moves blocks 0 and 1 one round forward, with the four others touched after
+// each: under a two-block budget both are out before every replay after the first.
+static void replay_between_touches(Blocks &b, cudaGraphExec_t ge, int replays)
+{
+    for (int r = 0; r < replays; r++) {
+        RK(cudaGraphLaunch(ge, b.s));
+        RK(cudaStreamSynchronize(b.s));
+        b.round[0]++;
+        b.round[1]++;
+        for (int i = 2; i < 6; i++)
+            b.touch(i);
+    }
+    printf("@ graph_launches=%d\n", replays);
+}
+
+static int case_c10(int replays)
+{
+    Blocks b;
+    six_blocks(b);
     uint32_t *d_round = nullptr;
     RK(cudaMalloc((void **)&d_round, sizeof *d_round));
     RK(cudaMemset(d_round, 0, sizeof *d_round));
@@ -464,15 +485,7 @@ static int case_c10(int replays)
     RK(cudaStreamEndCapture(b.s, &g));
     RK(cudaGraphInstantiate(&ge, g, 0));
     printf("@ graph_exec=%p\n@ t_graph_ready=%llu\n", (void *)ge, (unsigned long long)now_ns());
-    for (int r = 0; r < replays; r++) {
-        RK(cudaGraphLaunch(ge, b.s));
-        RK(cudaStreamSynchronize(b.s));
-        b.round[0]++;
-        b.round[1]++;
-        for (int i = 2; i < 6; i++)
-            b.touch(i); // brought back in turn: blocks 0 and 1 are out before the next replay
-    }
-    printf("@ graph_launches=%d\n", replays);
+    replay_between_touches(b, ge, replays);
     RK(cudaGraphExecDestroy(ge));
     RK(cudaGraphDestroy(g));
     int rc = b.finish();
@@ -487,12 +500,7 @@ static int case_c10(int replays)
 static int case_c10u(int replays)
 {
     Blocks b;
-    b.init();
-    const char *names[] = {"blk0", "blk1", "blk2", "blk3", "blk4", "blk5"};
-    for (int i = 0; i < 6; i++)
-        b.alloc(names[i]);
-    print_common(b);
-    b.fill_all();
+    six_blocks(b);
     cudaGraph_t g;
     cudaGraphExec_t ge;
     RK(cudaStreamBeginCapture(b.s, cudaStreamCaptureModeGlobal));
@@ -534,12 +542,7 @@ static int case_c10u(int replays)
 static int case_c26(int replays)
 {
     Blocks b;
-    b.init();
-    const char *names[] = {"blk0", "blk1", "blk2", "blk3", "blk4", "blk5"};
-    for (int i = 0; i < 6; i++)
-        b.alloc(names[i]);
-    print_common(b);
-    b.fill_all();
+    six_blocks(b);
     uint32_t *d_round = nullptr;
     RK(cudaMalloc((void **)&d_round, sizeof *d_round));
     RK(cudaMemset(d_round, 0, sizeof *d_round));
@@ -565,15 +568,7 @@ static int case_c26(int replays)
     cudaGraphExec_t ge;
     RK(cudaGraphInstantiate(&ge, g, 0));
     printf("@ graph_exec=%p\n", (void *)ge);
-    for (int r = 0; r < replays; r++) {
-        RK(cudaGraphLaunch(ge, b.s));
-        RK(cudaStreamSynchronize(b.s));
-        b.round[0]++;
-        b.round[1]++;
-        for (int i = 2; i < 6; i++)
-            b.touch(i);
-    }
-    printf("@ graph_launches=%d\n", replays);
+    replay_between_touches(b, ge, replays);
     RK(cudaGraphExecDestroy(ge));
     RK(cudaGraphDestroy(g));
     int rc = b.finish();
