@@ -3,9 +3,24 @@
  * device would pass the budget (Belady's choice by the plan's IDLE hints, else the least recently
  * used), and the waits that keep physical memory under it.
  */
+#include <stdlib.h>
+#include <string.h>
+
 #include "swap_state.h"
 
 static int g_noted_budget;
+
+/* PYOBMEM_FREE_WAIT=0 evicts live blocks where the budget would wait for pending frees (to
+ * measure the difference). */
+static int free_wait_on(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv(PYOBMEM_ENV_FREE_WAIT);
+        on = !(e && strcmp(e, "0") == 0);
+    }
+    return on;
+}
 
 /* Under a plan's IDLE hints, a block of the size about to be mapped is taken over the block idle
  * the longest when it is idle at least this share of that one's time: its memory then goes
@@ -86,6 +101,12 @@ static void evict_keeping(uint64_t need, uint64_t keep, uint64_t stamp)
     cache_trim_keeping(resident_bytes() + need - budget, keep); /* cached memory before live blocks */
     if (g_pool_slack && resident_bytes() + need > budget)
         pools_trim(resident_bytes() + need - budget); /* the driver's cached memory too */
+    if (resident_bytes() + need > budget && free_wait_on())
+        cache_trim_waiting(resident_bytes() + need - budget, keep); /* freed memory before live blocks */
+    if (resident_bytes() + need > budget) {
+        g_waits.rounds++;
+        g_waits.round_pending += cache_pending_bytes();
+    }
     uint64_t round = ++g_tick;
     while (resident_bytes() + need > budget) {
         struct sblock *v = pick_victim(stamp, round, need);

@@ -67,6 +67,7 @@ struct sblock {
     CUevent free_ev;            /* cached: recorded at the free's stream point, pending while free_live */
     CUstream free_stream;
     int free_live;
+    uint64_t freed_at;          /* cached: g_tick at its free (the oldest pending free is waited for first) */
     int32_t site;               /* 1 + index of the followed plan's site bound to it; 0: none */
 };
 
@@ -79,6 +80,8 @@ struct swap_waits {
     uint64_t unmap_ns, unmaps, releases;      /* unmap_block_keep; releases: a cuMemRelease */
     uint64_t evictions, planned_outs;         /* swap-outs for the budget, and the plan's */
     uint64_t handoffs;                        /* maps that took a swap-out's memory still copying */
+    uint64_t free_wait_ns, free_waits;        /* waiting for cached blocks' frees to reclaim their memory */
+    uint64_t rounds, round_pending;           /* eviction rounds that evicted; cached bytes then pending (sum) */
 };
 extern struct swap_waits g_waits;
 
@@ -209,6 +212,11 @@ void plan_unbind(struct sblock *b);
 uint64_t cache_trim(uint64_t want, CUmemoryPool pool);
 /* cache_trim of every pool, keeping one spare handle of `keep` bytes (see hold_budget). */
 uint64_t cache_trim_keeping(uint64_t want, uint64_t keep);
+/* Cached bytes whose free the GPU has not reached yet (their memory cannot be given back now). */
+uint64_t cache_pending_bytes(void);
+/* cache_trim_keeping after waiting on the host for the oldest pending frees, as many as `want`
+ * needs: memory the application freed is reclaimed before a live block goes out for it. */
+uint64_t cache_trim_waiting(uint64_t want, uint64_t keep);
 /* The rest of swap_free for a block it deferred (given_freed): cached, or given back. */
 void free_finish(struct sblock *b);
 

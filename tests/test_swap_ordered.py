@@ -170,6 +170,25 @@ def test_cached_memory_counts_against_the_budget_and_goes_first(fake, tmp_path):
     no_misbehaviour(run)
 
 
+def test_a_budget_eviction_waits_for_a_pending_free_before_a_live_block_goes_out(fake, tmp_path):  # noqa: F811
+    """swap_driver.c scenario_freewait: x's cached memory (3 granules) is freed on S1 behind work
+    the GPU has not run, y (1 granule) is live, and z (1 granule, another stream) would pass the
+    budget of 4. The shim waits for x's free and gives its memory back: y stays resident and
+    nothing is swapped. With PYOBMEM_FREE_WAIT=0 y goes out instead (what GPT medium's gradients
+    did on the H200 at 75%, each then brought back on demand by the optimizer)."""
+    run = run_swap(fake, tmp_path, "freewait", budget=4 * GRAN)
+    assert run.out["y_in"] == 1 and run.out["bad_y"] == 0 and run.out["bad_z"] == 0
+    assert len(run.swaps(Ev.SWAP_OUT)) == 0
+    waits = next(n for n in run.notes() if n.startswith("swap.waits="))
+    assert " free_waits=1/" in waits and " rounds=0 " in waits, waits
+    no_misbehaviour(run)
+    run = run_swap(fake, tmp_path, "freewait", budget=4 * GRAN, env={"PYOBMEM_FREE_WAIT": "0"})
+    assert run.out["bad_y"] == 0 and run.out["bad_z"] == 0
+    waits = next(n for n in run.notes() if n.startswith("swap.waits="))
+    assert " evictions=1 " in waits and " free_waits=0/" in waits and " rounds=1 " in waits, waits
+    no_misbehaviour(run)
+
+
 def test_the_drivers_pool_memory_counts_against_the_budget(fake, tmp_path):  # noqa: F811
     """The same run with the driver's pool holding 2 granules beyond its live blocks (freed small
     blocks it keeps reserved, as under PyTorch's cudaMallocAsync): the device holds them, so the

@@ -1034,6 +1034,35 @@ static int scenario_ordered_budget(void)
     return 0;
 }
 
+/* A budget eviction waits for a pending free before a live block goes out (budget 4 granules):
+ * y (1 granule, live) and x (LEN: 3 granules, stream-ordered on S1) fill it; x is freed on S1
+ * behind an event of a stream nobody advances (the host ahead of the GPU), so its cached memory
+ * cannot be given back now; z (1 granule on another stream) needs room. The shim waits for x's
+ * free and gives x's memory back (y stays resident) or, with PYOBMEM_FREE_WAIT=0, swaps y out. */
+static int scenario_freewait(void)
+{
+    CUstream s2 = (CUstream)0x99;
+    CUdeviceptr y = must_alloc(2 * MIB);
+    fill(y, 2 * MIB, 4);
+    CUdeviceptr x = must_alloc_ordered(LEN, S1);
+    fill(x, LEN, 1);
+    CUevent ev = NULL;
+    CUstream m = NULL;
+    ((CUresult(*)(CUevent *, unsigned))dlsym(lib, "cuEventCreate"))(&ev, 0);
+    ((CUresult(*)(CUstream *, unsigned))dlsym(lib, "cuStreamCreate"))(&m, 0);
+    ((CUresult(*)(CUevent, CUstream))dlsym(lib, "cuEventRecord"))(ev, m);
+    ((CUresult(*)(CUstream, CUevent, unsigned))dlsym(lib, "cuStreamWaitEvent"))(S1, ev, 0);
+    ((freea_fn)get("cuMemFreeAsync"))(x, S1); /* queued behind the wait: not reached yet */
+    CUdeviceptr z = must_alloc_ordered(2 * MIB, s2);
+    printf("y_in=%d\n", fakeAccess(y) != -1);
+    fakeAdvance(-1);
+    fill(z, 2 * MIB, 6);
+    printf("bad_z=%ld\n", check(z, 2 * MIB, 6, 0));
+    printf("bad_y=%ld\n", check(y, 2 * MIB, 4, 0));
+    counters();
+    return 0;
+}
+
 /* A host slot reused across the two copy streams (FAKE_HOST_BYTES: one 2 MiB slot; budget one
  * block). b's allocation evicts a into the slot. The op on a brings it back: its swap-in copy
  * reads the slot on the host-to-device stream (queued, not run: manual streams); then b is
@@ -1573,6 +1602,8 @@ int main(int argc, char **argv)
         rc = scenario_others(argc > 2 ? argv[2] : "small");
     else if (!strcmp(s, "ordered"))
         rc = scenario_ordered();
+    else if (!strcmp(s, "freewait"))
+        rc = scenario_freewait();
     else if (!strcmp(s, "ordered_budget"))
         rc = scenario_ordered_budget();
     else if (!strcmp(s, "slotreuse"))
