@@ -292,9 +292,12 @@ def launch(opts: Options) -> Outcome:
         if opts.presets and per_tensor and not opts.quiet:
             for line in tensor_presets(dict(os.environ))[1]:
                 _say(f"pyobmem: {line}")
-            if any(k in applied for k in TORCH_CONF):
-                _say(f"pyobmem: preset backend:{TORCH_BACKEND} for PyTorch (every tensor its own block; PyTorch then "
-                     "refuses memory snapshots and CUDA-graph trees; --no-presets turns the presets off)")
+            if applied:
+                torch_note = (" (PyTorch then refuses memory snapshots and CUDA-graph trees)"
+                              if any(k in applied for k in TORCH_CONF) else "")
+                _say("pyobmem: presets, every tensor its own block: "
+                     + ", ".join(f"{k}={v}" for k, v in applied.items()) + torch_note
+                     + "; --no-presets turns them off")
         swap_meta = None
         if opts.swap:
             min_swap = DEFAULT_MIN_SWAP_BYTES if opts.min_swap_bytes is None else int(opts.min_swap_bytes)

@@ -61,8 +61,9 @@ def test_tensor_blocks_trace_records_and_names_the_presets(tmp_path, shim):  # n
     proc = pyobmem("run", "--tensor-blocks", "-o", "c.pyobmem", PY, "-c", code, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == "backend:cudaMallocAsync cuda_async"
-    assert sum(line.startswith("pyobmem: preset backend:cudaMallocAsync for PyTorch") for line in
-               proc.stderr.splitlines()) == 1
+    said = [line for line in proc.stderr.splitlines() if line.startswith("pyobmem: presets, every tensor its own block: ")]
+    assert said == ["pyobmem: presets, every tensor its own block: " + ", ".join(f"{k}={v}" for k, v in ALL.items())
+                    + " (PyTorch then refuses memory snapshots and CUDA-graph trees); --no-presets turns them off"]
     cap = read_capture(str(tmp_path / "c.pyobmem"))
     assert cap.meta["presets"] == ALL and cap.meta["blocks"] == "tensor"
     text = summary.format_summary(summary.summarize(cap))
