@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <time.h>
+
 #include "swap_state.h"
 
 /* The block cache: free stream-ordered blocks by size class (reserved bytes), each with its
@@ -204,6 +206,27 @@ uint64_t cache_pending_bytes(void)
     return n;
 }
 
+/* A free not reached after this long is behind work that may not end on its own (C16: a
+ * persistent kernel on the stream that freed it): longer than any host lead measured (GPT
+ * medium: ~300 ms). From then on the budget evicts instead of waiting. */
+#define FREE_WAIT_LIMIT_NS 500000000ull
+static int g_free_wait_off;
+
+/* Poll e (cuEventQuery, 20 us apart) until it completes or FREE_WAIT_LIMIT_NS pass: 1 if it did. */
+static int free_reached(CUevent e)
+{
+    uint64_t t0 = shim_now_ns();
+    struct timespec nap = {0, 20000};
+    for (;;) {
+        CUresult q = real_cuEventQuery(e);
+        if (q != CUDA_ERROR_NOT_READY)
+            return q == CUDA_SUCCESS;
+        if (shim_now_ns() - t0 > FREE_WAIT_LIMIT_NS)
+            return 0;
+        nanosleep(&nap, NULL);
+    }
+}
+
 /* The host runs ahead of the GPU: memory it freed at its time is still in use on the GPU until
  * the free's stream point (GPT medium's backward pass frees GiBs ahead of the GPU). Waiting for
  * the oldest such free costs the host its lead; swapping a live block out instead costs two
@@ -212,7 +235,7 @@ uint64_t cache_pending_bytes(void)
 uint64_t cache_trim_waiting(uint64_t want, uint64_t keep)
 {
     uint64_t got = 0;
-    while (got < want) {
+    while (got < want && !g_free_wait_off) {
         struct sblock *oldest = NULL;
         for (size_t i = 0; i < g_ncache; i++) {
             struct sblock *c = g_cache[i];
@@ -222,11 +245,15 @@ uint64_t cache_trim_waiting(uint64_t want, uint64_t keep)
         if (!oldest)
             break;
         uint64_t t0 = shim_now_ns();
-        CUresult r = real_cuEventSynchronize(oldest->free_ev);
+        int reached = free_reached(oldest->free_ev);
         g_waits.free_wait_ns += shim_now_ns() - t0;
         g_waits.free_waits++;
-        if (r != CUDA_SUCCESS)
+        if (!reached) {
+            g_free_wait_off = 1;
+            ring_note("swap: a freed block's stream did not reach its free within 0.5 s (a persistent kernel?); "
+                      "the budget evicts live blocks instead of waiting for frees from now on");
             break;
+        }
         oldest->free_live = 0;
         got += trim(want - got, NULL, keep);
     }

@@ -170,22 +170,41 @@ def test_cached_memory_counts_against_the_budget_and_goes_first(fake, tmp_path):
     no_misbehaviour(run)
 
 
+def _waits(run) -> str:
+    return next(n for n in run.notes() if n.startswith("swap.waits="))
+
+
 def test_a_budget_eviction_waits_for_a_pending_free_before_a_live_block_goes_out(fake, tmp_path):  # noqa: F811
     """swap_driver.c scenario_freewait: x's cached memory (3 granules) is freed on S1 behind work
     the GPU has not run, y (1 granule) is live, and z (1 granule, another stream) would pass the
-    budget of 4. The shim waits for x's free and gives its memory back: y stays resident and
-    nothing is swapped. With PYOBMEM_FREE_WAIT=0 y goes out instead (what GPT medium's gradients
-    did on the H200 at 75%, each then brought back on demand by the optimizer)."""
-    run = run_swap(fake, tmp_path, "freewait", budget=4 * GRAN)
+    budget of 4. The shim polls x's free (the fake's GPU goes on 5 ms after the first such query,
+    FAKE_QUERY_ADVANCE_MS) and gives its memory back: y stays resident and nothing is swapped.
+    With PYOBMEM_FREE_WAIT=0 y goes out instead (what GPT medium's gradients did on the H200 at
+    75%, each then brought back on demand by the optimizer)."""
+    run = run_swap(fake, tmp_path, "freewait", budget=4 * GRAN, env={"FAKE_QUERY_ADVANCE_MS": "5"})
     assert run.out["y_in"] == 1 and run.out["bad_y"] == 0 and run.out["bad_z"] == 0
     assert len(run.swaps(Ev.SWAP_OUT)) == 0
-    waits = next(n for n in run.notes() if n.startswith("swap.waits="))
-    assert " free_waits=1/" in waits and " rounds=0 " in waits, waits
+    assert " free_waits=1/" in _waits(run) and " rounds=0 " in _waits(run), _waits(run)
+    assert 4_000 <= int(_waits(run).split(" free_waits=1/")[1].split("us")[0]) < 500_000
     no_misbehaviour(run)
-    run = run_swap(fake, tmp_path, "freewait", budget=4 * GRAN, env={"PYOBMEM_FREE_WAIT": "0"})
+    run = run_swap(fake, tmp_path, "freewait", budget=4 * GRAN, env={"FAKE_QUERY_ADVANCE_MS": "5", "PYOBMEM_FREE_WAIT": "0"})
     assert run.out["bad_y"] == 0 and run.out["bad_z"] == 0
-    waits = next(n for n in run.notes() if n.startswith("swap.waits="))
+    waits = _waits(run)
     assert " evictions=1 " in waits and " free_waits=0/" in waits and " rounds=1 " in waits, waits
+    no_misbehaviour(run)
+
+
+def test_a_free_the_gpu_never_reaches_is_given_up_after_half_a_second(fake, tmp_path):  # noqa: F811
+    """C16: the same run with the stream that freed x never advancing (a persistent kernel before
+    the free): the shim polls for 0.5 s, says so once, evicts y as before the rule, and waits for
+    no free again; the job goes on with every byte right."""
+    run = run_swap(fake, tmp_path, "freewait", budget=4 * GRAN)
+    assert run.out["bad_y"] == 0 and run.out["bad_z"] == 0
+    waits = _waits(run)
+    assert " evictions=1 " in waits and " free_waits=1/" in waits and " rounds=1 " in waits, waits
+    wait_us = int(waits.split(" free_waits=1/")[1].split("us")[0])
+    assert 500_000 <= wait_us < 5_000_000
+    assert sum("did not reach its free within 0.5 s" in n for n in run.notes()) == 1
     no_misbehaviour(run)
 
 
