@@ -200,29 +200,47 @@ uint64_t cache_trim_keeping(uint64_t want, uint64_t keep) { return trim(want, NU
 uint64_t cache_pending_bytes(void)
 {
     uint64_t n = 0;
-    for (size_t i = 0; i < g_ncache; i++)
-        if (g_cache[i]->handle && g_cache[i]->free_live && real_cuEventQuery(g_cache[i]->free_ev) == CUDA_ERROR_NOT_READY)
-            n += g_cache[i]->vsize;
+    for (size_t i = 0; i < g_ncache; i++) {
+        struct sblock *c = g_cache[i];
+        if (!c->handle || !c->free_live)
+            continue;
+        CUresult q = real_cuEventQuery(c->free_ev);
+        if (q == CUDA_ERROR_NOT_READY)
+            n += c->vsize;
+        else if (q == CUDA_SUCCESS)
+            c->free_live = 0; /* completed: not queried again */
+    }
     return n;
 }
 
-/* A free not reached after this long is behind work that may not end on its own (C16: a
- * persistent kernel on the stream that freed it): longer than any host lead measured (GPT
- * medium: ~300 ms). From then on the budget evicts instead of waiting. */
-#define FREE_WAIT_LIMIT_NS 500000000ull
-static int g_free_wait_off;
+/* How long the budget waits for a pending free (PYOBMEM_FREE_WAIT, ms; 0: never): longer than
+ * any host lead measured (GPT medium: ~300 ms). A free not reached by then is behind work that
+ * may not end on its own (C16: a persistent kernel on the stream that freed it), and from then
+ * on the budget evicts instead of waiting. */
+#define FREE_WAIT_DEFAULT_MS 500
+static int64_t g_free_wait_ns = -1; /* -1: not read yet; 0: the rule is off */
 
-/* Poll e (cuEventQuery, 20 us apart) until it completes or FREE_WAIT_LIMIT_NS pass: 1 if it did. */
-static int free_reached(CUevent e)
+static uint64_t free_wait_limit(void)
+{
+    if (g_free_wait_ns < 0) {
+        const char *e = getenv(PYOBMEM_ENV_FREE_WAIT);
+        char *end = NULL;
+        long ms = e && *e ? strtol(e, &end, 10) : FREE_WAIT_DEFAULT_MS;
+        g_free_wait_ns = (end && *end) || ms < 0 ? FREE_WAIT_DEFAULT_MS * 1000000ll : ms * 1000000ll;
+    }
+    return (uint64_t)g_free_wait_ns;
+}
+
+/* Poll e (cuEventQuery, 20 us apart) until it completes, fails or `limit` ns pass; *waited: it
+ * was pending at the first query. */
+static CUresult free_reached(CUevent e, uint64_t limit, int *waited)
 {
     uint64_t t0 = shim_now_ns();
     struct timespec nap = {0, 20000};
-    for (;;) {
+    for (*waited = 0;; *waited = 1) {
         CUresult q = real_cuEventQuery(e);
-        if (q != CUDA_ERROR_NOT_READY)
-            return q == CUDA_SUCCESS;
-        if (shim_now_ns() - t0 > FREE_WAIT_LIMIT_NS)
-            return 0;
+        if (q != CUDA_ERROR_NOT_READY || shim_now_ns() - t0 > limit)
+            return q;
         nanosleep(&nap, NULL);
     }
 }
@@ -235,7 +253,7 @@ static int free_reached(CUevent e)
 uint64_t cache_trim_waiting(uint64_t want, uint64_t keep)
 {
     uint64_t got = 0;
-    while (got < want && !g_free_wait_off) {
+    while (got < want && free_wait_limit()) {
         struct sblock *oldest = NULL;
         for (size_t i = 0; i < g_ncache; i++) {
             struct sblock *c = g_cache[i];
@@ -244,14 +262,20 @@ uint64_t cache_trim_waiting(uint64_t want, uint64_t keep)
         }
         if (!oldest)
             break;
-        uint64_t t0 = shim_now_ns();
-        int reached = free_reached(oldest->free_ev);
+        uint64_t t0 = shim_now_ns(), limit = free_wait_limit();
+        int waited;
+        CUresult q = free_reached(oldest->free_ev, limit, &waited);
         g_waits.free_wait_ns += shim_now_ns() - t0;
-        g_waits.free_waits++;
-        if (!reached) {
-            g_free_wait_off = 1;
-            ring_note("swap: a freed block's stream did not reach its free within 0.5 s (a persistent kernel?); "
-                      "the budget evicts live blocks instead of waiting for frees from now on");
+        g_waits.free_waits += waited;
+        if (q != CUDA_SUCCESS) {
+            g_free_wait_ns = 0;
+            if (q == CUDA_ERROR_NOT_READY)
+                ring_note("swap: a freed block's stream did not reach its free within %llu ms (a persistent "
+                          "kernel?); the budget evicts live blocks instead of waiting for frees from now on",
+                          (unsigned long long)(limit / 1000000));
+            else
+                ring_note("swap: querying a freed block's event failed (CUresult %d); the budget no longer waits "
+                          "for frees", (int)q);
             break;
         }
         oldest->free_live = 0;

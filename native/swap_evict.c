@@ -3,23 +3,20 @@
  * device would pass the budget (Belady's choice by the plan's IDLE hints, else the least recently
  * used), and the waits that keep physical memory under it.
  */
-#include <stdlib.h>
-#include <string.h>
-
 #include "swap_state.h"
 
 static int g_noted_budget;
 
-/* PYOBMEM_FREE_WAIT=0 evicts live blocks where the budget would wait for pending frees (to
- * measure the difference). */
-static int free_wait_on(void)
+/* A block the budget could swap out for the op of `stamp`. Without one, waiting for pending frees
+ * would only make the host wait at every op (the budget cannot be kept there anyway). */
+static int victim_exists(uint64_t stamp)
 {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv(PYOBMEM_ENV_FREE_WAIT);
-        on = !(e && strcmp(e, "0") == 0);
+    for (size_t i = 0; i < g_tab.n; i++) {
+        const struct sblock *b = block_of(i);
+        if (b->state == SB_RESIDENT && b->stamp != stamp && swappable(b))
+            return 1;
     }
-    return on;
+    return 0;
 }
 
 /* Under a plan's IDLE hints, a block of the size about to be mapped is taken over the block idle
@@ -101,7 +98,7 @@ static void evict_keeping(uint64_t need, uint64_t keep, uint64_t stamp)
     cache_trim_keeping(resident_bytes() + need - budget, keep); /* cached memory before live blocks */
     if (g_pool_slack && resident_bytes() + need > budget)
         pools_trim(resident_bytes() + need - budget); /* the driver's cached memory too */
-    if (resident_bytes() + need > budget && free_wait_on())
+    if (resident_bytes() + need > budget && victim_exists(stamp))
         cache_trim_waiting(resident_bytes() + need - budget, keep); /* freed memory before live blocks */
     if (resident_bytes() + need > budget) {
         g_waits.rounds++;

@@ -184,8 +184,8 @@ def test_a_budget_eviction_waits_for_a_pending_free_before_a_live_block_goes_out
     run = run_swap(fake, tmp_path, "freewait", budget=4 * GRAN, env={"FAKE_QUERY_ADVANCE_MS": "5"})
     assert run.out["y_in"] == 1 and run.out["bad_y"] == 0 and run.out["bad_z"] == 0
     assert len(run.swaps(Ev.SWAP_OUT)) == 0
-    assert " free_waits=1/" in _waits(run) and " rounds=0 " in _waits(run), _waits(run)
-    assert 4_000 <= int(_waits(run).split(" free_waits=1/")[1].split("us")[0]) < 500_000
+    waits = _waits(run)
+    assert " evictions=0 " in waits and " free_waits=1/" in waits and " rounds=0 " in waits, waits
     no_misbehaviour(run)
     run = run_swap(fake, tmp_path, "freewait", budget=4 * GRAN, env={"FAKE_QUERY_ADVANCE_MS": "5", "PYOBMEM_FREE_WAIT": "0"})
     assert run.out["bad_y"] == 0 and run.out["bad_z"] == 0
@@ -194,17 +194,17 @@ def test_a_budget_eviction_waits_for_a_pending_free_before_a_live_block_goes_out
     no_misbehaviour(run)
 
 
-def test_a_free_the_gpu_never_reaches_is_given_up_after_half_a_second(fake, tmp_path):  # noqa: F811
+def test_a_free_the_gpu_never_reaches_is_given_up(fake, tmp_path):  # noqa: F811
     """C16: the same run with the stream that freed x never advancing (a persistent kernel before
-    the free): the shim polls for 0.5 s, says so once, evicts y as before the rule, and waits for
-    no free again; the job goes on with every byte right."""
-    run = run_swap(fake, tmp_path, "freewait", budget=4 * GRAN)
+    the free) and a wait limit of 20 ms (PYOBMEM_FREE_WAIT): the shim polls, gives up, says so
+    once, evicts y as before the rule, and the job goes on with every byte right."""
+    run = run_swap(fake, tmp_path, "freewait", budget=4 * GRAN, env={"PYOBMEM_FREE_WAIT": "20"})
     assert run.out["bad_y"] == 0 and run.out["bad_z"] == 0
     waits = _waits(run)
     assert " evictions=1 " in waits and " free_waits=1/" in waits and " rounds=1 " in waits, waits
-    wait_us = int(waits.split(" free_waits=1/")[1].split("us")[0])
-    assert 500_000 <= wait_us < 5_000_000
-    assert sum("did not reach its free within 0.5 s" in n for n in run.notes()) == 1
+    assert [n for n in run.notes() if "did not reach its free" in n] == [
+        "swap: a freed block's stream did not reach its free within 20 ms (a persistent kernel?); the budget "
+        "evicts live blocks instead of waiting for frees from now on"]
     no_misbehaviour(run)
 
 

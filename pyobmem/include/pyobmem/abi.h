@@ -34,7 +34,7 @@
                                                * libcupti; a path: that library (pyobmem-run --cupti) */
 #define PYOBMEM_ENV_CONTROL "PYOBMEM_CONTROL" /* swap mode: path of the control file (below) */
 #define PYOBMEM_ENV_RELEASER "PYOBMEM_RELEASER" /* swap mode: "0": no release thread (releases at ops only) */
-#define PYOBMEM_ENV_FREE_WAIT "PYOBMEM_FREE_WAIT" /* swap mode: "0": evict live blocks rather than wait for pending frees */
+#define PYOBMEM_ENV_FREE_WAIT "PYOBMEM_FREE_WAIT" /* swap mode: ms the budget waits for a pending free (500); 0: never */
 #define PYOBMEM_ENV_GPU_CLOCK_EVERY "PYOBMEM_GPU_CLOCK_EVERY" /* GPU time sample every N ops (default 32; 0: off) */
 #define PYOBMEM_ENV_GPU_CLOCK_POOL "PYOBMEM_GPU_CLOCK_POOL"   /* timing events per context (default 256) */
 #define PYOBMEM_ENV_GPU_CLOCK_POLL_US "PYOBMEM_GPU_CLOCK_POLL_US" /* fixed poll period in µs, at most 16000 (default: adaptive, 1-16 ms) */
