@@ -1039,7 +1039,7 @@ static int scenario_ordered_budget(void)
  * behind an event of a stream nobody advances (the host ahead of the GPU), so its cached memory
  * cannot be given back now; z (1 granule on another stream) needs room. The shim waits for x's
  * free and gives x's memory back (y stays resident) or, with PYOBMEM_FREE_WAIT=0, swaps y out. */
-static int scenario_freewait(void)
+static int scenario_freewait(int twice)
 {
     CUstream s2 = (CUstream)0x99;
     CUdeviceptr y = must_alloc(2 * MIB);
@@ -1059,6 +1059,21 @@ static int scenario_freewait(void)
     fill(z, 2 * MIB, 6);
     printf("bad_z=%ld\n", check(z, 2 * MIB, 6, 0));
     printf("bad_y=%ld\n", check(y, 2 * MIB, 4, 0));
+    if (twice) {
+        /* w (1 granule) freed on S3 behind a second stream nobody advances, then v (LEN) over the
+         * budget: a second pending free the budget could wait for */
+        CUstream s3 = (CUstream)0xAA, m2 = NULL;
+        CUevent ev2 = NULL;
+        ((CUresult(*)(CUevent *, unsigned))dlsym(lib, "cuEventCreate"))(&ev2, 0);
+        ((CUresult(*)(CUstream *, unsigned))dlsym(lib, "cuStreamCreate"))(&m2, 0);
+        ((CUresult(*)(CUevent, CUstream))dlsym(lib, "cuEventRecord"))(ev2, m2);
+        ((CUresult(*)(CUstream, CUevent, unsigned))dlsym(lib, "cuStreamWaitEvent"))(s3, ev2, 0);
+        CUdeviceptr w = must_alloc_ordered(2 * MIB, s3);
+        ((freea_fn)get("cuMemFreeAsync"))(w, s3);
+        CUdeviceptr v = must_alloc_ordered(LEN, s2);
+        fill(v, LEN, 7);
+        printf("bad_v=%ld\n", check(v, LEN, 7, 0));
+    }
     counters();
     return 0;
 }
@@ -1603,7 +1618,7 @@ int main(int argc, char **argv)
     else if (!strcmp(s, "ordered"))
         rc = scenario_ordered();
     else if (!strcmp(s, "freewait"))
-        rc = scenario_freewait();
+        rc = scenario_freewait(argc > 2 && !strcmp(argv[2], "twice"));
     else if (!strcmp(s, "ordered_budget"))
         rc = scenario_ordered_budget();
     else if (!strcmp(s, "slotreuse"))
