@@ -79,6 +79,25 @@ def test_patterns(tmp_path, capsys):
     assert "long-idle" in capsys.readouterr().out
 
 
+def test_long_idle_is_reported_on_the_clock_it_was_found_on():
+    """GPT medium's capture (H200, GPU clock; the host runs up to ~350 ms ahead): a long-idle
+    finding lasts more than half the iteration (the threshold, on the GPU clock) and its positions
+    are on that clock too, so an iteration-scoped block's span in % is its share of the iteration. The host's times
+    gave the first-layer activations 1%..30% and ~50 ms (10% of the iteration)."""
+    from pathlib import Path
+
+    a = analyse(read_capture(str(Path(__file__).parent / "data" / "gpt_medium_tensors_s7.pyobmem")), progress=False)
+    d = patterns_dict(a, kinds=["long-idle"])
+    assert len(d["findings"]) > 10
+    for f in d["findings"]:
+        assert f["iteration_share"] > 0.5, f
+        if f["cls"] == "iteration-scoped":  # (a persistent block's interval may cross iterations)
+            # within 8 points: the share is of the median iteration, the positions of their own one
+            assert f["end_pct"] - f["start_pct"] == pytest.approx(100 * f["iteration_share"], abs=8.0), f
+    top = d["findings"][0]
+    assert top["bytes"] == 512 * MiB and top["start_pct"] < 5 and top["end_pct"] > 80
+
+
 def test_patterns_group_iteration_roles(tmp_path):
     # The activation X is freed 5 us after its last access each iteration: with a 1% slack that
     # is a late free, reported once for the 6 instances.

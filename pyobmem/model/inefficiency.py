@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .blocks import CLASSES, NEVER, BlockModel
+from .gpuclock import gpu_op_times
 from .iterations import IterationModel
 from .properties import in_iteration_intervals
 
@@ -48,13 +49,19 @@ class Finding:
         return dict(self.__dict__)
 
 
-def _pct(it: IterationModel, t: np.ndarray) -> np.ndarray:
-    """% position of times in the main regime's iteration that contains them (nan outside)."""
+def _pct(it: IterationModel, t: np.ndarray, clock: np.ndarray | None = None) -> np.ndarray:
+    """% position of times in the main regime's iteration that contains them (nan outside).
+    ``clock``: the time of every op row (pyobmem.model.gpuclock.gpu_op_times): ``t`` is on that
+    clock and so are the iterations' bounds, else both are the host's."""
     main = it.main_rows()
     t = np.asarray(t, np.int64)
     if not len(main):
         return np.full(len(t), np.nan)
-    t0, t1 = it.t_start[main], it.t_end[main]
+    if clock is None:
+        t0, t1 = it.t_start[main], it.t_end[main]
+    else:
+        t0 = clock[it.start_op[main]]
+        t1 = np.where(it.end_op[main] < len(clock), clock[np.minimum(it.end_op[main], len(clock) - 1)], clock[-1])
     k = np.searchsorted(t0, t, side="right") - 1
     kk = np.maximum(k, 0)
     ok = (k >= 0) & (t < t1[kk])
@@ -98,20 +105,22 @@ def find_inefficiencies(
             first = np.ones(len(o), bool)
             first[1:] = iv.block[o][1:] != iv.block[o][:-1]
             o = o[first]
-            ts = capture.ops["ts_ns"]
+            # on the clock of the threshold: the GPU's when the capture has one (iv.ns), else the host's
+            g = gpu_op_times(capture)
+            ts = capture.ops["ts_ns"].astype(np.int64) if g is None else g
             rows_kind.append(("long-idle", iv.block[o].astype(np.int64), ts[iv.start_op[o]], ts[iv.end_op[o]],
-                              iv.start_op[o], iv.end_op[o]))
+                              iv.start_op[o], iv.end_op[o], g))
     r = np.flatnonzero(bm.cls == NEVER)
     rows_kind.append(("never-accessed", r, bm.t_alloc[r], bm.t_end[r], np.full(len(r), -1), np.full(len(r), -1)))
     r = np.flatnonzero((bm.t_free < 0) & has & (bm.last_t < leak_cutoff(it, bm)))
     rows_kind.append(("leaked", r, bm.last_t[r], np.full(len(r), bm.capture_end), bm.last_op[r], np.full(len(r), -1)))
 
     out = []
-    for kind, rows, st, en, before, aft in rows_kind:
+    for kind, rows, st, en, before, aft, *clock in rows_kind:
         if not len(rows):
             continue
         dur = (en - st).astype(np.int64)
-        sp, ep = _pct(it, st), _pct(it, en)
+        sp, ep = _pct(it, st, *clock), _pct(it, en, *clock)
         role = bm.role[rows]
         _, first, inv, cnt = np.unique(role, return_index=True, return_inverse=True, return_counts=True)
         inv = inv.ravel()
