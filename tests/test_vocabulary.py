@@ -170,7 +170,8 @@ def test_plan_shows_no_plan_worse_than_none_and_says_why(capsys):
     out = res.out
     assert "block         address" not in out  # no swap table
     assert "  swapped     0 blocks, 0 B; 0 actions per iteration, 43 idle hints for eviction" in out
-    assert "  time        1.000x the iteration by the cost model (stalls 0 ns per iteration)" in out
+    assert "  time        1.000x the iteration by the cost model (GPU time, memory at the GPU's time; prefetch stalls " \
+           "0 ns per iteration)" in out
     assert "  candidates  6 blocks, 838.0 MiB" in out
     assert "  excluded    11 blocks: under 4.00 MiB (18.0 MiB)\n              3 blocks: never accessed (96.0 MiB)" in out
     assert "  reachable   at best 952.0 MiB at op 49" in out

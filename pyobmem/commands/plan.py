@@ -85,9 +85,9 @@ def _replay_lines(plan) -> list:
     r = plan.replay
     if r is None:
         return []
-    return [f"              {r.time_ratio:.3f}x replayed on the host's clock (per iteration: {r.drains:,} host waits "
-            f"for swap-outs, {format_duration(int(r.host_wait_ns))}; {r.evictions:,} evictions beyond the plan, "
-            f"{r.handoffs:,} handoffs, {r.demand_ins:,} swap-ins on demand)"]
+    return [f"              predicted {r.time_ratio:.3f}x: the shim's executor replayed on the host's clock (per "
+            f"iteration: {r.drains:,} host waits for swap-outs, {format_duration(int(r.host_wait_ns))}; "
+            f"{r.evictions:,} evictions beyond the plan, {r.handoffs:,} handoffs, {r.demand_ins:,} swap-ins on demand)"]
 
 
 def infeasible_message(plan, cap) -> str:
@@ -198,8 +198,9 @@ def format_plan(plan, cap, path: str, budget=None, best=None) -> str:
         f"as its copies allow, the budget hold waiting for swap-outs)",
         f"  predicted   {pred[0]}",
         *[f"              {p}" for p in pred[1:]],
-        f"  time        {plan.time_ratio:.3f}x the iteration by the cost model (stalls {format_duration(int(plan.stall_ns))} "
-        f"per iteration)",
+        f"  time        {plan.time_ratio:.3f}x the iteration by the cost model (GPU time, memory at the GPU's time; "
+        f"prefetch stalls {format_duration(int(plan.stall_ns))} per iteration)"
+        + ("" if plan.replay is not None else "; the prediction"),
         *_replay_lines(plan),
         f"  swapped     {len({s.block for s in plan.swaps})} blocks, {format_bytes(plan.swapped_bytes)}; "
         f"{plan.n_actions:,} actions per iteration, {plan.n_hints:,} idle hints for eviction",
