@@ -149,6 +149,11 @@ def test_print_1_on_a_machine_without_gpu(tmp_path, shim):
     assert "pyobmem: no CUDA activity was seen" in lines
     assert f"pyobmem: capture written to {captures[0]}" in lines
     assert not any("next:" in line for line in lines)  # nothing to look at in an empty capture
+    # why, when this machine has no driver at all (CI's): one line more
+    from pyobmem.commands.run import _driver_present
+
+    said = "pyobmem: no CUDA driver here (libcuda.so.1 cannot be loaded): the command could not use the GPU" in lines
+    assert said == (not _driver_present())
     cap = read_capture(captures[0])
     assert cap.complete and cap.exit_status == 0 and len(cap.ops) == 0 and len(cap.blocks) == 0
     summary = pyobmem("summary", captures[0], cwd=tmp_path)

@@ -170,6 +170,19 @@ def _silence(stream) -> None:
         pass
 
 
+def _driver_present() -> bool:
+    """Whether this process can load the CUDA driver library, as the shim would (dlopen)."""
+    import ctypes
+
+    for name in ("libcuda.so.1", "libcuda.so"):
+        try:
+            ctypes.CDLL(name)
+            return True
+        except OSError:
+            pass
+    return False
+
+
 def _report(path: str, rank_paths: list[str] = ()) -> None:
     """The short summary, the capture path(s) and what to run next, unless there is nothing to look
     at (no CUDA activity) (stderr: stdout is the command's)."""
@@ -183,6 +196,8 @@ def _report(path: str, rank_paths: list[str] = ()) -> None:
         _say(line)
     _say(f"capture written to {path}")
     if not active:
+        if not _driver_present():
+            _say("no CUDA driver here (libcuda.so.1 cannot be loaded): the command could not use the GPU")
         return
     q = shlex.quote(path)
     if rank_paths:
