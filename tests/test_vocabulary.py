@@ -165,6 +165,17 @@ def test_a_share_is_of_the_card_and_plan_says_already_fits(capsys):
 # --- no plan worse than none -------------------------------------------------------------------
 
 
+def test_a_budget_no_plan_reaches_on_allocator_blocks_suggests_tracing_tensors(capsys):
+    """JAX traced with XLA's own VMM mappings (tests/data/jax.pyobmem, no per-tensor presets):
+    the one line says why and what to trace instead; a per-tensor capture's line does not."""
+    err = _out(capsys, ["plan", os.path.join(DATA, "jax.pyobmem"), "--budget", "50MiB"], 1).err
+    assert err.startswith("pyobmem: error: the budget 50.0 MiB is below what the job needs at one instant: 162.2 MiB")
+    assert err.rstrip().endswith("for PyTorch, JAX or TensorFlow, trace with `pyobmem run --tensor-blocks` (what swap "
+                                 "mode does) to plan their tensors")
+    err = _out(capsys, ["plan", os.path.join(DATA, "gpt_tiny_async.pyobmem"), "--budget", "1MiB"], 1).err
+    assert "below what the job needs" in err and "--tensor-blocks" not in err
+
+
 def test_plan_shows_no_plan_worse_than_none_and_says_why(capsys):
     res = _out(capsys, ["plan", GPT, "--budget", "800MiB"], 1)
     out = res.out
@@ -206,7 +217,7 @@ def test_cupy_gemv_kernel_named_without_its_return_type(capsys):
     assert dem[name].startswith("std::enable_if<!(false), void>::type internal::gemvx::kernel<")
     assert short_name(name, 60, dem) == "internal::gemvx::kernel<int, int, float, float, float, floa…"
     err = _out(capsys, ["plan", CUPY, "--budget", "200MiB"], 1).err
-    assert "at op 5 of the iteration (internal::gemvx::kernel<int, int, float, float, float, floa…)\n" in err
+    assert "at op 5 of the iteration (internal::gemvx::kernel<int, int, float, float, float, floa…); " in err
     assert "enable_if" not in err
 
 
@@ -287,8 +298,10 @@ def test_no_next_line_for_an_empty_capture(tmp_path, capsys):
     Trace().write(empty)
     run_command._report(str(empty))
     err = capsys.readouterr().err.splitlines()
+    no_driver = [] if run_command._driver_present() else [
+        "pyobmem: no CUDA driver here (libcuda.so.1 cannot be loaded): the command could not use the GPU"]
     assert err == ["pyobmem: no CUDA activity was seen", "pyobmem: no events dropped; capture complete, exit status 0",
-                   f"pyobmem: capture written to {empty}"]  # nothing to look at: no next: line
+                   f"pyobmem: capture written to {empty}", *no_driver]  # nothing to look at: no next: line
     run_command._report(GPT)
     err = capsys.readouterr().err.splitlines()
     assert err[-1] == f"pyobmem: next: pyobmem stats {GPT}   or   pyobmem report {GPT} -o report.html"

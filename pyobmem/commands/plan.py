@@ -10,9 +10,11 @@ import argparse
 import json
 import math
 
+import numpy as np
+
 from ..errors import PyobmemError
 from ..progress import Progress
-from .. import planner
+from .. import abi, planner
 from ..units import format_bytes, format_duration, format_iteration
 from .common import _demangle_all, budget_arg, load, short_name
 from .summary import table
@@ -90,14 +92,22 @@ def _replay_lines(plan) -> list:
             f"{r.evictions:,} evictions beyond the plan, {r.handoffs:,} handoffs, {r.demand_ins:,} swap-ins on demand)"]
 
 
+# A capture traced without the per-tensor presets: its blocks are the frameworks' own allocations
+# (segments, arenas, XLA's VMM mappings), most of which swap mode would not swap either.
+NOT_TENSORS = ("; this capture's blocks are the allocators' own, not tensors: for PyTorch, JAX or TensorFlow, "
+               "trace with `pyobmem run --tensor-blocks` (what swap mode does) to plan their tensors")
+
+
 def infeasible_message(plan, cap) -> str:
     """The one line for a budget no plan reaches."""
+    tensors = cap.meta.get("blocks") == "tensor" or bool(np.any(cap.blocks["kind"] == abi.AllocKind.ASYNC))
+    hint = "" if tensors else NOT_TENSORS
     if plan.needed_bytes > plan.budget_bytes:
         return (f"the budget {format_bytes(plan.budget_bytes)} is below what the job needs at one instant: "
                 f"{format_bytes(plan.needed_bytes)} must be resident together at op "
-                f"{plan.needed_at} of the iteration ({_op_name(cap, plan.needed_op_row)})")
+                f"{plan.needed_at} of the iteration ({_op_name(cap, plan.needed_op_row)})" + hint)
     if plan.reach_bytes > plan.budget_bytes:
-        return (f"no plan fits the budget {format_bytes(plan.budget_bytes)}: {_reach_text(plan, cap)}")
+        return (f"no plan fits the budget {format_bytes(plan.budget_bytes)}: {_reach_text(plan, cap)}" + hint)
     # The job could fit (no op needs more than the budget); the planner found no plan that does.
     return (f"no plan fits the budget {format_bytes(plan.budget_bytes)}: the best plan found reaches "
             f"{format_bytes(plan.predicted_peak)} at {plan.time_ratio:.3f}x the iteration time, with copies at "
