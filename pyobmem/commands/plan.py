@@ -31,7 +31,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("capture", metavar="FILE", help="a .pyobmem capture")
     p.add_argument("--budget", required=True, metavar="SIZE",
-                   help="device-memory budget: 16GiB, 500MiB, bytes, or a share of the card's memory, not of the "
+                   help="device-memory budget: 16GiB or 16G (binary), 16GB (decimal), 500MiB, bytes, or a share of the card's memory, not of the "
                    "job's peak: 75%%, or a number up to 1 (0.75; 1: the whole card)")
     p.add_argument("--bandwidth", type=float, metavar="B/s", help="host<->device copy bandwidth, bytes/s each way (default: the capture's, else 55e9)")
     p.add_argument("--min-swap-bytes", metavar="N", help="blocks smaller than this are never swapped (default 4MiB)")

@@ -60,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--budget", metavar="SIZE",
-        help="swap mode's device-memory budget: 16GiB, 16G, 500MiB, bytes, or a share of the card's memory, not "
+        help="swap mode's device-memory budget: 16GiB or 16G (binary), 16GB (decimal), 500MiB, bytes, or a share of the card's memory, not "
         "of the job's peak: 75%%, or a number up to 1 (0.75; 1: the whole card)",
     )
     p.add_argument(
