@@ -4,8 +4,9 @@
  *   swap.c          the control file, the executor's lock and small helpers, the table of swap
  *                   blocks (an interval table), last-use events and fences, the pointer-query,
  *                   IPC and access entry points, fork
- *   swap_alloc.c    the allocator: cuMemAlloc_v2 and stream-ordered blocks, the size-class
- *                   cache of freed blocks, the pools the shim serves and their queries
+ *   swap_alloc.c    the allocator: cuMemAlloc_v2 and stream-ordered blocks, the pools the shim
+ *                   serves and their queries
+ *   swap_cache.c    the size-class cache of freed stream-ordered blocks, trimmed for the budget
  *   swap_vmm.c      VMM mapping: reserve-free physical memory, access grants, spare handles
  *   swap_copy.c     the executor: swap-outs and swap-ins on the two copy streams, ops begun
  *                   and ended (swap_op_begin / swap_op_end)
@@ -208,7 +209,17 @@ void plan_allocation(struct sblock *b, uint64_t size);
 /* b leaves the live table: its site binding ends. */
 void plan_unbind(struct sblock *b);
 
-/* ---- swap_alloc.c ---- */
+/* ---- swap_cache.c ---- */
+/* The block cache: free stream-ordered blocks sorted by vsize (the newest of a class last). */
+extern struct sblock **g_cache;
+extern size_t g_ncache;
+/* Add b, the newest of its class (0: no memory for the table); remove index i. */
+int cache_put(struct sblock *b);
+void cache_drop(size_t i);
+/* A cached block of vsize for pool on stream s (taken out of the cache): a mapped one first,
+ * else one with only its reservation; NULL when none is ready (C20: another stream's free must
+ * have completed). */
+struct sblock *cache_take(uint64_t vsize, int dev, CUmemoryPool pool, CUstream s);
 uint64_t cache_trim(uint64_t want, CUmemoryPool pool);
 /* cache_trim of every pool, keeping one spare handle of `keep` bytes (see hold_budget). */
 uint64_t cache_trim_keeping(uint64_t want, uint64_t keep);
@@ -217,6 +228,10 @@ uint64_t cache_pending_bytes(void);
 /* cache_trim_keeping after waiting on the host for the oldest pending frees, as many as `want`
  * needs: memory the application freed is reclaimed before a live block goes out for it. */
 uint64_t cache_trim_waiting(uint64_t want, uint64_t keep);
+
+/* ---- swap_alloc.c ---- */
+/* Count used / reserved bytes (signed) against the served pool `pool` (none: nothing). */
+void pool_count(CUmemoryPool pool, int64_t used, int64_t reserved);
 /* The rest of swap_free for a block it deferred (given_freed): cached, or given back. */
 void free_finish(struct sblock *b);
 
