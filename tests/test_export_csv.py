@@ -91,5 +91,9 @@ def test_cli_export_verbs(tmp_path):
     r = pyobmem("export", "t.pyobmem", "--format", "csv")
     assert r.returncode == 1 and r.stderr == "pyobmem: error: t.csv exists; use -f/--force to overwrite it\n"
     assert pyobmem("export", "t.pyobmem", "--format", "csv", "-f").returncode == 0
+    # -o -: the same rows on standard output, no file named "-", nothing said on stderr
+    r = pyobmem("export", "t.pyobmem", "--format", "csv", "-o", "-")
+    assert r.returncode == 0 and r.stdout == (tmp_path / "t.csv").read_text() and r.stderr == ""
+    assert not (tmp_path / "-").exists()
     r = pyobmem("report", "t.pyobmem", "-o", "r.html")
     assert r.returncode == 0 and (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")

@@ -25,7 +25,8 @@ def add_parser(subparsers):
                                           "slices show order and density, not duration.")
     p.add_argument("file", metavar="FILE", help="a .pyobmem capture")
     p.add_argument("--format", required=True, choices=FORMATS, help="output format")
-    p.add_argument("-o", "--output", metavar="OUT", help="output file (default: FILE with .pickle, .json or .csv)")
+    p.add_argument("-o", "--output", metavar="OUT",
+                   help="output file (default: FILE with .pickle, .json or .csv; -: standard output)")
     p.add_argument("-f", "--force", action="store_true",
                    help="overwrite the output if it exists (never the capture itself)")
     return p
@@ -33,8 +34,10 @@ def add_parser(subparsers):
 
 def run(args) -> int:
     output = args.output or default_output(args.file, args.format)
-    check_output(output, args.force, source=args.file)
+    if output != "-":
+        check_output(output, args.force, source=args.file)
     capture = load(args.file, say_incomplete=True)
     export(capture, args.format, output, force=args.force)
-    print(f"wrote {output} ({VIEWERS[args.format].format(q=shlex.quote(output))})", file=sys.stderr)
+    if output != "-":
+        print(f"wrote {output} ({VIEWERS[args.format].format(q=shlex.quote(output))})", file=sys.stderr)
     return 0

@@ -14,6 +14,8 @@ its cached Analysis), as the HTML report does.
 
 from __future__ import annotations
 
+import sys
+
 from ..errors import PyobmemError
 from ..output import open_output
 from . import csv, memory_viz, perfetto
@@ -30,9 +32,15 @@ def default_output(capture_path: str, fmt: str) -> str:
 
 
 def export(capture, fmt: str, path: str, force: bool = False) -> None:
-    """Write ``capture`` (a pyobmem.capture.Capture) to ``path`` in format ``fmt`` (FORMATS); the
-    capture's own file is never overwritten."""
+    """Write ``capture`` (a pyobmem.capture.Capture) to ``path`` in format ``fmt`` (FORMATS); ``-``:
+    standard output. The capture's own file is never overwritten."""
     if fmt not in WRITERS:
         raise PyobmemError(f"unknown export format {fmt!r} (choose from {', '.join(FORMATS)})")
-    with open_output(path, force, binary=(fmt == "memory-viz"), source=getattr(capture, "path", None)) as f:
+    binary = fmt == "memory-viz"
+    if path == "-":
+        out = sys.stdout.buffer if binary else sys.stdout
+        WRITERS[fmt](capture, out)
+        out.flush()
+        return
+    with open_output(path, force, binary=binary, source=getattr(capture, "path", None)) as f:
         WRITERS[fmt](capture, f)
