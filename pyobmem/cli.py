@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
 def build_run_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pyobmem-run",
-        usage="pyobmem-run [-o FILE] [-f] [--capacity N] [--cupti] [--no-presets] [--tensor-blocks] [-q] [--swap --budget SIZE [--min-swap-bytes N]] [--live] [--] cmd ...",
+        usage="pyobmem-run [-o FILE] [-f] [--capacity N] [--cupti | --no-cupti] [--no-presets] [--tensor-blocks] [-q] [--swap --budget SIZE [--min-swap-bytes N]] [--live] [--] cmd ...",
         description=run_command.DESCRIPTION,
         epilog=run_command.epilog("pyobmem-run"),
     )
