@@ -176,6 +176,15 @@ def test_a_budget_no_plan_reaches_on_allocator_blocks_suggests_tracing_tensors(c
     assert "below what the job needs" in err and "--tensor-blocks" not in err
 
 
+def test_plan_lists_its_swaps_in_the_order_they_go_out_up_to_the_limit(capsys):
+    out = _out(capsys, ["plan", os.path.join(DATA, "gpt_tiny_async.pyobmem"), "--budget", "600MiB", "--limit", "3"], 1).out
+    table = out[out.index("  block "):].splitlines()
+    assert [int(r.split()[4]) for r in table[1:4]] == [8, 9, 47]  # out after op, ascending
+    assert table[4:] == ["  ... 2 more swaps (--limit 0, --json)"]
+    out = _out(capsys, ["plan", os.path.join(DATA, "gpt_tiny_async.pyobmem"), "--budget", "600MiB", "--limit", "0"], 1).out
+    assert "more swaps" not in out and len(out[out.index("  block "):].splitlines()) == 1 + 5
+
+
 def test_plan_shows_no_plan_worse_than_none_and_says_why(capsys):
     res = _out(capsys, ["plan", GPT, "--budget", "800MiB"], 1)
     out = res.out

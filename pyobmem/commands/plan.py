@@ -16,7 +16,7 @@ from ..errors import PyobmemError
 from ..progress import Progress
 from .. import abi, planner
 from ..units import format_bytes, format_duration, format_iteration
-from .common import _demangle_all, budget_arg, load, short_name
+from .common import _demangle_all, budget_arg, count, load, short_name
 from .summary import table
 
 NAME = "plan"
@@ -36,6 +36,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--bandwidth", type=float, metavar="B/s", help="host<->device copy bandwidth, bytes/s each way (default: the capture's, else 55e9)")
     p.add_argument("--min-swap-bytes", metavar="N", help="blocks smaller than this are never swapped (default 4MiB)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--limit", type=count, default=40, metavar="N",
+                   help="swapped blocks to list as text, in the order they go out (default 40; 0: all)")
     return p
 
 
@@ -57,7 +59,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(plan_json(shown, cap, plan), indent=2, sort_keys=True))
     else:
-        print(format_plan(shown, cap, args.capture, budget, best=plan))
+        print(format_plan(shown, cap, args.capture, budget, best=plan, limit=args.limit))
     if not plan.feasible:
         raise PyobmemError(infeasible_message(plan, cap), 1)
     return 0
@@ -185,7 +187,7 @@ def _mib(n: float) -> str:
     return f"{int(n) >> 20}MiB"
 
 
-def format_plan(plan, cap, path: str, budget=None, best=None) -> str:
+def format_plan(plan, cap, path: str, budget=None, best=None, limit: int = 0) -> str:
     """The plan as text; ``best``: the plan the planner found when ``plan`` is what is shown
     instead (``useful``)."""
     best = plan if best is None else best
@@ -216,7 +218,11 @@ def format_plan(plan, cap, path: str, budget=None, best=None) -> str:
         f"{plan.n_actions:,} actions per iteration, {plan.n_hints:,} idle hints for eviction",
     ]
     if plan.swaps:
+        swaps = sorted(plan.swaps, key=lambda s: (s.out_at, s.block))
+        listed = swaps if limit <= 0 else swaps[:limit]
         rows = [[cap.block_label(s.block), hex(s.addr), format_bytes(s.size), s.out_at, s.prefetch_at, s.next_at,
-                 s.absent, format_duration(int(s.stall_ns))] for s in plan.swaps]
+                 s.absent, format_duration(int(s.stall_ns))] for s in listed]
         out += ["", table(rows, ["block", "address", "size", "out after op", "prefetch before op", "next use", "ops out", "stall"])]
+        if len(listed) < len(swaps):
+            out.append(f"  ... {len(swaps) - len(listed)} more swaps (--limit 0, --json)")
     return "\n".join(out)
