@@ -7,15 +7,19 @@
 
 static int g_noted_budget;
 
+/* b may go out for the op of `stamp` (round: an eviction round that has not tried it yet). */
+static int evictable(const struct sblock *b, uint64_t stamp, uint64_t round)
+{
+    return b->state == SB_RESIDENT && swappable(b) && b->stamp != stamp && b->tried != round;
+}
+
 /* A block the budget could swap out for the op of `stamp`. Without one, waiting for pending frees
  * would only make the host wait at every op (the budget cannot be kept there anyway). */
 static int victim_exists(uint64_t stamp)
 {
-    for (size_t i = 0; i < g_tab.n; i++) {
-        const struct sblock *b = block_of(i);
-        if (b->state == SB_RESIDENT && b->stamp != stamp && swappable(b))
+    for (size_t i = 0; i < g_tab.n; i++)
+        if (evictable(block_of(i), stamp, UINT64_MAX)) /* no round: rounds are ticks, never that */
             return 1;
-    }
     return 0;
 }
 
@@ -33,7 +37,7 @@ static struct sblock *pick_victim(uint64_t stamp, uint64_t round, uint64_t vsize
         uint32_t best = 0, best_same = 0;
         for (size_t i = 0; i < g_tab.n; i++) {
             struct sblock *b = block_of(i);
-            if (b->state != SB_RESIDENT || !swappable(b) || b->stamp == stamp || b->tried == round)
+            if (!evictable(b, stamp, round))
                 continue;
             uint32_t d = idle_for(b, pos);
             if (d > best) {
@@ -54,7 +58,7 @@ static struct sblock *pick_victim(uint64_t stamp, uint64_t round, uint64_t vsize
     }
     for (size_t i = 0; i < g_tab.n; i++) {
         struct sblock *b = block_of(i);
-        if (b->state != SB_RESIDENT || !swappable(b) || b->stamp == stamp || b->tried == round)
+        if (!evictable(b, stamp, round))
             continue;
         if (v && b->lru >= v->lru)
             continue;

@@ -198,6 +198,18 @@ static CUdeviceptr must_alloc_ordered(size_t n, CUstream s)
     return p;
 }
 
+/* s waits for an event of a stream nobody advances (the work before a free the host has issued
+ * and the GPU has not run): only fakeAdvance, or a synchronisation, lets it go on. */
+static void hold_back(CUstream s)
+{
+    CUevent ev = NULL;
+    CUstream m = NULL;
+    ((CUresult(*)(CUevent *, unsigned))dlsym(lib, "cuEventCreate"))(&ev, 0);
+    ((CUresult(*)(CUstream *, unsigned))dlsym(lib, "cuStreamCreate"))(&m, 0);
+    ((CUresult(*)(CUevent, CUstream))dlsym(lib, "cuEventRecord"))(ev, m);
+    ((CUresult(*)(CUstream, CUevent, unsigned))dlsym(lib, "cuStreamWaitEvent"))(s, ev, 0);
+}
+
 /* ordered = 1: a and b are stream-ordered (cuMemAllocAsync on S1, freed with cuMemFreeAsync). */
 static int scenario_roundtrip(int iters, int ordered)
 {
@@ -1046,12 +1058,7 @@ static int scenario_freewait(int twice)
     fill(y, 2 * MIB, 4);
     CUdeviceptr x = must_alloc_ordered(LEN, S1);
     fill(x, LEN, 1);
-    CUevent ev = NULL;
-    CUstream m = NULL;
-    ((CUresult(*)(CUevent *, unsigned))dlsym(lib, "cuEventCreate"))(&ev, 0);
-    ((CUresult(*)(CUstream *, unsigned))dlsym(lib, "cuStreamCreate"))(&m, 0);
-    ((CUresult(*)(CUevent, CUstream))dlsym(lib, "cuEventRecord"))(ev, m);
-    ((CUresult(*)(CUstream, CUevent, unsigned))dlsym(lib, "cuStreamWaitEvent"))(S1, ev, 0);
+    hold_back(S1);
     ((freea_fn)get("cuMemFreeAsync"))(x, S1); /* queued behind the wait: not reached yet */
     CUdeviceptr z = must_alloc_ordered(2 * MIB, s2);
     printf("y_in=%d\n", fakeAccess(y) != -1);
@@ -1062,12 +1069,8 @@ static int scenario_freewait(int twice)
     if (twice) {
         /* w (1 granule) freed on S3 behind a second stream nobody advances, then v (LEN) over the
          * budget: a second pending free the budget could wait for */
-        CUstream s3 = (CUstream)0xAA, m2 = NULL;
-        CUevent ev2 = NULL;
-        ((CUresult(*)(CUevent *, unsigned))dlsym(lib, "cuEventCreate"))(&ev2, 0);
-        ((CUresult(*)(CUstream *, unsigned))dlsym(lib, "cuStreamCreate"))(&m2, 0);
-        ((CUresult(*)(CUevent, CUstream))dlsym(lib, "cuEventRecord"))(ev2, m2);
-        ((CUresult(*)(CUstream, CUevent, unsigned))dlsym(lib, "cuStreamWaitEvent"))(s3, ev2, 0);
+        CUstream s3 = (CUstream)0xAA;
+        hold_back(s3);
         CUdeviceptr w = must_alloc_ordered(2 * MIB, s3);
         ((freea_fn)get("cuMemFreeAsync"))(w, s3);
         CUdeviceptr v = must_alloc_ordered(LEN, s2);
@@ -1165,12 +1168,7 @@ static int scenario_ordered(void)
            pool_attr(def, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT));
     printf("used_high=%lld\n", pool_attr(def, CU_MEMPOOL_ATTR_USED_MEM_HIGH));
     /* a free at its stream point: S1 blocked behind an event of a stream nobody advances */
-    CUevent ev = NULL;
-    CUstream m = NULL;
-    ((CUresult(*)(CUevent *, unsigned))dlsym(lib, "cuEventCreate"))(&ev, 0);
-    ((CUresult(*)(CUstream *, unsigned))dlsym(lib, "cuStreamCreate"))(&m, 0);
-    ((CUresult(*)(CUevent, CUstream))dlsym(lib, "cuEventRecord"))(ev, m);
-    ((CUresult(*)(CUstream, CUevent, unsigned))dlsym(lib, "cuStreamWaitEvent"))(S1, ev, 0);
+    hold_back(S1);
     aa(&y, LEN, S1);
     printf("y_reused=%d\n", y == x);
     fa(y, S1); /* queued behind the wait: not reached yet */
