@@ -65,16 +65,51 @@ void settle_out(struct sblock *b)
     given_out(b);
 }
 
-/* OUT_PENDING blocks whose copy has completed: release their physical memory. */
+static int by_issue(const void *x, const void *y)
+{
+    uint64_t a = (*(struct sblock *const *)x)->t_issue, b = (*(struct sblock *const *)y)->t_issue;
+    return (a > b) - (a < b);
+}
+
+/* OUT_PENDING blocks whose copy has completed: release their physical memory. Every swap-out is
+ * on the one device-to-host stream, so they complete in issue order: the oldest is queried first
+ * and the first still copying ends the poll. Every op polls, and GPT medium's forward pass keeps
+ * ~100 swap-outs in flight behind a saturated copy engine: one cuEventQuery each was the host's
+ * largest cost there (session 10). */
 void poll_releases(void)
 {
-    for (size_t i = 0; i < g_tab.n && g_out_pending; i++) {
+    static struct sblock **pend;
+    static size_t cap;
+    size_t n = 0;
+    int ordered = 1;
+    for (size_t i = 0; i < g_tab.n && n < g_out_pending; i++) {
         struct sblock *b = block_of(i);
         if (b->state != SB_OUT_PENDING)
             continue;
-        CUresult q = real_cuEventQuery(b->copy_ev);
-        if (q == CUDA_ERROR_NOT_READY)
+        if (n == cap) {
+            size_t c = cap ? 2 * cap : 256;
+            struct sblock **t = realloc(pend, c * sizeof *t);
+            if (!t) {
+                ordered = 0; /* no memory for the order: every one is queried, as it comes */
+                break;
+            }
+            pend = t;
+            cap = c;
+        }
+        pend[n++] = b;
+    }
+    if (ordered)
+        qsort(pend, n, sizeof *pend, by_issue);
+    for (size_t k = 0, i = 0; g_out_pending && (ordered ? k < n : i < g_tab.n); k++, i++) {
+        struct sblock *b = ordered ? pend[k] : block_of(i);
+        if (b->state != SB_OUT_PENDING)
             continue;
+        CUresult q = real_cuEventQuery(b->copy_ev);
+        if (q == CUDA_ERROR_NOT_READY) {
+            if (ordered)
+                break; /* the later ones are behind it on the stream */
+            continue;
+        }
         if (b->flags & SBF_GIVEN) {
             given_out(b);
             continue;

@@ -814,6 +814,21 @@ def test_release_thread_frees_memory_while_the_host_is_idle(fake, tmp_path, rele
     no_misbehaviour(run)
 
 
+def test_poll_queries_the_oldest_swap_out_in_flight_only(fake, tmp_path):
+    """Every op polls the swap-outs in flight, and they complete in issue order (one copy
+    stream): five copies out held in the queue cost each of ten ops one cuEventQuery (the
+    oldest), not five; once the stream has run, one poll finds the five done, and the next has
+    nothing to query. Every byte comes back."""
+    run = run_swap(fake, tmp_path, "pollfifo", budget=3 * GRAN,
+                   env={"PYOBMEM_RELEASER": "0", "PYOBMEM_GPU_CLOCK_EVERY": "0"})
+    assert len(run.of(Ev.SWAP_OUT)) >= 5  # a, b, c, x0, x1 gave their memory to x0..x4
+    assert run.out["queries_held"] == 10
+    assert run.out["queries_done"] == 5
+    assert run.out["queries_after"] == 0
+    assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"]) == (0, 0, 0)
+    no_misbehaviour(run)
+
+
 def test_managed_memory_does_not_count_against_the_budget(fake, tmp_path):
     run = run_swap(fake, tmp_path, "others", "managed", budget=3 * GRAN)
     assert run.out["x_rc"] == 0

@@ -1430,6 +1430,35 @@ static int scenario_release(void)
     return 0;
 }
 
+/* Swap-outs complete in issue order (one copy stream): budget 3 blocks, a, b, c; each of five new
+ * 2 MiB blocks x0..x4 evicts the oldest block and takes its memory while its copy out is queued
+ * (the shim stream never runs without fakeAdvance), so five copies out are in flight. Ten ops on
+ * x4 then poll them with one cuEventQuery each (the oldest, still copying); after the stream
+ * runs, one op's poll finds every one of them done. */
+static int scenario_pollfifo(void)
+{
+    CUdeviceptr a, b, c, x[5];
+    blocks_abc(&a, &b, &c);
+    for (int i = 0; i < 5; i++) {
+        x[i] = must_alloc_ordered(2 * MIB, S1);
+        op_a(x[i], 0, 0);
+    }
+    long long q = fakeCounter("event_queries");
+    for (int i = 0; i < 10; i++)
+        op_a(x[4], 0, 0);
+    printf("queries_held=%lld\n", fakeCounter("event_queries") - q);
+    fakeAdvance(-1);
+    q = fakeCounter("event_queries");
+    op_a(x[4], 0, 0);
+    printf("queries_done=%lld\n", fakeCounter("event_queries") - q);
+    q = fakeCounter("event_queries");
+    op_a(x[4], 0, 0);
+    printf("queries_after=%lld\n", fakeCounter("event_queries") - q);
+    check_abc(a, b, c);
+    counters();
+    return 0;
+}
+
 /* A swap-out cancelled, then the block freed while its copy is still queued: budget 3 blocks, a,
  * b, c filled (LRU a, b, c); a 512 KiB cuMemAlloc puts the device over the budget, so the next
  * op issues a's swap-out. The shim stream does not run (no fakeAdvance): the copy out of a is
@@ -1556,6 +1585,8 @@ int main(int argc, char **argv)
         rc = scenario_roundtrip(argc > 2 ? atoi(argv[2]) : 20, argc > 3 && !strcmp(argv[3], "ordered"));
     else if (!strcmp(s, "cancelfree"))
         rc = scenario_cancelfree();
+    else if (!strcmp(s, "pollfifo"))
+        rc = scenario_pollfifo();
     else if (!strcmp(s, "release"))
         rc = scenario_release();
     else if (!strcmp(s, "belady"))
