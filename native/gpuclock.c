@@ -37,6 +37,11 @@
 #define GC_MAX_CTX 8
 #define GC_REFS 4                     /* reference events per context: one current, older ones retiring */
 #define GC_REF_PERIOD_NS 1000000000ull /* a new reference every second: float ms stays sub-µs */
+/* A reference is timed between the return of its record and that of the synchronisation after
+ * it; a renewal whose window is wider than this is not used (the current reference stays) and is
+ * tried again GC_REF_RETRY_NS later. */
+#define GC_REF_SLACK_NS 200000ull
+#define GC_REF_RETRY_NS 10000000ull
 /* The thread's nap adapts to the rate samples complete: each wake takes CPU time from an
  * application that shares its core, so it sleeps as long as the pool allows: doubled while a
  * pass reads under 1/16 of the pool, back to the least at once when it reads over 1/4 (a burst
@@ -80,6 +85,7 @@ static struct gc_ctx g_ctx[GC_MAX_CTX];
 static int g_thread; /* atomic: 0 not started, 1 running, -1 could not start */
 static int g_stop, g_stopped; /* atomic */
 static uint64_t g_samples, g_skipped; /* atomic */
+static uint64_t g_refs, g_ref_rejects; /* atomic: references in use, renewals refused */
 static int g_inited;
 
 static uint64_t env_u64(const char *name, uint64_t dflt, uint64_t max)
@@ -145,16 +151,28 @@ void gpuclock_init(void)
 
 /* ---- the polling thread ---- */
 
-static int ref_record(struct gc_ctx *c, uint32_t i)
+/* Record reference i on the shim's idle stream and time it on the host; `first`: the context's
+ * first reference, used however wide its window (there is no other). Why not the midpoint of the
+ * whole call: while the application's launch queue is full, the record itself can wait in the
+ * driver for tens of ms before it is issued, and that midpoint put GPT medium's GPU times up to
+ * 52 ms (unswapped) and 258 ms (swap mode's first steps) before their own launches (session 10). */
+static int ref_record(struct gc_ctx *c, uint32_t i, int first)
 {
-    uint64_t t0 = shim_now_ns();
-    if (real_cuEventRecord(c->ref_ev[i], c->own) != CUDA_SUCCESS || real_cuStreamSynchronize(c->own) != CUDA_SUCCESS)
+    if (real_cuEventRecord(c->ref_ev[i], c->own) != CUDA_SUCCESS)
+        return 0;
+    uint64_t t0 = shim_now_ns(); /* issued: the event runs after this */
+    if (real_cuStreamSynchronize(c->own) != CUDA_SUCCESS)
         return 0;
     uint64_t t1 = shim_now_ns();
-    /* The shim's stream is idle: the event ran between the two host times. */
+    if (!first && t1 - t0 > GC_REF_SLACK_NS) {
+        __atomic_add_fetch(&g_ref_rejects, 1, __ATOMIC_RELAXED);
+        c->ref_at = t1 - GC_REF_PERIOD_NS + GC_REF_RETRY_NS;
+        return 0;
+    }
     c->ref_host[i] = t0 + (t1 - t0) / 2;
     c->ref_live[i] = 1;
     c->ref_at = t1;
+    __atomic_add_fetch(&g_refs, 1, __ATOMIC_RELAXED);
     return 1;
 }
 
@@ -175,7 +193,7 @@ static int ctx_setup(struct gc_ctx *c)
             return 0;
         }
     c->slots = s;
-    return ref_record(c, 0);
+    return ref_record(c, 0, 1);
 }
 
 static void emit_sample(struct gc_ctx *c, struct gc_slot *s)
@@ -219,7 +237,7 @@ static uint64_t ctx_poll(struct gc_ctx *c, uint64_t now)
         return ready;
     for (uint32_t r = 0; r < GC_REFS; r++)
         if (!c->ref_live[r]) {
-            if (ref_record(c, r))
+            if (ref_record(c, r, 0))
                 __atomic_store_n(&c->cur_ref, r, __ATOMIC_RELEASE);
             break;
         }
@@ -266,8 +284,10 @@ static void *poller(void *arg)
         nap(nap_ns);
     }
     uint64_t n = __atomic_load_n(&g_samples, __ATOMIC_RELAXED), k = __atomic_load_n(&g_skipped, __ATOMIC_RELAXED);
-    ring_note(PYOBMEM_NOTE_GPU_CLOCK "=every=%llu pool=%llu samples=%llu skipped=%llu", (unsigned long long)g_every,
-              (unsigned long long)g_pool, (unsigned long long)n, (unsigned long long)k);
+    ring_note(PYOBMEM_NOTE_GPU_CLOCK "=every=%llu pool=%llu samples=%llu skipped=%llu refs=%llu ref_rejects=%llu",
+              (unsigned long long)g_every, (unsigned long long)g_pool, (unsigned long long)n, (unsigned long long)k,
+              (unsigned long long)__atomic_load_n(&g_refs, __ATOMIC_RELAXED),
+              (unsigned long long)__atomic_load_n(&g_ref_rejects, __ATOMIC_RELAXED));
     __atomic_store_n(&g_stopped, 1, __ATOMIC_RELEASE);
     return NULL;
 }
@@ -398,7 +418,7 @@ void gpuclock_atfork_child(void)
     memset(g_ctx, 0, sizeof g_ctx);
     g_thread = 0;
     g_stop = g_stopped = 0;
-    g_samples = g_skipped = 0;
+    g_samples = g_skipped = g_refs = g_ref_rejects = 0;
     shim_tls_op = 0;
     if (g_inited)
         __atomic_store_n(&g_gpuclock_next, g_every && have_driver() ? g_every : UINT64_MAX, __ATOMIC_RELEASE);

@@ -33,7 +33,23 @@ def test_gpuclock_every_n_ops_none_in_capture(fake, tmp_path):
     assert run.out["legacy_records"] == 0  # per-thread ops: sampled on CU_STREAM_PER_THREAD
     launches = run.of(Ev.LAUNCH)
     assert all(int(launches[launches["a"] == s]["c"][0]) == int(b) or b == 2 for s, b in zip(g["a"], g["b"]))
-    assert _note(run, "gpu_clock") == {"every": "4", "pool": "256", "samples": "7", "skipped": "3"}
+    assert _note(run, "gpu_clock") == {"every": "4", "pool": "256", "samples": "7", "skipped": "3", "refs": "1",
+                                        "ref_rejects": "0"}
+
+
+def test_gpuclock_reference_timed_after_its_record_is_issued(fake, tmp_path):
+    """A record that waits in the driver (20 ms here, FAKE_RECORD_DELAY_US; a full launch queue
+    on the H200) is timed from its return: the first sample, op 4's, ran after op 4's launch and
+    the reference's 20 ms wait. Timed from before the record, its midpoint put the sample 10 ms
+    early, and GPT medium's samples up to 52 ms before their own launches."""
+    run = run_driver(fake, tmp_path, "gpuclock", 10,
+                     env={"PYOBMEM_GPU_CLOCK_EVERY": "4", "FAKE_RECORD_DELAY_US": "20000"})
+    g = run.of(Ev.GPU_TIME)
+    launches = run.of(Ev.LAUNCH)
+    assert int(g["a"][0]) == 4
+    launched = int(launches[launches["a"] == 4]["ts_ns"][0])
+    assert int(g["c"][0]) - launched >= 20_000_000
+    assert _note(run, "gpu_clock")["refs"] == "1"
 
 
 def test_gpuclock_off(fake, tmp_path):
@@ -52,7 +68,8 @@ def test_gpuclock_full_pool_skips_never_waits(fake, tmp_path):
     t = g["c"].astype(np.int64)
     assert (t - t[0]).tolist() == [4000 * i for i in range(8)]
     assert run.out["events_live"] == 8 + 4  # the pool and the reference events, no more
-    assert _note(run, "gpu_clock") == {"every": "4", "pool": "8", "samples": "8", "skipped": "17"}
+    assert _note(run, "gpu_clock") == {"every": "4", "pool": "8", "samples": "8", "skipped": "17", "refs": "1",
+                                        "ref_rejects": "0"}
 
 
 def test_gpuclock_fork_child_starts_its_own(fake, tmp_path):
@@ -73,4 +90,5 @@ def test_gpuclock_exit_wakes_a_long_nap(fake, tmp_path):
     env = {"PYOBMEM_GPU_CLOCK_EVERY": "4", "PYOBMEM_GPU_CLOCK_POLL_US": "1000000"}
     run = run_driver(fake, tmp_path, "steps", 5, 20, env=env)
     assert len(run.of(Ev.GPU_TIME)) == 5
-    assert _note(run, "gpu_clock") == {"every": "4", "pool": "256", "samples": "5", "skipped": "0"}
+    assert _note(run, "gpu_clock") == {"every": "4", "pool": "256", "samples": "5", "skipped": "0", "refs": "1",
+                                        "ref_rejects": "0"}
