@@ -84,7 +84,7 @@ void poll_releases(void)
     int ordered = 1;
     for (size_t i = 0; i < g_tab.n && n < g_out_pending; i++) {
         struct sblock *b = block_of(i);
-        if (b->state != SB_OUT_PENDING)
+        if (b->state != SB_OUT_PENDING || b->queued)
             continue;
         if (n == cap) {
             size_t c = cap ? 2 * cap : 256;
@@ -102,7 +102,7 @@ void poll_releases(void)
         qsort(pend, n, sizeof *pend, by_issue);
     for (size_t k = 0, i = 0; g_out_pending && (ordered ? k < n : i < g_tab.n); k++, i++) {
         struct sblock *b = ordered ? pend[k] : block_of(i);
-        if (b->state != SB_OUT_PENDING)
+        if (b->state != SB_OUT_PENDING || b->queued)
             continue;
         CUresult q = real_cuEventQuery(b->copy_ev);
         if (q == CUDA_ERROR_NOT_READY) {
@@ -134,6 +134,7 @@ void poll_releases(void)
         g_freed[i] = g_freed[--g_nfreed];
         free_finish(b);
     }
+    issue_outs(0); /* the copy engine has room for more */
 }
 
 /* The release thread: while swap-outs are in flight it polls their copy events every 100 us and
@@ -202,6 +203,7 @@ void releaser_kick(void)
 
 void drain_until(uint64_t need, uint64_t budget)
 {
+    issue_outs(1); /* the memory is needed now: every queued copy goes to the engine */
     while (g_out_pending && resident_bytes() + g_leaving + need > budget) {
         struct sblock *oldest = NULL;
         for (size_t i = 0; i < g_tab.n; i++) {
@@ -227,6 +229,7 @@ void drain_outs(void)
 {
     if (!g_out_pending)
         return;
+    issue_outs(1);
     uint64_t t0 = shim_now_ns();
     CUresult r = real_cuStreamSynchronize(g_d2h);
     g_waits.drain_ns += shim_now_ns() - t0;
@@ -234,6 +237,8 @@ void drain_outs(void)
     if (r == CUDA_SUCCESS)
         poll_releases();
 }
+
+int releaser_running(void) { return g_releaser > 0; }
 
 void releaser_atfork_child(void)
 {

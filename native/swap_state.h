@@ -56,6 +56,9 @@ struct sblock {
     struct use uses[MAX_USES];
     CUevent copy_ev;            /* last copy of this block (on g_d2h or g_h2d) */
     int copy_h2d;               /* that copy is a swap-in (it reads the host slot) */
+    int queued;                 /* OUT_PENDING, in the queue of swap-outs: not all issued yet (swap_copy.c) */
+    int slot_new;               /* its host slot is new to it: the copy out waits for the latest swap-in */
+    uint64_t out_off;           /* bytes of its swap-out issued so far */
     void *host;                 /* its host slot, kept from the first swap-out until it is freed */
     uint64_t t_issue;           /* ns when the last copy was issued */
     uint64_t lru;               /* op stamp of the last op touching it */
@@ -167,7 +170,12 @@ uint64_t spare_bytes_of(uint64_t vsize);
 
 /* ---- swap_copy.c ---- */
 void cancel_out(struct sblock *b);
+/* Queue b's swap-out (OUT_PENDING at once) and issue what the copy engine has room for. */
 int swap_out(struct sblock *b);
+/* Issue queued swap-outs while fewer than OUT_AHEAD bytes are in flight (all: every one). */
+void issue_outs(int all);
+/* Issue all of b's swap-out now, out of the queue's order (its memory is handed over). */
+void issue_now(struct sblock *b);
 CUresult swap_in(struct sblock *b, int planned, uint64_t stamp);
 CUresult finish_in(struct sblock *b, const struct swap_op *op, int demand);
 /* Make b usable by op (NULL op: synchronously, no consumer stream). */
@@ -175,6 +183,7 @@ CUresult make_usable(struct sblock *b, const struct swap_op *op, uint64_t stamp)
 
 /* ---- swap_release.c ---- */
 void poll_releases(void);
+int releaser_running(void);
 void releaser_kick(void);
 void drain_outs(void);
 /* Wait for the swap-outs in flight, oldest first, until `need` more bytes fit `budget`. */

@@ -122,7 +122,9 @@ int handoff_ready(uint64_t vsize, int device)
 static int take_leaving(struct sblock *b, CUevent *after)
 {
     struct sblock *o = leaving_of(b->vsize, b->device);
-    if (!o || real_cuMemMap(b->addr, b->vsize, 0, o->handle, 0) != CUDA_SUCCESS)
+    if (o)
+        issue_now(o); /* b's first use waits for o's whole copy out: its event must be recorded */
+    if (!o || o->state != SB_OUT_PENDING || real_cuMemMap(b->addr, b->vsize, 0, o->handle, 0) != CUDA_SUCCESS)
         return 0;
     if (grant(b) != CUDA_SUCCESS) {
         real_cuMemUnmap(b->addr, b->vsize);

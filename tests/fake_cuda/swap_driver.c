@@ -1459,6 +1459,38 @@ static int scenario_pollfifo(void)
     return 0;
 }
 
+/* The queue of swap-outs: a, b, c of 96 MiB, all three planned out after op 1 (the test's plan at
+ * sync point 1). The copy engine gets 64 MiB pieces while under 128 MiB are in flight: a's two
+ * and b's first, then (the shim stream has run) the rest at the next op's poll. Every byte of
+ * the three comes back. */
+static int scenario_outqueue(void)
+{
+    size_t n = 96 * MIB;
+    CUdeviceptr a = must_alloc(n), b = must_alloc(n), c = must_alloc(n), t = must_alloc(2 * MIB);
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)c);
+    fill(a, n, 1);
+    fill(b, n, 2);
+    fill(c, n, 3);
+    sync_point(1);
+    long long d0 = fakeCounter("dtoh_async");
+    op_b(t);
+    op_a(t, 0, 0); /* a, b and c go out after it */
+    printf("pieces_at_op=%lld\n", fakeCounter("dtoh_async") - d0);
+    fakeAdvance(-1);
+    op_b(t);
+    printf("pieces_after_poll=%lld\n", fakeCounter("dtoh_async") - d0);
+    fakeAdvance(-1);
+    op_b(t);
+    printf("a_out=%d\nc_out=%d\n", fakeAccess(a) == -1, fakeAccess(c) == -1);
+    printf("bad_a=%ld\n", check(a, n, 1, 0));
+    fakeAdvance(-1);
+    printf("bad_b=%ld\n", check(b, n, 2, 0));
+    fakeAdvance(-1);
+    printf("bad_c=%ld\n", check(c, n, 3, 0));
+    counters();
+    return 0;
+}
+
 /* A swap-out cancelled, then the block freed while its copy is still queued: budget 3 blocks, a,
  * b, c filled (LRU a, b, c); a 512 KiB cuMemAlloc puts the device over the budget, so the next
  * op issues a's swap-out. The shim stream does not run (no fakeAdvance): the copy out of a is
@@ -1585,6 +1617,8 @@ int main(int argc, char **argv)
         rc = scenario_roundtrip(argc > 2 ? atoi(argv[2]) : 20, argc > 3 && !strcmp(argv[3], "ordered"));
     else if (!strcmp(s, "cancelfree"))
         rc = scenario_cancelfree();
+    else if (!strcmp(s, "outqueue"))
+        rc = scenario_outqueue();
     else if (!strcmp(s, "pollfifo"))
         rc = scenario_pollfifo();
     else if (!strcmp(s, "release"))
