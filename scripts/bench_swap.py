@@ -39,16 +39,17 @@ framework's own reserved peak: CUDA context, module images, library handles).
 
 Step time: the median of the steps after the first ``--warmup`` (5 of the default 25 steps: 20
 measured). ``time_ratio``: that over the baseline's. ``loss_identical``: the per-step losses
-(float.hex, from the workload's JSON) equal bit for bit. ``predicted_time_ratio``: the daemon's
-planner on the swap run's capture, run by the daemon's own SwapAgent.plan_now (so with the
-daemon's learning options, e.g. by_site) on the records up to the last plan the shim adopted (the
-daemon stores no plan figures in the capture; see ``prediction`` in each row): the host-clock
-replay's ratio (``planner.replay``; ``prediction.model_time_ratio``: the cost model's) is of the
-iteration the daemon learned (``prediction.iteration_ms``, slowed by the run's swaps before the
-plan), so the row's ``predicted_step_ms`` is that ratio times that iteration, and
-``predicted_time_ratio`` that over the baseline's step (``prediction.predicted_time_ratio``: the
-ratio as the daemon has it);
-``prediction_within_1_15``: the measured ratio within 1.15x of it either way. Swap statistics
+(float.hex, from the workload's JSON) equal bit for bit. ``trace``: the workload traced with the
+per-tensor presets and no swapping (``pyobmem run --tensor-blocks``, TRACE_STEPS steps), on which
+``pyobmem plan --json`` runs at every swap row's budget, in the background while the swap runs go:
+a row's ``predicted_time_ratio`` is that plan's (the host-clock replay's ratio, ``planner.replay``)
+times the trace's iteration (``predicted_step_ms``) over the baseline's step (``plan_prediction``
+has the plan's figures): what a user is told before swapping. ``daemon_predicted_time_ratio``:
+the daemon's own planner on the swap run's records up to the last plan the shim adopted (its
+SwapAgent.plan_now, so with its learning options; ``daemon_prediction``), of an iteration the
+run's swaps before the plan had slowed, as a step time over the baseline's.
+``prediction_within_1_15`` (``daemon_prediction_within_1_15``): the measured ratio within 1.15x
+of it either way. Swap statistics
 come from ``Capture.swaps`` / ``Capture.plans``. ``allocator_env``: the allocator variables of
 each run's environment (before the launcher's presets).
 
@@ -114,6 +115,8 @@ SAVE_ON_CPU_X, CHECKPOINT_X = 4.22, 1.25  # their step time over the baseline's
 FRONTIER_X = {0.75: 1.00, 0.6: 1.16, 0.5: 1.28, 0.4: 1.52}
 SWAP_EXTRA_S = 12.0  # launcher and daemon start and finish, and reading the capture afterwards ...
 ANALYSIS_S = 8.0  # ... of which this is kept out of a swap run's own timeout for the capture's analysis
+TRACE_STEPS = 8  # the traced unswapped run `pyobmem plan` predicts from: warm-up and 5+ whole steps
+PLAN_WAIT_S = 180.0  # the most a swap row waits for its `pyobmem plan` (started after the trace, in parallel)
 # Workloads of the frameworks part: (script, arguments, start-up s, step s) for the schedule.
 FRAMEWORKS = {
     "resnet50": ("resnet50.py", ["--batch", "128"], 25.0, 0.25),
@@ -726,6 +729,8 @@ def schedule(parts: list[str], steps: int, ref_steps: int, fractions: list[float
                         lambda: 2 * est.gpt_run(steps) + 60))
     if "gpt" in parts:
         out.append(Step("gpt preset", "gpt", lambda: est.gpt_run(steps), lambda: 2 * est.gpt_run(steps) + 60))
+        out.append(Step("gpt trace", "gpt", lambda: est.gpt_run(TRACE_STEPS) + SWAP_EXTRA_S,
+                        lambda: 2 * est.gpt_run(TRACE_STEPS) + 60))
         for f in fractions:
             out.append(Step(f"gpt swap {f}", "gpt", lambda f=f: est.gpt_run(steps, FRONTIER_X.get(f, 1.0)) + SWAP_EXTRA_S,
                             lambda: est.gpt_run(steps, 3.0) + 60))
@@ -767,7 +772,7 @@ def write_json(path: Path, doc: dict) -> None:
 
 
 def table(gpt: dict | None, fw: dict | None, over: dict | None) -> str:
-    head = f"{'run':<26} {'budget':>10} {'peak':>10} {'under':>5} {'time x':>7} {'pred x':>7} {'loss same':>9} " \
+    head = f"{'run':<26} {'budget':>10} {'peak':>10} {'under':>5} {'time x':>7} {'pred x':>7} {'daemon':>7} {'loss same':>9} " \
            f"{'done':>5} {'out GiB':>8} {'in pf/late/dem':>15}"
     lines = [head, "-" * len(head)]
 
@@ -777,7 +782,8 @@ def table(gpt: dict | None, fw: dict | None, over: dict | None) -> str:
         out = r.get("swapped_out_bytes")
         lines.append(f"{name:<26} {fmt_gib(r.get('budget_bytes')):>10} {fmt_gib(r.get('peak_bytes')):>10} "
                      f"{fmt(r.get('under_budget')):>5} {fmt(r.get('time_ratio'), '.3f'):>7} "
-                     f"{fmt(r.get('predicted_time_ratio'), '.3f'):>7} {fmt(r.get('loss_identical')):>9} "
+                     f"{fmt(r.get('predicted_time_ratio'), '.3f'):>7} {fmt(r.get('daemon_predicted_time_ratio'), '.3f'):>7} "
+                     f"{fmt(r.get('loss_identical')):>9} "
                      f"{fmt(r.get('completed')):>5} {('-' if out is None else f'{out / GIB:.2f}'):>8} {ins:>15}")
 
     if gpt:
@@ -815,6 +821,7 @@ class Bench:
         self.est = Estimates()
         self.gpt_base: Run | None = None
         self.gpt_preset: Run | None = None  # the presets alone: the swap runs' overhead (swap_overhead)
+        self.planners: dict = {}  # shim budget -> (`pyobmem plan` process, its stdout path) on the trace
         self.fw_runs: dict = {}  # "<framework> baseline" / "<framework> preset" -> Run
         self.presets = preset_env()
         self.docs: dict = {}
@@ -860,9 +867,13 @@ class Bench:
                 "loss_identical": "per-step losses (float.hex) equal bit for bit to the baseline's, same step count",
                 "budget": "budget_bytes = fraction x baseline driver peak; shim_budget_bytes (--budget) = budget_bytes "
                           "less the baseline's overhead (driver peak - framework reserved peak)",
-                "predicted_time_ratio": "pyobmem's planner as the daemon runs it (its SwapAgent.plan_now on the "
-                                        "capture's records up to the last adopted plan; learn_options in prediction); "
-                                        "null when no plan fits the budget",
+                "predicted_time_ratio": "`pyobmem plan --json` on the traced unswapped run (trace: pyobmem run "
+                                        "--tensor-blocks, no swapping) at the row's shim_budget_bytes: the replay's "
+                                        "ratio times the trace's iteration (predicted_step_ms) over the baseline's "
+                                        "step; plan_prediction has the plan's figures",
+                "daemon_predicted_time_ratio": "the daemon's own planner (SwapAgent.plan_now on the swap run's records up "
+                                               "to its last adopted plan; daemon_prediction): planned on iterations "
+                                               "its swaps before the plan had slowed",
                 "prediction_within_1_15": f"time_ratio / predicted_time_ratio within {PREDICTION_TOLERANCE}x either way",
             }
             d["errors"] = []
@@ -964,6 +975,74 @@ class Bench:
         log(f"gpt preset: time x {fmt(r['time_ratio'], '.3f')}, loss identical {fmt(r.get('loss_identical'))}")
         self.save("gpt")
 
+    def gpt_budget(self, fraction: float) -> dict:
+        """The budget of the swap run at ``fraction`` of the baseline's peak (``shim_budget``)."""
+        return shim_budget(fraction, self.gpt_base.peak["peak_bytes"], swap_overhead(self.gpt_base, self.gpt_preset))
+
+    def run_gpt_trace(self, timeout: float) -> None:
+        """GPT medium traced with the per-tensor presets (``pyobmem run --tensor-blocks``), no
+        swapping, then ``pyobmem plan --json`` on that capture at every swap run's budget, all
+        at once in the background: what a user sees before swapping, and each swap row's
+        ``predicted_time_ratio``."""
+        d = self.doc("gpt")
+        cap = self.capdir / "gpt2_medium_trace.pyobmem"
+        if cap.exists():
+            cap.unlink()
+        run = run_measured("gpt trace", "gpt.py", self.gpt_args(TRACE_STEPS), self.work / "gpt.trace.json", self.nvml,
+                           timeout, TRACE_STEPS, self.a.sample_ms / 1e3, capture=cap,
+                           launcher_options=("--tensor-blocks", "-q"), warmup=min(self.a.warmup, TRACE_STEPS - 3))
+        r = self.compared(run, self.gpt_base, prefix=True)
+        r["capture"] = str(cap)
+        r["capture_bytes"] = cap.stat().st_size if cap.exists() else None
+        d["trace"] = r
+        self.save("gpt")
+        if not cap.exists() or self.gpt_base_doc() is None:
+            self.error("gpt", f"trace: no capture to plan on (rc {run.rc})")
+            return
+        for f in self.a.fractions:
+            self.start_plan(cap, self.gpt_budget(f)["shim_budget_bytes"])
+        log(f"gpt trace: `pyobmem plan` started at {len(self.planners)} budgets")
+
+    def start_plan(self, cap: Path, budget_bytes: int) -> None:
+        """``pyobmem plan --json`` on ``cap`` at ``budget_bytes``, in the background (plan_prediction reads it)."""
+        out = self.work / f"plan_{budget_bytes}.json"
+        with open(out, "w") as fo, open(out.with_suffix(".stderr"), "w") as fe:
+            p = subprocess.Popen([sys.executable, "-m", "pyobmem", "plan", str(cap), "--budget", str(budget_bytes), "--json"],
+                                 cwd=REPO, env=child_env(None), stdin=subprocess.DEVNULL, stdout=fo, stderr=fe)
+        self.planners[budget_bytes] = (p, out)
+
+    def plan_prediction(self, budget_bytes: int, base: Run) -> dict:
+        """``pyobmem plan --json`` on the trace at ``budget_bytes`` (run_gpt_trace): its
+        prediction as a step time (the replay's ratio times the trace's iteration) and as a ratio
+        over the baseline's step; ``errors`` as a list."""
+        res: dict = {"source": "pyobmem plan --json on the traced unswapped run (gpt trace)", "errors": []}
+        if budget_bytes not in self.planners:
+            res["errors"].append("no `pyobmem plan` ran for this budget (no trace)")
+            return res
+        p, out = self.planners[budget_bytes]
+        try:
+            p.wait(timeout=PLAN_WAIT_S)
+        except subprocess.TimeoutExpired:
+            _kill_group(p)
+            res["errors"].append(f"`pyobmem plan` still running after {PLAN_WAIT_S:.0f} s")
+            return res
+        try:
+            plan = json.loads(out.read_text())
+        except (OSError, ValueError) as e:
+            err = out.with_suffix(".stderr").read_text(errors="replace").strip()[-300:]
+            res["errors"].append(f"`pyobmem plan` rc {p.returncode}, no JSON ({type(e).__name__}): {err}")
+            return res
+        ratio = plan.get("predicted_time_ratio") or plan.get("time_ratio")
+        it_ms = plan["iteration_ns"] / 1e6
+        res.update({"rc": p.returncode, "feasible": plan.get("feasible"), "plan_time_ratio": ratio,
+                    "model_time_ratio": plan.get("time_ratio"), "iteration_ms": round(it_ms, 3),
+                    "predicted_peak_bytes": plan.get("predicted_peak_bytes"), "swapped_bytes": plan.get("swapped_bytes"),
+                    "swapped_blocks": plan.get("swapped_blocks"), "replay": plan.get("replay")})
+        if ratio and base.steady_ms:
+            res["predicted_step_ms"] = round(ratio * it_ms, 3)
+            res["predicted_time_ratio"] = res["predicted_step_ms"] / base.steady_ms
+        return res
+
     def swap_row(self, run: Run, base: Run, budget: dict, capture: Path) -> dict:
         """One swap run's row: the budget, the run's figures against the unmodified ``base``, the
         capture's swap statistics, blocks and presets, and the planner's prediction."""
@@ -980,14 +1059,22 @@ class Bench:
             r["errors"].append(f"the shim did not turn swap mode on (its swap notes: {a.get('swap_notes')})")
         if a.get("blocks") is not None and a["blocks"] != "tensor":
             r["errors"].append(f"the launcher recorded blocks {a['blocks']!r}, not 'tensor' (presets {a.get('presets')})")
-        r.setdefault("predicted_time_ratio", None)
-        # The replay's ratio is of the iteration the daemon learned from the swap run itself, which
-        # its swaps before the plan already slowed: the prediction of this row's step time is that
-        # ratio times that iteration, over the baseline's step.
+        # The daemon's replay ratio is of the iteration it learned from the swap run itself, which
+        # its swaps before the plan already slowed: as a step time, that ratio times that iteration.
+        daemon = r.pop("predicted_time_ratio", None)
         it_ms = (r.get("prediction") or {}).get("iteration_ms")
-        if r["predicted_time_ratio"] is not None and it_ms and base.steady_ms:
-            r["predicted_step_ms"] = round(r["predicted_time_ratio"] * it_ms, 3)
-            r["predicted_time_ratio"] = r["predicted_step_ms"] / base.steady_ms
+        if daemon is not None and it_ms and base.steady_ms:
+            r["daemon_predicted_step_ms"] = round(daemon * it_ms, 3)
+            daemon = r["daemon_predicted_step_ms"] / base.steady_ms
+        r["daemon_predicted_time_ratio"] = daemon
+        r["daemon_prediction"] = r.pop("prediction", None)
+        r["daemon_prediction_within_1_15"] = within(r["time_ratio"], daemon)
+        # The prediction: `pyobmem plan` on the traced unswapped run, before any swapping.
+        pp = self.plan_prediction(r["shim_budget_bytes"], base)
+        r["errors"] += pp.pop("errors")
+        r["plan_prediction"] = pp
+        r["predicted_time_ratio"] = pp.get("predicted_time_ratio")
+        r["predicted_step_ms"] = pp.get("predicted_step_ms")
         r["prediction_within_1_15"] = within(r["time_ratio"], r["predicted_time_ratio"])
         if self.a.capture_dir:
             r["capture"] = str(capture)
@@ -1005,7 +1092,7 @@ class Bench:
             self.error("gpt", f"swap {fraction}: skipped, no usable baseline (steps and a driver peak)")
             self.save("gpt")
             return
-        budget = shim_budget(fraction, base.peak["peak_bytes"], swap_overhead(base, self.gpt_preset))
+        budget = self.gpt_budget(fraction)
         cap = self.capdir / f"gpt2_medium_swap_{fraction}.pyobmem"
         run = self.measure(f"gpt swap {fraction}", "gpt.py", self.gpt_args(self.a.steps), f"gpt.swap{fraction}",
                            timeout - ANALYSIS_S, self.a.steps, capture=cap, budget=budget["shim_budget_bytes"])
@@ -1149,6 +1236,8 @@ class Bench:
             return self.run_gpt_baseline
         if name == "gpt preset":
             return self.run_gpt_preset
+        if name == "gpt trace":
+            return self.run_gpt_trace
         if name.startswith("gpt swap "):
             f = float(name.split()[-1])
             return lambda t: self.run_gpt_swap(f, t)

@@ -152,18 +152,19 @@ def test_step_timeout_and_default_schedule():
     assert bench.step_timeout(left=100, reserve=80, min_s=30, cap_s=200) == 30  # at least its own need
     assert bench.step_timeout(left=20, reserve=80, min_s=30, cap_s=200) == 20  # never more than is left
     steps = bench.schedule(list(bench.PARTS), 25, 25, list(bench.FRACTIONS), bench.Estimates())
-    assert [s.name for s in steps] == ["gpt baseline", "gpt preset", "gpt swap 0.9", "gpt swap 0.75", "gpt swap 0.6",
+    assert [s.name for s in steps] == ["gpt baseline", "gpt preset", "gpt trace", "gpt swap 0.9", "gpt swap 0.75", "gpt swap 0.6",
                                        "gpt swap 0.5", "gpt swap 0.4", "gpt save_on_cpu", "gpt checkpointing",
                                        "resnet50 baseline", "resnet50 preset", "resnet50 swap", "jax baseline",
                                        "jax preset", "jax swap",
                                        "oversubscribed"]
     # 20 s start-up + 25 steps x 510 ms x the frontier's ratio (0.4: 1.52) + 12 s for the launcher and the capture
-    assert steps[6].min_s() == pytest.approx(20 + 25 * 0.51 * 1.52 + 12)
+    assert steps[7].min_s() == pytest.approx(20 + 25 * 0.51 * 1.52 + 12)
+    assert steps[2].min_s() == pytest.approx(20 + bench.TRACE_STEPS * 0.51 + 12)  # the trace `pyobmem plan` reads
     default_budget = bench.build_parser().parse_args([]).time_budget
     assert default_budget <= 540
     gpt = bench.schedule_estimate(["gpt"], 25, 25, list(bench.FRACTIONS))
     rest = bench.schedule_estimate(["frameworks", "oversubscribed"], 25, 25, list(bench.FRACTIONS))
-    assert gpt == pytest.approx(411.23, abs=0.01) and gpt < default_budget - 100  # one call, room for slow swap runs
+    assert gpt == pytest.approx(447.31, abs=0.01) and gpt < default_budget - 80  # one call, room for slow swap runs
     assert rest == pytest.approx(274.0, abs=0.5)
     assert gpt + rest > default_budget  # all three parts need two calls
     # the second call runs the GPT baseline for the ballast's size: its errors belong to that part
@@ -310,17 +311,23 @@ def test_swap_row_and_the_json(tmp_path):
                         doc={"allocator_backend": "cudaMallocAsync",
                              "alloc_conf": {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}},
                         stderr="UserWarning: foo_backward_cuda does not have a deterministic implementation, but")
+    b.start_plan(path, budget["shim_budget_bytes"])  # `pyobmem plan --json` on it, as on the bench's trace
     row = b.swap_row(run, base, budget, path)
     assert (row["blocks"], row["presets"]) == ("tensor", {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"})
     assert (row["measured_steps"], row["step_ms_median"]) == (20, 13.44) and row["time_ratio"] == pytest.approx(1.12)
     assert row["loss_identical"] is True and row["under_budget"] is True and row["over_budget_bytes"] == 0
     assert row["workload_allocator"]["allocator_backend"] == "cudaMallocAsync"
     assert row["nondeterministic_ops"] == ["foo_backward_cuda"]
-    # 17.9 GB for GPT tiny's 952 MiB: nothing to swap, 1.00x of the capture's own 13.39 ms iteration
-    # predicted: 13.39 / 12.0 of the baseline's step, and 1.12 measured is within 1.15x of it
-    assert row["prediction"]["predicted_time_ratio"] == 1.0 and row["prediction"]["iteration_ms"] == 13.392
-    assert row["predicted_step_ms"] == 13.392 and row["predicted_time_ratio"] == 13.392 / 12.0
+    # 17.9 GB for GPT tiny's 952 MiB: nothing to swap, 1.00x of the capture's own iteration, by
+    # `pyobmem plan` (12.87 ms: its template of the whole capture) and by the daemon's planner
+    # (13.39 ms: the records up to the adopted plan), over the baseline's 12.0 ms step: 1.12
+    # measured is within 1.15x of either
+    assert row["plan_prediction"]["plan_time_ratio"] == 1.0 and row["plan_prediction"]["iteration_ms"] == 12.874
+    assert row["predicted_step_ms"] == 12.874 and row["predicted_time_ratio"] == 12.874 / 12.0
     assert row["prediction_within_1_15"] is True
+    assert row["daemon_prediction"]["predicted_time_ratio"] == 1.0 and row["daemon_prediction"]["iteration_ms"] == 13.392
+    assert row["daemon_predicted_step_ms"] == 13.392 and row["daemon_predicted_time_ratio"] == 13.392 / 12.0
+    assert row["daemon_prediction_within_1_15"] is True
     assert row["errors"] == ["the shim did not turn swap mode on (its swap notes: [])"]
     b.doc("gpt")["budgets"].append(row)
     b.save("gpt")
@@ -343,12 +350,17 @@ def test_gpt_and_frameworks_parts_with_stand_in_runs(tmp_path, monkeypatch, caps
     def run_measured(label, script, args, json_path, nvml, timeout, steps, sample_s, env=None, capture=None,
                      launcher_options=(), warmup=bench.WARMUP):
         calls.append((label, script, dict(env or {}), launcher_options))
-        budget = int(launcher_options[2]) if launcher_options else None
+        budget = int(launcher_options[2]) if "--swap" in launcher_options else None
+        if label == "gpt trace":
+            capture.write_bytes(b"")  # planned by the stand-in below
         fw = {"reserved_bytes.all.peak": RESERVED} if script != "flax_mlp.py" else {"peak_bytes_in_use": GIB}
         return synthetic_run([3000.0] * warmup + [500.0] * (steps - warmup), doc={"memory_stats": fw},
                              peak=peaks.get(label, budget), env=bench.allocator_env(env or {}))
 
     monkeypatch.setattr(bench, "run_measured", run_measured)
+    planned = []
+    monkeypatch.setattr(bench.Bench, "start_plan", lambda self, cap, b: planned.append((cap.name, b)))
+    monkeypatch.setattr(bench.Bench, "plan_prediction", lambda self, b, base: {"predicted_time_ratio": 1.05, "errors": []})
     monkeypatch.setattr(bench, "analyse_capture", lambda path, budget: {
         "errors": [], "blocks": "tensor", "presets": bench.preset_env(), "swap_on": True, "predicted_time_ratio": 1.05})
     a = bench.build_parser().parse_args(["--parts", "gpt,frameworks", "--out-dir", str(tmp_path)])
@@ -357,13 +369,16 @@ def test_gpt_and_frameworks_parts_with_stand_in_runs(tmp_path, monkeypatch, caps
     assert b.run() == 0
     presets = bench.preset_env()
     assert [(c[0], c[2] == presets, bool(c[3])) for c in calls] == [
-        ("gpt baseline", False, False), ("gpt preset", True, False),
+        ("gpt baseline", False, False), ("gpt preset", True, False), ("gpt trace", False, True),
         *[(f"gpt swap {f}", False, True) for f in bench.FRACTIONS],
         ("gpt save_on_cpu", False, False), ("gpt checkpointing", False, False),
         ("resnet50 baseline", False, False), ("resnet50 preset", True, False), ("resnet50 swap", False, True),
         ("jax baseline", False, False), ("jax preset", True, False), ("jax swap", False, True)]
-    budgets = {c[0]: int(c[3][2]) for c in calls if c[3]}
+    budgets = {c[0]: int(c[3][2]) for c in calls if "--swap" in c[3]}
     assert budgets["gpt swap 0.5"] == int(0.5 * DRIVER_PEAK) - GIB  # of the native baseline, less its overhead
+    assert [c[3] for c in calls if c[0] == "gpt trace"] == [("--tensor-blocks", "-q")]
+    # `pyobmem plan` on the trace at each swap run's own budget
+    assert planned == [("gpt2_medium_trace.pyobmem", budgets[f"gpt swap {f}"]) for f in bench.FRACTIONS]
     # ResNet-50: half of the allocations, its driver peak less the overhead, the preset's (64 MiB larger
     # than the baseline's); JAX: of the preset's 2 GiB
     assert budgets["resnet50 swap"] == RESERVED // 2 - 32 * MIB
