@@ -44,7 +44,8 @@ per-tensor presets and no swapping (``pyobmem run --tensor-blocks``, TRACE_STEPS
 ``pyobmem plan --json`` runs at every swap row's budget, in the background while the swap runs go:
 a row's ``predicted_time_ratio`` is that plan's (the host-clock replay's ratio, ``planner.replay``)
 times the trace's iteration (``predicted_step_ms``) over the baseline's step (``plan_prediction``
-has the plan's figures): what a user is told before swapping. ``daemon_predicted_time_ratio``:
+has the plan's figures): what a user is told before swapping (the frameworks and oversubscribed
+parts trace nothing: their ``predicted_time_ratio`` is the daemon's; ``prediction_source``). ``daemon_predicted_time_ratio``:
 the daemon's own planner on the swap run's records up to the last plan the shim adopted (its
 SwapAgent.plan_now, so with its learning options; ``daemon_prediction``), of an iteration the
 run's swaps before the plan had slowed, as a step time over the baseline's.
@@ -1043,7 +1044,7 @@ class Bench:
             res["predicted_time_ratio"] = res["predicted_step_ms"] / base.steady_ms
         return res
 
-    def swap_row(self, run: Run, base: Run, budget: dict, capture: Path) -> dict:
+    def swap_row(self, run: Run, base: Run, budget: dict, capture: Path, traced: bool = False) -> dict:
         """One swap run's row: the budget, the run's figures against the unmodified ``base``, the
         capture's swap statistics, blocks and presets, and the planner's prediction."""
         r = dict(budget)
@@ -1069,12 +1070,16 @@ class Bench:
         r["daemon_predicted_time_ratio"] = daemon
         r["daemon_prediction"] = r.pop("prediction", None)
         r["daemon_prediction_within_1_15"] = within(r["time_ratio"], daemon)
-        # The prediction: `pyobmem plan` on the traced unswapped run, before any swapping.
-        pp = self.plan_prediction(r["shim_budget_bytes"], base)
-        r["errors"] += pp.pop("errors")
-        r["plan_prediction"] = pp
-        r["predicted_time_ratio"] = pp.get("predicted_time_ratio")
-        r["predicted_step_ms"] = pp.get("predicted_step_ms")
+        if traced:  # the prediction: `pyobmem plan` on the traced unswapped run, before any swapping
+            pp = self.plan_prediction(r["shim_budget_bytes"], base)
+            r["errors"] += pp.pop("errors")
+            r["plan_prediction"] = pp
+            r["predicted_time_ratio"] = pp.get("predicted_time_ratio")
+            r["predicted_step_ms"] = pp.get("predicted_step_ms")
+        else:  # no trace of this workload in the bench: the daemon's is the prediction there is
+            r["predicted_time_ratio"] = daemon
+            r["predicted_step_ms"] = r.get("daemon_predicted_step_ms")
+        r["prediction_source"] = "pyobmem plan on the trace" if traced else "the daemon's planner"
         r["prediction_within_1_15"] = within(r["time_ratio"], r["predicted_time_ratio"])
         if self.a.capture_dir:
             r["capture"] = str(capture)
@@ -1096,7 +1101,7 @@ class Bench:
         cap = self.capdir / f"gpt2_medium_swap_{fraction}.pyobmem"
         run = self.measure(f"gpt swap {fraction}", "gpt.py", self.gpt_args(self.a.steps), f"gpt.swap{fraction}",
                            timeout - ANALYSIS_S, self.a.steps, capture=cap, budget=budget["shim_budget_bytes"])
-        row = self.swap_row(run, base, budget, cap)
+        row = self.swap_row(run, base, budget, cap, traced=True)
         log(f"gpt swap {fraction}: under budget {fmt(row.get('under_budget'))}, time x {fmt(row['time_ratio'], '.3f')} "
             f"(predicted {fmt(row.get('predicted_time_ratio'), '.3f')}), loss identical {fmt(row.get('loss_identical'))}, "
             f"plan adopted {fmt(row.get('plan_adopted'))}")

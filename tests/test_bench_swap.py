@@ -312,7 +312,9 @@ def test_swap_row_and_the_json(tmp_path):
                              "alloc_conf": {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}},
                         stderr="UserWarning: foo_backward_cuda does not have a deterministic implementation, but")
     b.start_plan(path, budget["shim_budget_bytes"])  # `pyobmem plan --json` on it, as on the bench's trace
-    row = b.swap_row(run, base, budget, path)
+    copy = tmp_path / "untraced.pyobmem"
+    copy.write_bytes(path.read_bytes())  # swap_row removes the capture it read
+    row = b.swap_row(run, base, budget, path, traced=True)
     assert (row["blocks"], row["presets"]) == ("tensor", {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"})
     assert (row["measured_steps"], row["step_ms_median"]) == (20, 13.44) and row["time_ratio"] == pytest.approx(1.12)
     assert row["loss_identical"] is True and row["under_budget"] is True and row["over_budget_bytes"] == 0
@@ -328,6 +330,10 @@ def test_swap_row_and_the_json(tmp_path):
     assert row["daemon_prediction"]["predicted_time_ratio"] == 1.0 and row["daemon_prediction"]["iteration_ms"] == 13.392
     assert row["daemon_predicted_step_ms"] == 13.392 and row["daemon_predicted_time_ratio"] == 13.392 / 12.0
     assert row["daemon_prediction_within_1_15"] is True
+    assert row["prediction_source"] == "pyobmem plan on the trace"
+    untraced = b.swap_row(run, base, budget, copy)  # a framework's row: no trace, the daemon's prediction
+    assert untraced["predicted_time_ratio"] == 13.392 / 12.0 and "plan_prediction" not in untraced
+    assert untraced["prediction_source"] == "the daemon's planner"
     assert row["errors"] == ["the shim did not turn swap mode on (its swap notes: [])"]
     b.doc("gpt")["budgets"].append(row)
     b.save("gpt")
