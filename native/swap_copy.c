@@ -33,6 +33,7 @@ static size_t g_nfly, g_capfly;
 static uint64_t g_fly_bytes;
 static CUevent *g_spare_ev; /* flight events seen done, reused */
 static size_t g_nspare_ev, g_capspare_ev;
+static uint64_t g_out_seq; /* pieces issued: sblock.out_seq */
 
 static int grow(void **a, size_t *cap, size_t n, size_t each)
 {
@@ -116,6 +117,7 @@ static int issue_piece(struct sblock *b)
     g_fly[g_nfly++] = (struct flight){ev, n};
     g_fly_bytes += n;
     b->out_off += n;
+    b->out_seq = ++g_out_seq;
     return 1;
 }
 

@@ -65,9 +65,12 @@ void settle_out(struct sblock *b)
     given_out(b);
 }
 
+/* By the issue order of their last piece: a handoff issues a whole swap-out at once, between the
+ * pieces of the one at the head of the queue (issue_now), so the first piece's order is not the
+ * order they complete in. */
 static int by_issue(const void *x, const void *y)
 {
-    uint64_t a = (*(struct sblock *const *)x)->t_issue, b = (*(struct sblock *const *)y)->t_issue;
+    uint64_t a = (*(struct sblock *const *)x)->out_seq, b = (*(struct sblock *const *)y)->out_seq;
     return (a > b) - (a < b);
 }
 
@@ -208,7 +211,7 @@ void drain_until(uint64_t need, uint64_t budget)
         struct sblock *oldest = NULL;
         for (size_t i = 0; i < g_tab.n; i++) {
             struct sblock *b = block_of(i);
-            if (b->state == SB_OUT_PENDING && !(b->flags & SBF_GIVEN) && (!oldest || b->t_issue < oldest->t_issue))
+            if (b->state == SB_OUT_PENDING && !(b->flags & SBF_GIVEN) && (!oldest || b->out_seq < oldest->out_seq))
                 oldest = b;
         }
         if (!oldest)

@@ -59,8 +59,9 @@ struct sblock {
     int queued;                 /* OUT_PENDING, in the queue of swap-outs: not all issued yet (swap_copy.c) */
     int slot_new;               /* its host slot is new to it: the copy out waits for the latest swap-in */
     uint64_t out_off;           /* bytes of its swap-out issued so far */
+    uint64_t out_seq;           /* issue order of its swap-out's latest piece: swap-outs complete in it */
     void *host;                 /* its host slot, kept from the first swap-out until it is freed */
-    uint64_t t_issue;           /* ns when the last copy was issued */
+    uint64_t t_issue;           /* ns when the last copy (a swap-out: its first piece) was issued */
     uint64_t lru;               /* op stamp of the last op touching it */
     uint64_t stamp;             /* op stamp: the op being prepared touches it (never evicted for it) */
     uint64_t tried;             /* eviction round that already tried it */

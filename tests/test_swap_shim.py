@@ -848,6 +848,30 @@ def test_swap_outs_are_issued_while_little_is_in_flight(fake, tmp_path):
     no_misbehaviour(run)
 
 
+def test_a_handed_over_swap_out_is_released_before_an_older_one_still_copying(fake, tmp_path):
+    """Swap-outs complete in the order of their last piece on the device-to-host stream, not of
+    their first: a (192 MiB) has two pieces in flight when y takes b's memory, so b's whole copy
+    is issued behind them and a's last piece behind b. Once b's copy has run, the next poll
+    unmaps b's range although a, whose first piece came first, still copies (ordered by the
+    first piece, the poll stopped at a and left b mapped until a ended). Every byte comes back."""
+    n = 192 * MIB
+
+    def plan(path, pid, out):
+        write_plan(path, pid, 1, [KERN_B, FUNC_A, KERN_B],
+                   [(1, ActionKind.SWAP_OUT, out["a"], n), (1, ActionKind.SWAP_OUT, out["b"], 2 * MIB)])
+
+    run = run_swap(fake, tmp_path, "handfifo", budget=1 << 40, plans={1: plan},
+                   env={"PYOBMEM_GPU_CLOCK_EVERY": "0"})
+    assert (run.out["pieces_at_op"], run.out["pieces_at_handoff"], run.out["pieces_after_poll"]) == (2, 3, 4)
+    assert run.out["b_given"] == 1
+    assert (run.out["ran_a"], run.out["ran_b"]) == (6, 3)
+    assert run.out["b_out"] == 1 and run.out["a_leaving"] == 1
+    assert run.out["a_out"] == 1
+    assert len(run.swaps(Ev.SWAP_OUT, run.out["a"])) == 1 and len(run.swaps(Ev.SWAP_OUT, run.out["b"])) == 1
+    assert (run.out["bad_a"], run.out["bad_b"]) == (0, 0)
+    no_misbehaviour(run)
+
+
 def test_managed_memory_does_not_count_against_the_budget(fake, tmp_path):
     run = run_swap(fake, tmp_path, "others", "managed", budget=3 * GRAN)
     assert run.out["x_rc"] == 0

@@ -1491,6 +1491,43 @@ static int scenario_outqueue(void)
     return 0;
 }
 
+/* Swap-outs complete in the order of their last piece: a of 192 MiB and b of 2 MiB planned out
+ * after op 1 (the test's plan at sync point 1): a's first two pieces go to the copy engine, b
+ * waits in the queue. y (cuMemAllocAsync, 2 MiB) takes b's memory, so b's whole copy is issued
+ * at once, behind a's two pieces. Once those have run, the next op's poll issues a's last piece,
+ * behind b's copy. The stream then runs b's copy only: the next op's poll finds b's copy done
+ * (its range unmapped) while a's last piece still copies. Every byte of a and b comes back. */
+static int scenario_handfifo(void)
+{
+    size_t n = 192 * MIB;
+    CUdeviceptr a = must_alloc(n), b = must_alloc(2 * MIB), t = must_alloc(2 * MIB);
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b);
+    fill(a, n, 1);
+    fill(b, 2 * MIB, 2);
+    sync_point(1);
+    long long d0 = fakeCounter("dtoh_async");
+    op_b(t);
+    op_a(t, 0, 0); /* a and b go out after it */
+    printf("pieces_at_op=%lld\n", fakeCounter("dtoh_async") - d0);
+    CUdeviceptr y = must_alloc_ordered(2 * MIB, S1);
+    printf("y=%" PRIu64 "\nb_given=%d\n", (uint64_t)y, fakeAccess(b) != -1);
+    printf("pieces_at_handoff=%lld\n", fakeCounter("dtoh_async") - d0);
+    printf("ran_a=%ld\n", fakeAdvance(6)); /* a's two pieces: copy and two records each */
+    op_b(t);
+    printf("pieces_after_poll=%lld\n", fakeCounter("dtoh_async") - d0);
+    printf("ran_b=%ld\n", fakeAdvance(3)); /* b's copy and its two records */
+    op_b(t);
+    printf("b_out=%d\na_leaving=%d\n", fakeAccess(b) == -1, fakeAccess(a) != -1);
+    fakeAdvance(-1);
+    op_b(t);
+    printf("a_out=%d\n", fakeAccess(a) == -1);
+    printf("bad_a=%ld\n", check(a, n, 1, 0));
+    fakeAdvance(-1);
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
+    counters();
+    return 0;
+}
+
 /* A swap-out cancelled, then the block freed while its copy is still queued: budget 3 blocks, a,
  * b, c filled (LRU a, b, c); a 512 KiB cuMemAlloc puts the device over the budget, so the next
  * op issues a's swap-out. The shim stream does not run (no fakeAdvance): the copy out of a is
@@ -1619,6 +1656,8 @@ int main(int argc, char **argv)
         rc = scenario_cancelfree();
     else if (!strcmp(s, "outqueue"))
         rc = scenario_outqueue();
+    else if (!strcmp(s, "handfifo"))
+        rc = scenario_handfifo();
     else if (!strcmp(s, "pollfifo"))
         rc = scenario_pollfifo();
     else if (!strcmp(s, "release"))
