@@ -86,3 +86,28 @@ def test_kernel_slices_and_block_tracks(tmp_path):
         assert life["ts"] <= e["ts"] and e["ts"] + e["dur"] <= life["ts"] + life["dur"] + 1e-6
     o_idle = [e for e in idle if e["tid"] == next(b["tid"] for b in blocks if b["args"]["block"] == f"100:{ids['O']}")]
     assert {e["args"]["idle_ns"] for e in o_idle} == {LOADER_NS + 21 * 500_000}  # one iteration
+
+
+def test_host_lead_counter_on_an_h200_capture():
+    """GPT medium traced on the H200 (tests/data/gpt_medium_tensors_s10.pyobmem, 251 GPU clock
+    samples): one counter point per sample at the GPU time its op ran, the host's lead in ms.
+    The host waits for the GPU at every step's loss (a lead near 0) and runs ~350 ms ahead in the
+    backward pass; the clock puts no op before its launch (no negative lead)."""
+    from pathlib import Path
+
+    import numpy as np
+    from pyobmem.export.perfetto import trace
+
+    cap = read_capture(str(Path(__file__).parent / "data" / "gpt_medium_tensors_s10.pyobmem"))
+    doc = json.loads(json.dumps(trace(cap, top=0)))
+    lead = [e for e in doc["traceEvents"] if e["ph"] == "C" and e["name"] == "host lead over the GPU (ms)"]
+    assert len(lead) == 251
+    t0, _ = cuda_span(cap)
+    g = cap.gpu_times[cap.gpu_times["op"] >= 0]
+    first = int(np.argmin(g["t_gpu"]))
+    expect = (int(g["t_gpu"][first]) - int(cap.ops["ts_ns"][g["op"][first]])) / 1e6
+    assert lead[0]["ts"] == round((int(g["t_gpu"][first]) - t0) / 1000, 3)
+    assert lead[0]["args"]["ms"] == round(expect, 3)
+    ms = [e["args"]["ms"] for e in lead]
+    assert [e["ts"] for e in lead] == sorted(e["ts"] for e in lead)
+    assert min(ms) >= 0 and min(ms) < 1 and 300 < max(ms) < 400

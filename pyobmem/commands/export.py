@@ -21,8 +21,9 @@ def add_parser(subparsers):
                                           "ui.perfetto.dev), csv (one row per event). Perfetto: t = 0 at the "
                                           "first CUDA event; op slices start at the host launch time and their "
                                           "length is invented (the gap to the next op on the stream, at most "
-                                          f"{OP_SLICE_CAP_US:g} µs): the capture has no kernel run times, so the "
-                                          "slices show order and density, not duration.")
+                                          f"{OP_SLICE_CAP_US:g} µs): the capture has no per-kernel run times, so "
+                                          "the slices show order and density, not duration; with a GPU clock, a "
+                                          "counter gives the host's lead over the GPU at each sample.")
     p.add_argument("file", metavar="FILE", help="a .pyobmem capture")
     p.add_argument("--format", required=True, choices=FORMATS, help="output format")
     p.add_argument("-o", "--output", metavar="OUT",

@@ -8,9 +8,12 @@ first CUDA event of the capture (``otherData.t0_monotonic_ns``). Per traced proc
 - a ``C`` counter ``device N live bytes`` per device: the sum of the sizes of live blocks;
 - in swap mode, a ``C`` counter ``resident bytes (swap mode)``: live blocks minus the ones swapped
   out to host memory (what the budget bounds; pyobmem.model.queries.resident_bytes);
+- with a GPU clock (``capture.gpu_times``: a sample every N ops, native/gpuclock.c), a ``C``
+  counter ``host lead over the GPU (ms)`` per pid: at the GPU time a sampled op ran, how long
+  before that the host had launched it (what swap mode's prefetches live on);
 - one thread track per (pid, stream) with an ``X`` slice per kernel launch, copy or memset. The
-  capture has host launch times only, so a slice lasts until the next op on its stream (at most
-  ``OP_SLICE_CAP_US``): it shows order and density, not kernel run time;
+  capture has no per-kernel run time, so a slice starts at the host's launch and lasts until the
+  next op on its stream (at most ``OP_SLICE_CAP_US``): it shows order and density, not run time;
 - one thread track per block for the ``top`` largest blocks: an ``X`` slice for the lifetime
   (allocation to free or capture end) and, nested in it, an ``X`` slice per idle interval.
 """
@@ -62,6 +65,20 @@ def resident_series(capture, t0: int) -> list[dict]:
         out += [{"ph": "C", "name": "resident bytes (swap mode)", "pid": int(pid), "ts": _us(t - t0),
                  "args": {"bytes": int(v)}} for t, v in zip(times.tolist(), res.tolist())]
     return out
+
+
+def lead_series(capture, t0: int) -> list[dict]:
+    """``C`` events: per pid, at each GPU clock sample's GPU time, the host's lead over the GPU
+    (the sample's GPU time less its op's launch time, ms). None without samples."""
+    g = capture.gpu_times
+    g = g[g["op"] >= 0]
+    if not len(g):
+        return []
+    t = g["t_gpu"].astype(np.int64)
+    lead = t - capture.ops["ts_ns"][g["op"]].astype(np.int64)
+    order = np.lexsort((t, g["pid"]))
+    return [{"ph": "C", "name": "host lead over the GPU (ms)", "pid": int(g["pid"][i]), "ts": _us(t[i] - t0),
+             "args": {"ms": round(float(lead[i]) / 1e6, 3)}} for i in order.tolist()]
 
 
 def op_events(capture, t0: int) -> tuple[list[dict], dict]:
@@ -159,6 +176,7 @@ def trace(capture, top: int = TOP_BLOCKS) -> dict:
         events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
     events += counter_series(capture, t0)
     events += resident_series(capture, t0)
+    events += lead_series(capture, t0)
     events += op_ev
     events += block_events(capture, t0, top)
     return {"traceEvents": events, "displayTimeUnit": "ns",
