@@ -354,7 +354,7 @@ def test_live_in_tmux_follows_a_growing_capture_and_quits_cleanly(tmp_path, quit
         assert "persistent             15   856.0 MiB" in final and "2160:12" in final
         term.tmux("send-keys", quit_key)
         assert _wait_file(tmp_path / "rc") == "0\n"
-        assert (tmp_path / "stty.after").read_text() == (tmp_path / "stty.before").read_text()
+        assert _wait_file(tmp_path / "stty.after") == (tmp_path / "stty.before").read_text()
         assert "pyobmem live" not in term.screen()  # the alternate screen is gone
     finally:
         term.close()
@@ -390,7 +390,7 @@ def test_run_live_in_tmux_on_the_fake_driver(tmp_path, build_fake_program):
         assert f"pyobmem: the command's output is in {tmp_path / 'r.log'}" in after
         assert "pyobmem: iteration: 4 ops per iteration" in after and "(30 iterations" in after
         assert "the live view is closed" not in after
-        assert (tmp_path / "stty.after").read_text() == (tmp_path / "stty.before").read_text()
+        assert _wait_file(tmp_path / "stty.after") == (tmp_path / "stty.before").read_text()
         log = (tmp_path / "r.log").read_text().splitlines()
         assert [line for line in log if line.startswith("step=")] == [f"step={i}" for i in range(30)]
         assert log[-1] == "done=1"
@@ -417,6 +417,6 @@ def test_run_live_quit_during_the_run(tmp_path, build_fake_program, key, rc):
             assert cap.exit_status == -2 and "done=1" not in log, after  # killed by SIGINT
             assert "the live view is closed" not in after
         assert "capture complete" in after and "pyobmem live" not in after
-        assert (tmp_path / "stty.after").read_text() == (tmp_path / "stty.before").read_text()
+        assert _wait_file(tmp_path / "stty.after") == (tmp_path / "stty.before").read_text()
     finally:
         term.close()
