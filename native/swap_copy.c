@@ -34,6 +34,7 @@ static uint64_t g_fly_bytes;
 static CUevent *g_spare_ev; /* flight events seen done, reused */
 static size_t g_nspare_ev, g_capspare_ev;
 static uint64_t g_out_seq; /* pieces issued: sblock.out_seq */
+static uint64_t g_out_order; /* swap-outs begun: sblock.out_order */
 
 static int grow(void **a, size_t *cap, size_t n, size_t each)
 {
@@ -161,6 +162,7 @@ int swap_out(struct sblock *b)
     b->host = h;
     b->slot_new |= fresh;
     b->out_off = 0;
+    b->out_order = ++g_out_order;
     b->queued = 1;
     g_outq[g_noutq++] = b;
     b->state = SB_OUT_PENDING;

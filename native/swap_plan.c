@@ -93,9 +93,10 @@ static int cmp_ident_at(const void *a, const void *b)
     return x->at < y->at ? -1 : x->at > y->at;
 }
 
-/* Ops until b's next access from position pos by the plan's IDLE hints (cyclic), or 0 when no
- * hint says it is idle at pos (in use now, or unknown). */
-uint32_t idle_for(const struct sblock *b, int64_t pos)
+/* Ops from position p to b's next access by the plan's IDLE hints (cyclic), for the window that
+ * holds p: strictly inside (s, n), or also at its end (s, n] when `at_end` (the op at p itself
+ * accesses b: 0 ops). UINT32_MAX when no window holds p. */
+static uint32_t hinted_until(const struct sblock *b, int64_t pos, int at_end)
 {
     uint64_t id = ident_of(b);
     size_t lo = 0, hi = g_plan.n_idle;
@@ -109,11 +110,33 @@ uint32_t idle_for(const struct sblock *b, int64_t pos)
     uint32_t P = g_plan.period, p = (uint32_t)(pos % P);
     for (size_t i = lo; i < g_plan.n_idle && ident_of_act(&g_plan.idle[i]) == id; i++) {
         uint32_t s = g_plan.idle[i].at, n = g_plan.idle[i].until;
-        int inside = s < n ? (p > s && p < n) : (p > s || p < n); /* n <= s: wraps the iteration */
+        int before_end = at_end ? p <= n : p < n;
+        int inside = s < n ? (p > s && before_end) : (p > s || before_end); /* n <= s: wraps the iteration */
         if (inside)
-            return (n + P - p) % P ? (n + P - p) % P : P;
+            return (n + P - p) % P;
     }
-    return 0;
+    return UINT32_MAX;
+}
+
+/* Ops until b's next access from position pos by the plan's IDLE hints (cyclic), or 0 when no
+ * hint says it is idle at pos (in use now, or unknown). */
+uint32_t idle_for(const struct sblock *b, int64_t pos)
+{
+    uint32_t d = hinted_until(b, pos, 0);
+    return d == UINT32_MAX ? 0 : d ? d : g_plan.period;
+}
+
+/* A block the plan's IDLE hints say an op needs within this many ops (or a quarter of the
+ * iteration, if less) is needed soon: its memory is not handed to another block (leaving_of). */
+#define SOON_OPS 64
+
+int needed_soon(const struct sblock *b)
+{
+    int64_t pos = plan_hint_position();
+    if (pos < 0)
+        return 0;
+    uint32_t soon = g_plan.period / 4 < SOON_OPS ? g_plan.period / 4 : SOON_OPS;
+    return hinted_until(b, pos, 1) < soon;
 }
 
 /* The ops a sync at keys[0] stays tentative: one more than the longest run, from any other

@@ -60,6 +60,7 @@ struct sblock {
     int slot_new;               /* its host slot is new to it: the copy out waits for the latest swap-in */
     uint64_t out_off;           /* bytes of its swap-out issued so far */
     uint64_t out_seq;           /* issue order of its swap-out's latest piece: swap-outs complete in it */
+    uint64_t out_order;         /* order of its swap-out among all (swap_out): the queue's order */
     void *host;                 /* its host slot, kept from the first swap-out until it is freed */
     uint64_t t_issue;           /* ns when the last copy (a swap-out: its first piece) was issued */
     uint64_t lru;               /* op stamp of the last op touching it */
@@ -212,6 +213,7 @@ void run_actions(int64_t pos, uint16_t kind, uint64_t stamp);
 /* The position IDLE hints are read at (the next op's), or -1 when there are none to follow. */
 int64_t plan_hint_position(void);
 uint32_t idle_for(const struct sblock *b, int64_t pos);
+int needed_soon(const struct sblock *b); /* by the IDLE hints, an op needs b within min(64 ops, P/4) */
 /* A stream-ordered allocation of at least min_swap_bytes was asked for (b: the block served for
  * it, or NULL when the driver's pool serves it): counts it at the current site and binds b to
  * the plan's site there when the size matches. */

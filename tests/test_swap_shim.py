@@ -872,6 +872,29 @@ def test_a_handed_over_swap_out_is_released_before_an_older_one_still_copying(fa
     no_misbehaviour(run)
 
 
+def test_a_handoff_skips_a_swap_out_needed_soon(fake, tmp_path):
+    """A map takes the memory of the oldest swap-out still leaving that no op needs soon by the
+    plan's IDLE hints (within min(64, P / 4) = 25 ops here): a (needed at op 2) and b (at op 90) are
+    planned out after op 0 of a 100-op iteration; y, allocated after op 1, takes b's memory, not
+    older a's. Op 2 then cancels a's swap-out, its copy still queued: a is never out and never
+    comes back on demand (the H200 run before this rule: 4-6 handoffs an iteration of blocks
+    the next op named, the host waiting 3-47 ms for each)."""
+    keys = [FUNC_A] + [KERN_B] * 99
+
+    def plan(path, pid, out):
+        write_plan(path, pid, 1, keys,
+                   [(0, ActionKind.SWAP_OUT, out["a"], 2 * MIB), (0, ActionKind.SWAP_OUT, out["b"], 2 * MIB),
+                    (0, ActionKind.IDLE, out["a"], 2 * MIB, 2), (0, ActionKind.IDLE, out["b"], 2 * MIB, 90)])
+
+    run = run_swap(fake, tmp_path, "handidle", budget=1 << 40, plans={1: plan},
+                   env={"PYOBMEM_RELEASER": "0", "PYOBMEM_GPU_CLOCK_EVERY": "0"})
+    assert len(run.swaps(Ev.SWAP_OUT, run.out["b"])) == 1  # at the handoff to y
+    assert len(run.swaps(Ev.SWAP_OUT, run.out["a"])) == 0
+    assert len(run.swaps(Ev.SWAP_IN, run.out["a"])) == 0
+    assert (run.out["bad_a"], run.out["bad_b"]) == (0, 0)
+    no_misbehaviour(run)
+
+
 def test_managed_memory_does_not_count_against_the_budget(fake, tmp_path):
     run = run_swap(fake, tmp_path, "others", "managed", budget=3 * GRAN)
     assert run.out["x_rc"] == 0

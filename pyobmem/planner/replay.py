@@ -30,8 +30,9 @@ This walk follows the learned iteration's ops in host issue order, three iterati
   beyond the plan (the block whose next use is farthest by the plan's IDLE hints, one of the
   mapping's size when it is idle at least half as long; else the least recently used); then,
   while the memory still mapped (swap-outs in flight included) would pass it, a swap-out of
-  the same size hands its memory over (``_handoff``: the new block's first use waits for that
-  copy on the GPU) or the host waits for the oldest swap-outs' copies, one by one.
+  the same size hands its memory over (``_handoff``: the oldest not needed within 64 ops or P/4; the new
+  block's first use waits for that copy on the GPU) or the host waits for the oldest swap-outs'
+  copies, one by one.
 - Host costs: each map, VMM create + map + access (``MAP_NS + MAP_NS_PER_GIB``), each cached
   block given back, unmap + release (DESIGN.md's measured VMM costs).
 
@@ -105,13 +106,17 @@ def unmap_ns(vsize: int) -> float:
     return UNMAP_NS + UNMAP_NS_PER_GIB * vsize / (1 << 30)
 
 
+SOON_OPS = 64  # swap_plan.c needed_soon: a swap-out an op needs within min(this, P / 4) ops keeps its memory
+
+
 def _handoff(st: "_State", vsize: int) -> int:
     """The swap-out whose memory a map of ``vsize`` bytes takes (``leaving_of``, swap_vmm.c): one
-    still copying out, its memory its own, exactly that size, not named by the op being begun;
-    the oldest. -1 for none. (A shim that hands over the memory of several smaller ones changes
-    this rule only.)"""
+    still copying out, its memory its own, exactly that size, not named by the op being begun,
+    not needed again within min(SOON_OPS, P / 4) ops by the IDLE hints (its memory given, it
+    could come back only after its copy, the host waiting); the oldest. -1 for none."""
+    soon = st.op + 1 + st.soon
     for u in st.pending:
-        if not st.given[u] and st.vsize[u] == vsize and st.stamp[u] != st.op:
+        if not st.given[u] and st.vsize[u] == vsize and st.stamp[u] != st.op and not (st.hints and st.next[u] < soon):
             return u
     return -1
 
@@ -124,6 +129,7 @@ class _State:
             setattr(self, k, v)
         n = len(self.size)
         self.budget, self.bw, self.hints = budget, bandwidth, hints
+        self.soon = 0  # ops: _handoff's needed-soon horizon (replay sets it from the period)
         self.state = np.full(n, RES, np.int8)
         self.live = np.zeros(n, bool)
         self.given = np.zeros(n, bool)
@@ -380,6 +386,7 @@ def replay(L: LearnedIteration, windows: np.ndarray, q_offset: np.ndarray, budge
     coupled, cost = _host_coupling(L, ext, hx)
     units, uses, events = _units(L, K)
     st = _State(units, int(budget_bytes), float(bandwidth or L.bandwidth), hints)
+    st.soon = min(SOON_OPS, P // 4)
     st.trace = trace
     every = L.op_all if len(L.op_all) == P else np.zeros(P, bool)
     # The plan's actions by position, on the unit of their iteration.

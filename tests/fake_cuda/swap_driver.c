@@ -1528,6 +1528,31 @@ static int scenario_handfifo(void)
     return 0;
 }
 
+/* A handoff never takes the memory of a swap-out the plan's IDLE hints say is needed soon
+ * (needed_soon: within min(64, P / 4) ops): a then b, 2 MiB each, planned out after op 0 of a 100-op iteration
+ * (the test's plan at sync point 1), a needed again at op 2, b at op 90. After op 1, y
+ * (cuMemAllocAsync, 2 MiB) takes b's memory although a's swap-out is older; op 2 names a, whose
+ * swap-out is then cancelled (its copy still queued: the shim stream never ran). Taking a's
+ * memory would make op 2 wait on the host for a's copy and bring a back on demand. */
+static int scenario_handidle(void)
+{
+    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), t = must_alloc(2 * MIB);
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b);
+    fill(a, 2 * MIB, 1);
+    fill(b, 2 * MIB, 2);
+    sync_point(1);
+    op_a(t, 0, 0); /* position 0: a and b go out after it */
+    op_b(t);       /* position 1 */
+    CUdeviceptr y = must_alloc_ordered(2 * MIB, S1);
+    printf("y=%" PRIu64 "\n", (uint64_t)y);
+    op_b(a);       /* position 2 */
+    fakeAdvance(-1);
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 1, 0));
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
+    counters();
+    return 0;
+}
+
 /* A swap-out cancelled, then the block freed while its copy is still queued: budget 3 blocks, a,
  * b, c filled (LRU a, b, c); a 512 KiB cuMemAlloc puts the device over the budget, so the next
  * op issues a's swap-out. The shim stream does not run (no fakeAdvance): the copy out of a is
@@ -1658,6 +1683,8 @@ int main(int argc, char **argv)
         rc = scenario_outqueue();
     else if (!strcmp(s, "handfifo"))
         rc = scenario_handfifo();
+    else if (!strcmp(s, "handidle"))
+        rc = scenario_handidle();
     else if (!strcmp(s, "pollfifo"))
         rc = scenario_pollfifo();
     else if (!strcmp(s, "release"))
