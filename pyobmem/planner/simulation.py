@@ -173,14 +173,18 @@ def _hold(L: LearnedIteration, ext: np.ndarray, s: np.ndarray, p_out: np.ndarray
         np.add.at(diff, back[ok], sz[ok])
         resident = L.live + np.cumsum(diff)[P : 2 * P].astype(np.int64)
         over = np.flatnonzero(resident > budget_bytes)
-        p = -1
-        for j in over:  # the first position over the budget that pending swap-outs can help
-            pp = P + int(j)
-            if np.any(ok & (s < pp) & (p_out > pp) & (back > pp)):
-                p = pp
-                break
-        if p < 0:
+        # The first position over the budget that pending swap-outs can help: some issued swap-out
+        # (s < pp) still copying and not yet back there (pp < p_out, pp < back), i.e. pp in
+        # [s + 1, min(p_out, back)): a count of those intervals, not a scan per position.
+        lo, hi = s[ok] + 1, np.minimum(p_out[ok], back[ok])
+        keep = hi > lo
+        cover = np.zeros(4 * P + 2, np.int64)
+        np.add.at(cover, lo[keep], 1)
+        np.add.at(cover, hi[keep], -1)
+        helped = over[np.cumsum(cover)[P + over] > 0]
+        if not len(helped):
             break
+        p = P + int(helped[0])
         pend = np.flatnonzero(ok & (s < p) & (p_out > p) & (back > p))
         pend = pend[np.argsort(out_done[pend], kind="stable")]
         need = int(resident[p - P]) - budget_bytes
