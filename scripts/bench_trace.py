@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -62,16 +63,29 @@ class Run:
         return (self.stderr.strip() or self.stdout.strip())[-n:]
 
 
+def off_cpu(pin_cpu: int | None) -> list[str]:
+    """``taskset -c`` every CPU this process may use but ``pin_cpu`` (the launcher's prefix when
+    the workload is pinned there); [] when not pinned or no other CPU is allowed."""
+    if pin_cpu is None or not hasattr(os, "sched_getaffinity"):
+        return []
+    others = sorted(os.sched_getaffinity(0) - {pin_cpu})
+    return ["taskset", "-c", ",".join(map(str, others))] if others else []
+
+
 def run_workload(script: str, args: list[str], json_path: Path, capture: Path | None = None,
                  env: dict | None = None, timeout: float = 600, launcher_options: tuple[str, ...] = (),
                  pin_cpu: int | None = None) -> Run:
     """Run one workload (traced when ``capture`` is given) and collect its step lines and JSON.
 
-    ``pin_cpu`` pins the workload process (not the daemon) to that CPU with taskset, which
-    removes most of the run-to-run spread of launch-bound step times on a many-core VM.
+    ``pin_cpu`` pins the workload process to that CPU with taskset, which removes most of the
+    run-to-run spread of launch-bound step times on a many-core VM, and the launcher and its
+    daemon to the other CPUs (``off_cpu``): the daemon drains the ring while the workload runs,
+    and on the workload's CPU it would take time from it that is not the shim's.
     """
     pre = ("taskset", "-c", str(pin_cpu)) if pin_cpu is not None else ()
     cmd = workload_command(script, args, json_path, capture, launcher_options, pre)
+    if capture is not None:
+        cmd = off_cpu(pin_cpu) + cmd
     if json_path.exists():
         json_path.unlink()
     t0 = time.monotonic()

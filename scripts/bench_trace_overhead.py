@@ -5,7 +5,8 @@ Workloads: GPT-2 small and the launch-bound MLP in rounds (--repeats) of three a
 untraced, traced (the launcher's default: the shim's launch hooks) and traced with CUPTI launch
 callbacks (--cupti); the LSTM language model (scripts/workloads/lstm_lm.py, ~380 ops per 6 ms
 batch) in --lstm-rounds rounds of two adjacent runs, untraced and traced (the launcher's
-defaults). The order flips every round and the workload is pinned to one CPU. Per run
+defaults). The order flips every round; the workload is pinned to one CPU (--cpu), the launcher and
+its daemon to the others (its ring draining is not the shim's cost). Per run
 the figure is the median step time after the warm-up steps; the ratio is the median over rounds
 of traced / untraced within the round, with a 95% bootstrap confidence interval of that median
 (scipy.stats.bootstrap), and the added microseconds per op the same statistic of (traced -
@@ -145,6 +146,7 @@ def bench(name: str, script: str, args: list[str], steps: int, repeats: int, war
         "steps_per_run": steps,
         "warmup_steps_skipped": warmup,
         "pinned_cpu": pin_cpu,
+        "daemon_cpus": "all but pinned_cpu" if bt.off_cpu(pin_cpu) else "any",
         "untraced_step_ms": med_of("untraced"),
         **traced["traced"],
         "launches_per_step": lps,
@@ -181,7 +183,7 @@ def op_cost(rounds: int, work: Path, pin_cpu: int | None, timeout: float, option
             out = work / f"op_cost.{r}.{mode}.json"
             cmd = [*pre, str(exe), "--json", str(out)]
             if mode == "traced":
-                cmd = launcher(work / f"op_cost.{r}.pyobmem", options) + cmd
+                cmd = bt.off_cpu(pin_cpu) + launcher(work / f"op_cost.{r}.pyobmem", options) + cmd
             bt.log(f"op_cost: round {r + 1}/{rounds} {mode}")
             try:
                 p = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=timeout)

@@ -104,3 +104,30 @@ def test_parse_selftime_per_step():
     assert r["shim_us_per_step"] == pytest.approx(144.0 + 4.5 + 20.0)
     with pytest.raises(ValueError, match="SELFTIME=1"):
         bench.parse_selftime("step 0 loss 0x1p+0 time_ms 5.0\n", steps=1)
+
+
+def test_the_daemon_runs_off_the_workloads_cpu(monkeypatch, tmp_path):
+    """A pinned workload runs alone on its CPU: the traced command puts the launcher (and the
+    daemon it starts) on every other allowed CPU, the workload under ``taskset -c PIN``; an
+    untraced command has no launcher; an unpinned one no taskset at all."""
+    monkeypatch.setattr(bench.bt.os, "sched_getaffinity", lambda pid: {0, 1, 2, 5})
+    assert bench.bt.off_cpu(2) == ["taskset", "-c", "0,1,5"]
+    assert bench.bt.off_cpu(None) == []
+    monkeypatch.setattr(bench.bt.os, "sched_getaffinity", lambda pid: {2})
+    assert bench.bt.off_cpu(2) == []  # nowhere else to go
+    monkeypatch.setattr(bench.bt.os, "sched_getaffinity", lambda pid: {0, 2})
+    cmds = []
+
+    class Done:
+        returncode, stdout, stderr = 0, "", ""
+
+    monkeypatch.setattr(bench.bt.subprocess, "run", lambda cmd, **kw: cmds.append(cmd) or Done())
+    bench.bt.run_workload("lstm_lm.py", [], tmp_path / "t.json", capture=tmp_path / "t.pyobmem", pin_cpu=2)
+    bench.bt.run_workload("lstm_lm.py", [], tmp_path / "u.json", pin_cpu=2)
+    bench.bt.run_workload("lstm_lm.py", [], tmp_path / "v.json", capture=tmp_path / "v.pyobmem")
+    traced, untraced, unpinned = cmds
+    assert traced[:3] == ["taskset", "-c", "0"] and "run" in traced[3:7]
+    k = traced.index("--")
+    assert traced[k + 1:k + 4] == ["taskset", "-c", "2"]
+    assert untraced[:3] == ["taskset", "-c", "2"]
+    assert "taskset" not in unpinned
