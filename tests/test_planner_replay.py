@@ -80,6 +80,22 @@ def test_a_swap_out_of_the_same_size_hands_its_memory_over():
     assert fast.gpu_ns[4] - fast.gpu_ns[1] == pytest.approx(3 * MS)  # A's copy ended at 3 ms, before op 4
 
 
+def test_a_swap_out_needed_soon_keeps_its_memory():
+    """leaving_of's needed-soon rule (min(64, P / 4) = 2 ops here): with A's next use at op 5
+    instead of 8 (window (1, 5), its prefetch before op 5), B's allocation after op 13 of the middle
+    iteration (the next op 14, A needed at 15: 1 op after it) does not take A's memory: the host
+    waits for A's copy and maps new memory. With A's next use at op 6 (2 ops after op 14) B takes
+    A's memory, as in test_a_swap_out_of_the_same_size_hands_its_memory_over."""
+    def run(nxt):
+        L = dataclasses.replace(_learned(IN_STEP_LATE, b_size=64 * MiB, bandwidth=64 * MiB / 3e-3),
+                                cand_pos=[np.array([1, nxt]), np.array([4])], win_n=np.array([nxt]))
+        replay.replay(L, np.array([0]), np.array([nxt - 2]), BUDGET, trace=(trace := []))
+        return [(p, k) for p, k, _ in trace if p == 13]
+
+    assert run(5) == [(13, "drains"), (13, "maps"), (13, "creates")]
+    assert run(6) == [(13, "maps"), (13, "handoffs")]
+
+
 def test_an_allocation_over_the_budget_with_nothing_pending_evicts_and_waits():
     """No plan: B's allocation finds A resident and nothing copying out. The shim evicts A beyond
     the plan (its IDLE hint: idle until op 8), waits on the host for its copy (sizes differ: no

@@ -895,6 +895,27 @@ def test_a_handoff_skips_a_swap_out_needed_soon(fake, tmp_path):
     no_misbehaviour(run)
 
 
+def test_a_handoff_takes_the_oldest_swap_out_not_the_first_in_the_table(fake, tmp_path):
+    """The handidle scenario with b planned out after op 0 and a after op 1, neither needed within
+    25 ops by the hints: y takes the memory of b, the oldest swap-out, not of a, first in the block
+    table (what leaving_of took before out_order). Op 2 then names a, whose swap-out is cancelled:
+    a is never out and never comes back on demand."""
+    keys = [FUNC_A] + [KERN_B] * 99
+
+    def plan(path, pid, out):
+        write_plan(path, pid, 1, keys,
+                   [(0, ActionKind.SWAP_OUT, out["b"], 2 * MIB), (1, ActionKind.SWAP_OUT, out["a"], 2 * MIB),
+                    (0, ActionKind.IDLE, out["b"], 2 * MIB, 90), (1, ActionKind.IDLE, out["a"], 2 * MIB, 90)])
+
+    run = run_swap(fake, tmp_path, "handidle", budget=1 << 40, plans={1: plan},
+                   env={"PYOBMEM_RELEASER": "0", "PYOBMEM_GPU_CLOCK_EVERY": "0"})
+    assert len(run.swaps(Ev.SWAP_OUT, run.out["b"])) == 1
+    assert len(run.swaps(Ev.SWAP_OUT, run.out["a"])) == 0
+    assert len(run.swaps(Ev.SWAP_IN, run.out["a"])) == 0
+    assert (run.out["bad_a"], run.out["bad_b"]) == (0, 0)
+    no_misbehaviour(run)
+
+
 def test_managed_memory_does_not_count_against_the_budget(fake, tmp_path):
     run = run_swap(fake, tmp_path, "others", "managed", budget=3 * GRAN)
     assert run.out["x_rc"] == 0

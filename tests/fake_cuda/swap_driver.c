@@ -1533,7 +1533,9 @@ static int scenario_handfifo(void)
  * (the test's plan at sync point 1), a needed again at op 2, b at op 90. After op 1, y
  * (cuMemAllocAsync, 2 MiB) takes b's memory although a's swap-out is older; op 2 names a, whose
  * swap-out is then cancelled (its copy still queued: the shim stream never ran). Taking a's
- * memory would make op 2 wait on the host for a's copy and bring a back on demand. */
+ * memory would make op 2 wait on the host for a's copy and bring a back on demand. The same run
+ * with b planned out after op 0 and a after op 1, neither needed soon: y takes b's memory, the
+ * oldest swap-out, though a is first in the block table. */
 static int scenario_handidle(void)
 {
     CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB), t = must_alloc(2 * MIB);
