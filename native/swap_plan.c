@@ -127,7 +127,8 @@ uint32_t idle_for(const struct sblock *b, int64_t pos)
 }
 
 /* A block the plan's IDLE hints say an op needs within this many ops (or a quarter of the
- * iteration, if less) is needed soon: its memory is not handed to another block (leaving_of). */
+ * iteration, if less, but at least the next op) is needed soon: its memory is not handed to
+ * another block (leaving_of). */
 #define SOON_OPS 64
 
 int needed_soon(const struct sblock *b)
@@ -136,6 +137,8 @@ int needed_soon(const struct sblock *b)
     if (pos < 0)
         return 0;
     uint32_t soon = g_plan.period / 4 < SOON_OPS ? g_plan.period / 4 : SOON_OPS;
+    if (!soon)
+        soon = 1; /* P < 4: still never the block the next op names */
     return hinted_until(b, pos, 1) < soon;
 }
 

@@ -386,7 +386,7 @@ def replay(L: LearnedIteration, windows: np.ndarray, q_offset: np.ndarray, budge
     coupled, cost = _host_coupling(L, ext, hx)
     units, uses, events = _units(L, K)
     st = _State(units, int(budget_bytes), float(bandwidth or L.bandwidth), hints)
-    st.soon = min(SOON_OPS, P // 4)
+    st.soon = max(1, min(SOON_OPS, P // 4))
     st.trace = trace
     every = L.op_all if len(L.op_all) == P else np.zeros(P, bool)
     # The plan's actions by position, on the unit of their iteration.
