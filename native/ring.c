@@ -159,7 +159,9 @@ static inline int group_begin(unsigned n, uint64_t *pos, uint64_t *ts)
     return 0;
 }
 
-static inline void group_end(uint64_t next)
+/* Always inlined: a function made of prefetches alone is taken for one without effects, and gcc 12
+ * dropped its calls (the shim went without these prefetches from b428607 to 2026-12-02). */
+static inline __attribute__((always_inline)) void group_end(uint64_t next)
 {
 #pragma GCC unroll 4
     for (unsigned k = 0; k < RING_PREFETCH; k++)
