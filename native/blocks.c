@@ -58,6 +58,8 @@ static struct block *at(size_t i) { return itable_at(&g_rs.blocks, i); }
 
 const struct block *blocks_lookup(uint64_t addr) { return itable_find_sized(&g_rs.blocks, addr, sizeof(struct block)); }
 
+void blocks_prefetch(void) { __builtin_prefetch(&g_rs); }
+
 void blocks_bounds(uint64_t *lo, uint64_t *hi)
 {
     *lo = __atomic_load_n(&g_rs.lo, __ATOMIC_RELAXED);

@@ -74,7 +74,6 @@ struct gc_ctx {
     struct gc_slot *slots;
 };
 
-uint64_t g_gpuclock_next = UINT64_MAX; /* atomic: next op seq to sample; UINT64_MAX: off */
 SHIM_TLS uint64_t shim_tls_op;
 
 static uint64_t g_every, g_pool;
@@ -146,7 +145,7 @@ void gpuclock_init(void)
     while (g_pool < pool) /* a power of two: the cursor wraps with a mask */
         g_pool <<= 1;
     g_inited = 1;
-    __atomic_store_n(&g_gpuclock_next, g_every && have_driver() ? g_every : UINT64_MAX, __ATOMIC_RELEASE);
+    __atomic_store_n(&g_shim.gpuclock_next, g_every && have_driver() ? g_every : UINT64_MAX, __ATOMIC_RELEASE);
 }
 
 /* ---- the polling thread ---- */
@@ -365,8 +364,8 @@ static struct gc_ctx *ctx_of(CUcontext ctx)
 
 void gpuclock_sample(uint64_t seq, CUstream s)
 {
-    uint64_t next = __atomic_load_n(&g_gpuclock_next, __ATOMIC_RELAXED);
-    if (seq < next || !__atomic_compare_exchange_n(&g_gpuclock_next, &next, seq + g_every, 0, __ATOMIC_RELAXED,
+    uint64_t next = __atomic_load_n(&g_shim.gpuclock_next, __ATOMIC_RELAXED);
+    if (seq < next || !__atomic_compare_exchange_n(&g_shim.gpuclock_next, &next, seq + g_every, 0, __ATOMIC_RELAXED,
                                                   __ATOMIC_RELAXED))
         return; /* another thread took this one */
     ST_BEGIN(t0);
@@ -421,5 +420,5 @@ void gpuclock_atfork_child(void)
     g_samples = g_skipped = g_refs = g_ref_rejects = 0;
     shim_tls_op = 0;
     if (g_inited)
-        __atomic_store_n(&g_gpuclock_next, g_every && have_driver() ? g_every : UINT64_MAX, __ATOMIC_RELEASE);
+        __atomic_store_n(&g_shim.gpuclock_next, g_every && have_driver() ? g_every : UINT64_MAX, __ATOMIC_RELEASE);
 }

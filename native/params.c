@@ -44,7 +44,6 @@ static struct entry g_table[CACHE_SIZE];
 static uint32_t g_used;
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static const struct param_layout g_unknown = {0};
-static uint64_t g_epoch; /* atomic: advanced around every call that frees handles */
 
 static inline uint32_t slot_of(uintptr_t h)
 {
@@ -145,7 +144,7 @@ static struct param_layout *packed(struct param_layout *q)
 static struct param_layout *first_sight(uintptr_t handle, int emit_name)
 {
     struct param_layout q = {0};
-    uint64_t epoch = __atomic_load_n(&g_epoch, __ATOMIC_ACQUIRE); /* before the queries */
+    uint64_t epoch = __atomic_load_n(&g_shim.handle_epoch, __ATOMIC_ACQUIRE); /* before the queries */
     struct param_layout viaf = {0}, viak = {0};
     int okf = real_cuFuncGetParamInfo && query(func_info, handle, &viaf);
     if (okf && viaf.count > 0) {
@@ -188,6 +187,16 @@ static const struct param_layout *find(uintptr_t handle)
     return NULL;
 }
 
+void params_prefetch(uintptr_t handle)
+{
+    const struct entry *e = &g_table[slot_of(handle)]; /* its first slot: where nearly every handle is */
+    if (__atomic_load_n(&e->key, __ATOMIC_ACQUIRE) == handle) {
+        const char *l = (const char *)__atomic_load_n(&e->layout, __ATOMIC_ACQUIRE);
+        __builtin_prefetch(l);
+        __builtin_prefetch(l + 64); /* the offsets, sizes and slots of a few parameters */
+    }
+}
+
 const struct param_layout *params_get(uintptr_t handle)
 {
     if (!handle)
@@ -227,7 +236,7 @@ void params_refresh(uintptr_t handle)
     ST_BEGIN(t0);
     /* Epoch 0: no call that frees handles has run, every cached layout is current. No probe of the
      * table (a cache miss, and the layout's another): cuDNN asks ~180 times a step. */
-    uint64_t epoch = __atomic_load_n(&g_epoch, __ATOMIC_ACQUIRE);
+    uint64_t epoch = __atomic_load_n(&g_shim.handle_epoch, __ATOMIC_ACQUIRE);
     const struct param_layout *cur = epoch ? find(handle) : NULL;
     if (!cur || __atomic_load_n(&cur->epoch, __ATOMIC_ACQUIRE) == epoch) {
         ST_END(t0, ST_PARAMS_REFRESH);
@@ -240,7 +249,7 @@ void params_refresh(uintptr_t handle)
             break; /* not cached: its first launch queries it */
         if (key != handle)
             continue;
-        if (__atomic_load_n(&g_table[i].layout->epoch, __ATOMIC_ACQUIRE) == __atomic_load_n(&g_epoch, __ATOMIC_ACQUIRE))
+        if (__atomic_load_n(&g_table[i].layout->epoch, __ATOMIC_ACQUIRE) == __atomic_load_n(&g_shim.handle_epoch, __ATOMIC_ACQUIRE))
             break; /* another thread queried it meanwhile */
         struct param_layout *nl = first_sight(handle, 0);
         if (nl && same_layout(nl, g_table[i].layout)) {
@@ -284,9 +293,9 @@ DEF_GETTER(cuKernelGetFunction, (CUfunction *pFunc, CUkernel kernel), (pFunc, ke
     CUresult CUDAAPI NAME PARAMS                                \
     {                                                           \
         shim_init_once();                                       \
-        __atomic_add_fetch(&g_epoch, 1, __ATOMIC_ACQ_REL);      \
+        __atomic_add_fetch(&g_shim.handle_epoch, 1, __ATOMIC_ACQ_REL);      \
         CUresult r = REAL(NAME, ARGS);                          \
-        __atomic_add_fetch(&g_epoch, 1, __ATOMIC_ACQ_REL);      \
+        __atomic_add_fetch(&g_shim.handle_epoch, 1, __ATOMIC_ACQ_REL);      \
         return r;                                               \
     }
 DEF_FREER(cuModuleUnload, (CUmodule hmod), (hmod))

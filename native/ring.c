@@ -31,6 +31,7 @@ static struct pyobmem_ring_header *g_hdr;
 static struct pyobmem_record *g_recs;
 static uint64_t g_mask;
 static uint64_t g_pending_drops; /* atomic: dropped here, not yet reported in a DROPPED record */
+static uint64_t g_after; /* atomic: the slot after this process's last group, where its next one likely starts */
 
 uint64_t shim_now_ns(void)
 {
@@ -152,8 +153,10 @@ static inline int group_begin(unsigned n, uint64_t *pos, uint64_t *ts)
     *ts = shim_now_ns();
     if (SHIM_UNLIKELY(__atomic_load_n(&g_pending_drops, __ATOMIC_RELAXED)))
         flush_pending_drops(*ts);
-    if (reserve(n, pos))
+    if (reserve(n, pos)) {
+        __atomic_store_n(&g_after, *pos + n, __ATOMIC_RELAXED);
         return 1;
+    }
     __atomic_add_fetch(&g_hdr->dropped, n, __ATOMIC_RELAXED);
     __atomic_add_fetch(&g_pending_drops, n, __ATOMIC_RELAXED);
     return 0;
@@ -166,6 +169,16 @@ static inline __attribute__((always_inline)) void group_end(uint64_t next)
 #pragma GCC unroll 4
     for (unsigned k = 0; k < RING_PREFETCH; k++)
         __builtin_prefetch(&g_recs[(next + k) & g_mask], 1, 3);
+}
+
+void ring_prefetch(void)
+{
+    if (!g_hdr)
+        return;
+    uint64_t p = __atomic_load_n(&g_after, __ATOMIC_RELAXED);
+    __builtin_prefetch(&g_hdr->head, 1, 3);
+    __builtin_prefetch(&g_recs[p & g_mask], 1, 3);
+    __builtin_prefetch(&g_recs[(p + 1) & g_mask], 1, 3);
 }
 
 int ring_write(const struct pyobmem_record *recs, unsigned n)

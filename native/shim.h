@@ -45,11 +45,15 @@ enum st_part { ST_LAUNCH_DRIVER, ST_LAUNCH_RECORD, ST_COPY_RECORD, ST_RING_WRITE
                ST_GPUCLOCK_CAPTURING, ST_GPUCLOCK_CTX, ST_GPUCLOCK_RECORD, ST_PARTS };
 uint64_t st_now(void);
 void st_add(enum st_part part, uint64_t ticks);
+void st_more(enum st_part part, uint64_t ticks);
 #define ST_BEGIN(v) uint64_t v = st_now()
 #define ST_END(v, part) st_add(part, st_now() - (v))
+/* Time of a part done in two pieces: the first piece's ticks, the call counted with the second. */
+#define ST_MORE(v, part) st_more(part, st_now() - (v))
 #else
 #define ST_BEGIN(v) ((void)0)
 #define ST_END(v, part) ((void)0)
+#define ST_MORE(v, part) ((void)0)
 #endif
 
 /* Call the real function, or fail as an absent driver would if it was never resolved. */
@@ -69,12 +73,18 @@ struct shim_state {
     int swap;                 /* swap mode: PYOBMEM_CONTROL mapped (set once at init, before
                                * recording; cleared in a fork child). The op hooks test it once. */
     int init_done;            /* atomic: shim_init has run (every hook's check; pthread_once before) */
+    uint64_t handle_epoch;    /* atomic: params.c's epoch of the calls that free handles; here, on the
+                               * line shim_begin reads, since cuDNN asks for handles ~180 times a step */
     /* The counters every op or allocation writes, on a cache line of their own: the fields
      * above are read by every hook on every thread and must not bounce with them. */
     _Alignas(64) uint64_t op_seq; /* atomic: per-process op sequence (launch, copy, set, graph) */
     uint32_t block_seq;       /* atomic: per-process block id counter */
     uint64_t device_bytes;    /* atomic: bytes of live device blocks (not managed, not host): the budget's base */
+    uint64_t gpuclock_next;   /* atomic: op seq of gpuclock.c's next sample (UINT64_MAX: off), next to op_seq:
+                               * every op reads it right after taking its seq */
 };
+_Static_assert(offsetof(struct shim_state, handle_epoch) < 64 && offsetof(struct shim_state, gpuclock_next) < 128,
+               "g_shim's fields on their cache lines");
 extern struct shim_state g_shim;
 /* >0: inside the shim, hooks pass straight through. Initial-exec: every hook reads it, and the
  * default model for a shared object costs a __tls_get_addr call each time; the shim is loaded at
@@ -119,6 +129,9 @@ void ring_reset_after_fork(void);
 /* Write n records as one group: all or nothing. Payload fields (type, flags, the payload) come
  * from recs; seq, pid and ts are filled in. Returns 1 if written, 0 if dropped (counted). */
 int ring_write(const struct pyobmem_record *recs, unsigned n);
+/* Start loading the ring's head and the two slots after this process's last group (where a launch's
+ * LAUNCH and first ACCESS record likely go): launch_prefetch. */
+void ring_prefetch(void);
 /* An op record (LAUNCH, GRAPH_LAUNCH, MEMCPY) of op seq `seq` and the ACCESS records naming
  * words[0, n) (four a record, the last one padded with 0) as one group, written in place into
  * the ring's slots (the launch path: no copy of the records through the stack). Returns as ring_write. */
@@ -151,6 +164,8 @@ const struct block *blocks_lookup(uint64_t addr);
 /* [lo, hi): the span of all blocks (lo = hi when there are none). A word outside it is in no
  * block. Read in the same read section as the lookups it spares. */
 void blocks_bounds(uint64_t *lo, uint64_t *hi);
+/* Start loading what a read section reads first (the count, the span, the table): launch_prefetch. */
+void blocks_prefetch(void);
 /* Lock-free read section (a seqlock): s = blocks_read_begin(attempt), lookups, then
  * blocks_read_end(s) says whether they stand; when it returns 0, undo what the lookups found
  * and start again with attempt + 1. After a few attempts begin takes the read lock instead
@@ -177,6 +192,8 @@ struct param_layout {
 /* Layout of a function or kernel handle; queried and cached on first sight (which also emits
  * the KERNEL_NAME records). Never NULL. */
 const struct param_layout *params_get(uintptr_t handle);
+/* Start loading the cached layout of a handle, if any (launch_prefetch); reads the cache only. */
+void params_prefetch(uintptr_t handle);
 /* A cached handle the driver handed out again: query its layout again if a module, library or
  * context was freed since it was last queried (the address may be another kernel's now). */
 void params_refresh(uintptr_t handle);
@@ -331,13 +348,12 @@ void launch_swap_end(struct launch_swap *ls, uintptr_t handle, uint64_t stream, 
 /* ---- gpuclock.c: GPU time samples (timing events every N ops) ---- */
 void gpuclock_init(void);
 void gpuclock_atfork_child(void);
-extern uint64_t g_gpuclock_next; /* atomic: op seq of the next sample; UINT64_MAX: off */
 void gpuclock_sample(uint64_t seq, CUstream s);
 /* After an op was issued on stream s (normalised: swap_norm_stream) by this thread: one load and
  * a compare unless this op is due for a sample. */
 static inline void gpuclock_after(CUstream s)
 {
-    if (SHIM_UNLIKELY(shim_tls_op >= __atomic_load_n(&g_gpuclock_next, __ATOMIC_RELAXED)))
+    if (SHIM_UNLIKELY(shim_tls_op >= __atomic_load_n(&g_shim.gpuclock_next, __ATOMIC_RELAXED)))
         gpuclock_sample(shim_tls_op, s);
 }
 /* The one line the op hooks add after the real call. */
