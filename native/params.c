@@ -113,26 +113,37 @@ static void first_sight_name(uintptr_t handle)
         ring_text(PYOBMEM_EV_KERNEL_NAME, handle, name);
 }
 
-/* The queried layout q in one allocation with its arrays and slots (freed with free(); q's arrays
- * are freed): a launch reads the layout, the offsets, the sizes and the slots, on one or two cache
- * lines for a kernel of a few parameters instead of four separate ones. NULL: out of memory. */
+/* The queried layout q in one allocation with its scan list, arrays and slots (freed with free();
+ * q's arrays are freed): a launch reads the layout, the scan list and the slots, on one or two cache
+ * lines for a kernel of a few parameters instead of several separate ones. NULL: out of memory. */
 static struct param_layout *packed(struct param_layout *q)
 {
-    uint32_t end = 0;
-    for (uint32_t i = 0; i < q->count; i++)
+    uint32_t end = 0, n_scan = 0, k0;
+    for (uint32_t i = 0; i < q->count; i++) {
         if (q->offset[i] + q->size[i] > end)
             end = q->offset[i] + q->size[i];
+        n_scan += param_word_range(q->offset[i], q->size[i], &k0) > 0;
+    }
     uint32_t n_slots = q->known && q->count > 0 ? (end + 7) / 8 : 0;
-    size_t arrays = (size_t)q->count * sizeof *q->offset;
-    struct param_layout *l = calloc(1, sizeof *l + 2 * arrays + n_slots);
+    size_t arrays = (size_t)q->count * sizeof *q->offset, scans = (size_t)n_scan * sizeof(struct param_scan);
+    struct param_layout *l = calloc(1, sizeof *l + scans + 2 * arrays + n_slots);
     if (l) {
         *l = *q;
-        l->offset = (uint32_t *)(l + 1);
+        struct param_scan *scan = (struct param_scan *)(l + 1);
+        l->offset = (uint32_t *)(scan + n_scan);
         l->size = l->offset + q->count;
         if (arrays) {
             memcpy(l->offset, q->offset, arrays);
             memcpy(l->size, q->size, arrays);
         }
+        for (uint32_t i = 0, k = 0; i < q->count; i++) {
+            uint32_t n = param_word_range(q->offset[i], q->size[i], &k0);
+            if (n)
+                scan[k++] = (struct param_scan){.index = i, .offset = q->offset[i], .end = q->offset[i] + q->size[i],
+                                                .k0 = k0, .n = n, .slot0 = (q->offset[i] + k0) / 8};
+        }
+        l->n_scan = n_scan;
+        l->scan = scan;
         l->n_slots = n_slots;
         l->slots = n_slots ? (uint8_t *)(l->size + q->count) : NULL; /* zero: SLOT_UNASKED */
     }

@@ -180,6 +180,11 @@ void blocks_atfork_prepare(void);
 void blocks_atfork_parent(void);
 
 /* ---- params.c ---- */
+/* A parameter a launch scans, worked out once per layout (param_word_range): parameter `index`, its
+ * bytes [offset, end) of the argument buffer, and its n words from byte k0 of it, at slots slot0... */
+struct param_scan {
+    uint32_t index, offset, end, k0, n, slot0;
+};
 struct param_layout {
     int known;         /* 0: layout could not be queried (NO_LAYOUT) */
     uint32_t count;
@@ -188,6 +193,9 @@ struct param_layout {
     uint32_t n_slots;  /* 8-byte words of the argument buffer (known layouts) */
     uint8_t *slots;    /* per word at offset 8*i: SLOT_* (launch.c), atomic; NULL: none */
     uint64_t epoch;    /* atomic: the handle-freeing epoch (params.c) it was last queried in */
+    uint32_t n_scan;   /* the parameters with words to scan (of cuDNN's ~10-30, the pointers and
+                        * structs): the launch path walks these, not all `count` */
+    const struct param_scan *scan;
 };
 /* Layout of a function or kernel handle; queried and cached on first sight (which also emits
  * the KERNEL_NAME records). Never NULL. */
@@ -205,7 +213,7 @@ void host_alias_atfork_child(void);
  * `offset` of the argument buffer: the words aligned to 8 in the buffer, where pointers are
  * (param_word_range: n words from p + k0). Calls word(ctx, offset of the word in the buffer,
  * value) for each; returns how many. The scan of graph kernel nodes (graph.c); launch.c's
- * scan_param walks the same range with its state in registers. */
+ * scan_words walks the same range (the layout's scan list) with its state in registers. */
 static inline uint32_t param_word_range(uint32_t offset, uint32_t size, uint32_t *k0)
 {
     *k0 = (uint32_t)(-offset) & 7u; /* bytes before the first word aligned to 8 in the buffer */
