@@ -129,8 +129,8 @@ void ring_reset_after_fork(void);
 /* Write n records as one group: all or nothing. Payload fields (type, flags, the payload) come
  * from recs; seq, pid and ts are filled in. Returns 1 if written, 0 if dropped (counted). */
 int ring_write(const struct pyobmem_record *recs, unsigned n);
-/* Start loading the ring's head and the two slots after this process's last group (where a launch's
- * LAUNCH and first ACCESS record likely go): launch_prefetch. */
+/* Start loading the ring's head, the two slots after this process's last group (where a launch's
+ * LAUNCH and first ACCESS record likely go) and the clock's code and data: launch_prefetch. */
 void ring_prefetch(void);
 /* An op record (LAUNCH, GRAPH_LAUNCH, MEMCPY) of op seq `seq` and the ACCESS records naming
  * words[0, n) (four a record, the last one padded with 0) as one group, written in place into
