@@ -358,10 +358,8 @@ static inline int hooks_record_launches(void)
  * with 256 KiB, 275 -> 268. */
 static inline void launch_prefetch(uintptr_t f, const struct touched *t)
 {
-    ring_prefetch();
+    op_prefetch();
     params_prefetch(f);
-    blocks_prefetch();
-    __builtin_prefetch(&g_shim.op_seq, 1, 3);
     __builtin_prefetch(t, 1, 3); /* n and the first access words */
     __builtin_prefetch(t->starts, 1, 3);
     __builtin_prefetch(t->sizes, 1, 3);

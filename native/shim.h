@@ -123,15 +123,28 @@ static inline uint64_t shim_next_op(void)
 
 uint64_t shim_now_ns(void);
 
+/* ---- ring.c, blocks.c: what every op's record reads ---- */
+/* Start loading the ring's head, the two slots after this process's last group (where a launch's
+ * LAUNCH and first ACCESS record likely go) and the clock's code and data. */
+void ring_prefetch(void);
+/* Start loading what a blocks read section reads first (the count, the span, the table). */
+void blocks_prefetch(void);
+/* Before an op hook's real call: start loading what every op's record reads after it (the ring's
+ * slots and clock, the block table's read line, the op counter's line, where the GPU clock's next
+ * seq is too), so that it arrives during the call (launch.c, launch_prefetch). */
+static inline void op_prefetch(void)
+{
+    ring_prefetch();
+    blocks_prefetch();
+    __builtin_prefetch(&g_shim.op_seq, 1, 3);
+}
+
 /* ---- ring.c ---- */
 int ring_open(const char *path);
 void ring_reset_after_fork(void);
 /* Write n records as one group: all or nothing. Payload fields (type, flags, the payload) come
  * from recs; seq, pid and ts are filled in. Returns 1 if written, 0 if dropped (counted). */
 int ring_write(const struct pyobmem_record *recs, unsigned n);
-/* Start loading the ring's head, the two slots after this process's last group (where a launch's
- * LAUNCH and first ACCESS record likely go) and the clock's code and data: launch_prefetch. */
-void ring_prefetch(void);
 /* An op record (LAUNCH, GRAPH_LAUNCH, MEMCPY) of op seq `seq` and the ACCESS records naming
  * words[0, n) (four a record, the last one padded with 0) as one group, written in place into
  * the ring's slots (the launch path: no copy of the records through the stack). Returns as ring_write. */
@@ -164,8 +177,6 @@ const struct block *blocks_lookup(uint64_t addr);
 /* [lo, hi): the span of all blocks (lo = hi when there are none). A word outside it is in no
  * block. Read in the same read section as the lookups it spares. */
 void blocks_bounds(uint64_t *lo, uint64_t *hi);
-/* Start loading what a read section reads first (the count, the span, the table): launch_prefetch. */
-void blocks_prefetch(void);
 /* Lock-free read section (a seqlock): s = blocks_read_begin(attempt), lookups, then
  * blocks_read_end(s) says whether they stand; when it returns 0, undo what the lookups found
  * and start again with attempt + 1. After a few attempts begin takes the read lock instead
