@@ -240,19 +240,12 @@ static int same_layout(const struct param_layout *a, const struct param_layout *
                           !memcmp(a->size, b->size, a->count * sizeof *a->size)));
 }
 
-void params_refresh(uintptr_t handle)
+/* params_refresh once some call freed handles (epoch > 0). */
+static __attribute__((noinline)) void refresh_since(uintptr_t handle, uint64_t epoch)
 {
-    if (!handle)
-        return;
-    ST_BEGIN(t0);
-    /* Epoch 0: no call that frees handles has run, every cached layout is current. No probe of the
-     * table (a cache miss, and the layout's another): cuDNN asks ~180 times a step. */
-    uint64_t epoch = __atomic_load_n(&g_shim.handle_epoch, __ATOMIC_ACQUIRE);
-    const struct param_layout *cur = epoch ? find(handle) : NULL;
-    if (!cur || __atomic_load_n(&cur->epoch, __ATOMIC_ACQUIRE) == epoch) {
-        ST_END(t0, ST_PARAMS_REFRESH);
+    const struct param_layout *cur = find(handle);
+    if (!cur || __atomic_load_n(&cur->epoch, __ATOMIC_ACQUIRE) == epoch)
         return; /* not cached (its first launch queries it), or nothing was freed since */
-    }
     pthread_mutex_lock(&g_mu);
     for (uint32_t i = slot_of(handle), k = 0; k < CACHE_SIZE; i = (i + 1) & (CACHE_SIZE - 1), k++) {
         uintptr_t key = __atomic_load_n(&g_table[i].key, __ATOMIC_ACQUIRE);
@@ -273,6 +266,21 @@ void params_refresh(uintptr_t handle)
         break;
     }
     pthread_mutex_unlock(&g_mu);
+}
+
+/* A cached handle the driver handed out again: query its layout again if a module, library or
+ * context was freed since it was last queried (the address may be another kernel's now). Epoch 0:
+ * no call that frees handles has run, every cached layout is current: one load, of the line
+ * shim_begin read (no probe of the table: a cache miss, and the layout's another). cuDNN asks ~180
+ * times a step. */
+static inline void params_refresh(uintptr_t handle)
+{
+    if (!handle)
+        return;
+    ST_BEGIN(t0);
+    uint64_t epoch = __atomic_load_n(&g_shim.handle_epoch, __ATOMIC_ACQUIRE);
+    if (SHIM_UNLIKELY(epoch))
+        refresh_since(handle, epoch);
     ST_END(t0, ST_PARAMS_REFRESH);
 }
 

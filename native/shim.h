@@ -213,9 +213,6 @@ struct param_layout {
 const struct param_layout *params_get(uintptr_t handle);
 /* Start loading the cached layout of a handle, if any (launch_prefetch); reads the cache only. */
 void params_prefetch(uintptr_t handle);
-/* A cached handle the driver handed out again: query its layout again if a module, library or
- * context was freed since it was last queried (the address may be another kernel's now). */
-void params_refresh(uintptr_t handle);
 /* memory.c: the host-alias table's lock around fork. */
 void host_alias_atfork_prepare(void);
 void host_alias_atfork_parent(void);
