@@ -56,7 +56,31 @@ static uint32_t next_block_id(void)
 
 static struct block *at(size_t i) { return itable_at(&g_rs.blocks, i); }
 
-const struct block *blocks_lookup(uint64_t addr) { return itable_find_sized(&g_rs.blocks, addr, sizeof(struct block)); }
+/* Each thread's last hits: the table index of the block an address was last found in, by the
+ * address's 64 KiB window (hashed). Launch after launch, words point into the same few blocks, and
+ * checking that one element (blocks are disjoint: an element holding the address is its block)
+ * spares the binary search its chain of loads; with PyTorch's caching allocator's segments (gpt_tiny,
+ * 20 blocks) ~95% of lookups hit, with a tensor a block (gpt_tiny_async, 2,230) ~40%. An index is
+ * only a guess: one the table moved on from fails the check or lies past its end, and the search
+ * runs as before. */
+#define HIT_BITS 8
+static SHIM_TLS uint32_t t_hit[1u << HIT_BITS];
+
+const struct block *blocks_lookup(uint64_t addr)
+{
+    size_t n = __atomic_load_n(&g_rs.blocks.n, __ATOMIC_ACQUIRE); /* the count first: see itable_upper */
+    const struct block *v = __atomic_load_n((struct block **)&g_rs.blocks.v, __ATOMIC_ACQUIRE);
+    uint32_t *hit = &t_hit[((addr >> 16) * 0x9E3779B97F4A7C15ull) >> (64 - HIT_BITS)];
+    uint32_t i = *hit;
+    if (i < n && v[i].start <= addr && addr < v[i].end)
+        return &v[i];
+    const struct block *b = itable_find_in((const char *)v, n, addr, sizeof *b);
+    if (b)
+        *hit = (uint32_t)(b - v);
+    return b;
+}
+
+void blocks_prefetch(void) { __builtin_prefetch(&g_rs); }
 
 void blocks_bounds(uint64_t *lo, uint64_t *hi)
 {

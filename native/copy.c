@@ -47,13 +47,15 @@ static void pin_pointer_table(const void *src, uint64_t n)
     }
 }
 
-/* The copy and set hooks' one shape: OP_OPEN (shim_begin; in swap mode the op's words -- WORDS
+/* The copy and set hooks' one shape: OP_OPEN (shim_begin, op_prefetch; in swap mode the op's words -- WORDS
  * fills w_[4] and may set key_ -- and swap_op_begin, returning from the hook with the error when
  * a touched block cannot be brought back), the real call, the record, OP_CLOSE. */
 #define OP_OPEN(NAME, KEY, S, WORDS)                                                                   \
     struct swap_op op_;                                                                                \
     op_.active = 0;                                                                                    \
     int rec = shim_begin();                                                                            \
+    if (rec)                                                                                           \
+        op_prefetch();                                                                                 \
     if (rec && SHIM_UNLIKELY(g_shim.swap)) {                                                           \
         uint64_t w_[4], key_ = (KEY);                                                                  \
         WORDS;                                                                                         \

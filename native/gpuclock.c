@@ -49,6 +49,19 @@
  * exit wakes it (a condition variable), so a long nap never delays or outlives the exit. */
 #define GC_NAP_MIN_NS 1000000ull
 #define GC_NAP_MAX_NS 16000000ull
+/* Unless PYOBMEM_GPU_CLOCK_EVERY is set, the interval follows the GPU time its ops take. A
+ * launch-bound program (a cuDNN LSTM: ~445 ops of ~10 us a step) got a sample every ~0.3 ms of GPU
+ * time, each ~2.1 us of the application's thread (its cuEventRecord 1.76), 0.6% of its step. After
+ * each pass the thread doubles the interval (up to GC_EVERY_MAX_FACTOR times the least, 32) when
+ * it read at least GC_GAP_MIN_SEEN gaps between consecutive samples of a stream and each, scaled to
+ * the interval in force, was under GC_GAP_SHORT_NS of GPU time, and halves it as soon as one
+ * exceeds GC_GAP_LONG_NS. So samples stay ~1-2 ms of GPU time apart at most where 32 ops take less;
+ * a program of ms-long ops (GPT medium: 45 samples in its 1,461-op iteration, a 32-op gap ~10 ms
+ * of GPU time, one or two gaps a pass) keeps 32. */
+#define GC_EVERY_MAX_FACTOR 8
+#define GC_GAP_SHORT_NS 1000000ull
+#define GC_GAP_LONG_NS 2000000ull
+#define GC_GAP_MIN_SEEN 4
 
 enum { SLOT_FREE = 0, SLOT_TAKEN = 1, SLOT_PENDING = 2 };
 enum { CTX_EMPTY = 0, CTX_FILLING = 1, CTX_READY = 2, CTX_FAILED = 3 };
@@ -72,12 +85,21 @@ struct gc_ctx {
     int ref_live[GC_REFS];
     uint64_t ref_at;
     struct gc_slot *slots;
+    uint64_t last_seq, last_stream; /* the thread's: the last sample it read, for the gaps */
+    int64_t last_t;
 };
 
-uint64_t g_gpuclock_next = UINT64_MAX; /* atomic: next op seq to sample; UINT64_MAX: off */
+/* The gaps between consecutive samples of a stream that one pass read (adaptive interval). */
+struct gaps {
+    unsigned n, short_, long_;
+};
+
 SHIM_TLS uint64_t shim_tls_op;
 
-static uint64_t g_every, g_pool;
+static uint64_t g_every_min, g_pool; /* PYOBMEM_GPU_CLOCK_EVERY (0: off), the pool's size */
+static uint64_t g_every;      /* atomic: the interval in force */
+static uint64_t g_every_most; /* the largest interval used (the NOTE's every_max) */
+static int g_adaptive;        /* PYOBMEM_GPU_CLOCK_EVERY unset: the interval adapts */
 static uint64_t g_nap_fixed_ns; /* PYOBMEM_GPU_CLOCK_POLL_US: a fixed nap; 0: adaptive */
 static pthread_mutex_t g_nap_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_nap_cv; /* CLOCK_MONOTONIC; signalled by gpuclock_exit */
@@ -138,7 +160,9 @@ static void nap(uint64_t ns)
 
 void gpuclock_init(void)
 {
-    g_every = env_u64(PYOBMEM_ENV_GPU_CLOCK_EVERY, GC_DEFAULT_EVERY, UINT32_MAX);
+    const char *e = getenv(PYOBMEM_ENV_GPU_CLOCK_EVERY);
+    g_adaptive = !e || !*e;
+    g_every = g_every_most = g_every_min = env_u64(PYOBMEM_ENV_GPU_CLOCK_EVERY, GC_DEFAULT_EVERY, UINT32_MAX);
     uint64_t pool = env_u64(PYOBMEM_ENV_GPU_CLOCK_POOL, GC_DEFAULT_POOL, GC_MAX_POOL);
     g_nap_fixed_ns = env_u64(PYOBMEM_ENV_GPU_CLOCK_POLL_US, 0, GC_NAP_MAX_NS / 1000) * 1000;
     nap_init();
@@ -146,10 +170,40 @@ void gpuclock_init(void)
     while (g_pool < pool) /* a power of two: the cursor wraps with a mask */
         g_pool <<= 1;
     g_inited = 1;
-    __atomic_store_n(&g_gpuclock_next, g_every && have_driver() ? g_every : UINT64_MAX, __ATOMIC_RELEASE);
+    __atomic_store_n(&g_shim.gpuclock_next, g_every && have_driver() ? g_every : UINT64_MAX, __ATOMIC_RELEASE);
 }
 
 /* ---- the polling thread ---- */
+
+/* A sample of c read (op seq, stream, GPU time t): its gap to the stream's last one, into g. */
+static void gap_seen(struct gc_ctx *c, uint64_t seq, uint64_t stream, int64_t t, struct gaps *g)
+{
+    if (c->last_t && stream == c->last_stream && seq > c->last_seq && t > c->last_t) {
+        uint64_t every = __atomic_load_n(&g_every, __ATOMIC_RELAXED);
+        uint64_t scaled = (uint64_t)(t - c->last_t) / (seq - c->last_seq) * every;
+        g->n++;
+        g->short_ += scaled < GC_GAP_SHORT_NS;
+        g->long_ += scaled > GC_GAP_LONG_NS;
+    }
+    c->last_seq = seq;
+    c->last_stream = stream;
+    c->last_t = t;
+}
+
+/* After a pass: the interval for the samples to come (adaptive only). */
+static void adapt_every(const struct gaps *g)
+{
+    uint64_t e = __atomic_load_n(&g_every, __ATOMIC_RELAXED);
+    if (g->long_ && e > g_every_min)
+        e /= 2;
+    else if (g->n >= GC_GAP_MIN_SEEN && g->short_ == g->n && e < g_every_min * GC_EVERY_MAX_FACTOR)
+        e *= 2;
+    else
+        return;
+    __atomic_store_n(&g_every, e, __ATOMIC_RELAXED);
+    if (e > g_every_most)
+        g_every_most = e;
+}
 
 /* Record reference i on the shim's idle stream and time it on the host; `first`: the context's
  * first reference, used however wide its window (there is no other). Why not the midpoint of the
@@ -196,7 +250,7 @@ static int ctx_setup(struct gc_ctx *c)
     return ref_record(c, 0, 1);
 }
 
-static void emit_sample(struct gc_ctx *c, struct gc_slot *s)
+static void emit_sample(struct gc_ctx *c, struct gc_slot *s, struct gaps *g)
 {
     float ms = 0;
     if (g_elapsed(&ms, c->ref_ev[s->ref], s->ev) != CUDA_SUCCESS || !(ms > -1e9f && ms < 1e9f))
@@ -207,11 +261,13 @@ static void emit_sample(struct gc_ctx *c, struct gc_slot *s)
                                             .gpu_time = {.op = s->seq, .stream = s->stream, .t_gpu = t,
                                                          .context = (uint64_t)(uintptr_t)c->ctx}}, 1))
         __atomic_add_fetch(&g_samples, 1, __ATOMIC_RELAXED);
+    if (g_adaptive)
+        gap_seen(c, s->seq, s->stream, t, g);
 }
 
 /* One pass over a context's pending samples; a new reference when the current one is old.
  * Returns how many had completed (read and freed). */
-static uint64_t ctx_poll(struct gc_ctx *c, uint64_t now)
+static uint64_t ctx_poll(struct gc_ctx *c, uint64_t now, struct gaps *g)
 {
     int used[GC_REFS] = {0};
     uint64_t ready = 0;
@@ -225,7 +281,7 @@ static uint64_t ctx_poll(struct gc_ctx *c, uint64_t now)
             continue;
         }
         if (q == CUDA_SUCCESS)
-            emit_sample(c, s);
+            emit_sample(c, s, g);
         __atomic_store_n(&s->state, SLOT_FREE, __ATOMIC_RELEASE);
         ready++;
     }
@@ -265,6 +321,7 @@ static void *poller(void *arg)
     for (;;) {
         int last = __atomic_load_n(&g_stop, __ATOMIC_ACQUIRE);
         uint64_t now = shim_now_ns(), ready = 0;
+        struct gaps gaps = {0};
         for (int i = 0; i < GC_MAX_CTX; i++) {
             struct gc_ctx *c = &g_ctx[i];
             if (__atomic_load_n(&c->state, __ATOMIC_ACQUIRE) != CTX_READY)
@@ -273,19 +330,23 @@ static void *poller(void *arg)
                 __atomic_store_n(&c->state, CTX_FAILED, __ATOMIC_RELEASE);
                 continue;
             }
-            uint64_t n = ctx_poll(c, now);
+            uint64_t n = ctx_poll(c, now, &gaps);
             ready = n > ready ? n : ready;
             CUcontext popped;
             real_cuCtxPopCurrent_v2(&popped);
         }
         if (last)
             break; /* one last pass after the stop: what completed by exit is written */
+        if (g_adaptive)
+            adapt_every(&gaps);
         nap_ns = next_nap(nap_ns, ready);
         nap(nap_ns);
     }
     uint64_t n = __atomic_load_n(&g_samples, __ATOMIC_RELAXED), k = __atomic_load_n(&g_skipped, __ATOMIC_RELAXED);
-    ring_note(PYOBMEM_NOTE_GPU_CLOCK "=every=%llu pool=%llu samples=%llu skipped=%llu refs=%llu ref_rejects=%llu",
-              (unsigned long long)g_every, (unsigned long long)g_pool, (unsigned long long)n, (unsigned long long)k,
+    ring_note(PYOBMEM_NOTE_GPU_CLOCK "=every=%llu every_max=%llu pool=%llu samples=%llu skipped=%llu refs=%llu "
+              "ref_rejects=%llu",
+              (unsigned long long)g_every_min, (unsigned long long)g_every_most, (unsigned long long)g_pool,
+              (unsigned long long)n, (unsigned long long)k,
               (unsigned long long)__atomic_load_n(&g_refs, __ATOMIC_RELAXED),
               (unsigned long long)__atomic_load_n(&g_ref_rejects, __ATOMIC_RELAXED));
     __atomic_store_n(&g_stopped, 1, __ATOMIC_RELEASE);
@@ -365,8 +426,9 @@ static struct gc_ctx *ctx_of(CUcontext ctx)
 
 void gpuclock_sample(uint64_t seq, CUstream s)
 {
-    uint64_t next = __atomic_load_n(&g_gpuclock_next, __ATOMIC_RELAXED);
-    if (seq < next || !__atomic_compare_exchange_n(&g_gpuclock_next, &next, seq + g_every, 0, __ATOMIC_RELAXED,
+    uint64_t next = __atomic_load_n(&g_shim.gpuclock_next, __ATOMIC_RELAXED);
+    uint64_t every = __atomic_load_n(&g_every, __ATOMIC_RELAXED);
+    if (seq < next || !__atomic_compare_exchange_n(&g_shim.gpuclock_next, &next, seq + every, 0, __ATOMIC_RELAXED,
                                                   __ATOMIC_RELAXED))
         return; /* another thread took this one */
     ST_BEGIN(t0);
@@ -419,7 +481,8 @@ void gpuclock_atfork_child(void)
     g_thread = 0;
     g_stop = g_stopped = 0;
     g_samples = g_skipped = g_refs = g_ref_rejects = 0;
+    g_every = g_every_most = g_every_min;
     shim_tls_op = 0;
     if (g_inited)
-        __atomic_store_n(&g_gpuclock_next, g_every && have_driver() ? g_every : UINT64_MAX, __ATOMIC_RELEASE);
+        __atomic_store_n(&g_shim.gpuclock_next, g_every && have_driver() ? g_every : UINT64_MAX, __ATOMIC_RELEASE);
 }

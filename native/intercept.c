@@ -22,7 +22,7 @@
 
 #include "shim.h"
 
-struct shim_state g_shim;
+struct shim_state g_shim = {.gpuclock_next = UINT64_MAX};
 SHIM_TLS int shim_tls_guard;
 
 #define HOOK(ret, name, params, args) pfn_##name real_##name;

@@ -56,11 +56,9 @@ static inline size_t itable_upper(const struct itable *t, uint64_t addr)
  * unpredictable, and a mispredicted branch per level cost more than the search's loads. A
  * microbenchmark (the CPU machine, L1 cooled between lookups), ns per lookup, branchy -> this: 400
  * different addresses in turn, in 1,024 blocks ~60 -> ~30, in 4,096 ~85 -> ~45; one address again
- * and again ~11 -> ~22. */
-static inline void *itable_find_sized(const struct itable *t, uint64_t addr, size_t size)
+ * and again ~11 -> ~22. itable_find_in: the same in base[0, n), loaded by the caller. */
+static inline void *itable_find_in(const char *base, size_t n, uint64_t addr, size_t size)
 {
-    size_t n = __atomic_load_n(&t->n, __ATOMIC_ACQUIRE);
-    const char *base = __atomic_load_n(&t->v, __ATOMIC_ACQUIRE);
     if (n == 0)
         return NULL;
     while (n > 1) { /* the last element with start <= addr, if any, is in base[0, n) */
@@ -73,6 +71,11 @@ static inline void *itable_find_sized(const struct itable *t, uint64_t addr, siz
     }
     const struct interval *iv = (const struct interval *)base;
     return iv->start <= addr && addr < iv->end ? (void *)iv : NULL;
+}
+static inline void *itable_find_sized(const struct itable *t, uint64_t addr, size_t size)
+{
+    size_t n = __atomic_load_n(&t->n, __ATOMIC_ACQUIRE);
+    return itable_find_in(__atomic_load_n(&t->v, __ATOMIC_ACQUIRE), n, addr, size);
 }
 static inline void *itable_find(const struct itable *t, uint64_t addr) { return itable_find_sized(t, addr, t->size); }
 /* [*lo, *hi): from the first element's start to the last one's end; 0, 0 when empty. */

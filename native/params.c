@@ -44,7 +44,6 @@ static struct entry g_table[CACHE_SIZE];
 static uint32_t g_used;
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static const struct param_layout g_unknown = {0};
-static uint64_t g_epoch; /* atomic: advanced around every call that frees handles */
 
 static inline uint32_t slot_of(uintptr_t h)
 {
@@ -114,26 +113,37 @@ static void first_sight_name(uintptr_t handle)
         ring_text(PYOBMEM_EV_KERNEL_NAME, handle, name);
 }
 
-/* The queried layout q in one allocation with its arrays and slots (freed with free(); q's arrays
- * are freed): a launch reads the layout, the offsets, the sizes and the slots, on one or two cache
- * lines for a kernel of a few parameters instead of four separate ones. NULL: out of memory. */
+/* The queried layout q in one allocation with its scan list, arrays and slots (freed with free();
+ * q's arrays are freed): a launch reads the layout, the scan list and the slots, on one or two cache
+ * lines for a kernel of a few parameters instead of several separate ones. NULL: out of memory. */
 static struct param_layout *packed(struct param_layout *q)
 {
-    uint32_t end = 0;
-    for (uint32_t i = 0; i < q->count; i++)
+    uint32_t end = 0, n_scan = 0, k0;
+    for (uint32_t i = 0; i < q->count; i++) {
         if (q->offset[i] + q->size[i] > end)
             end = q->offset[i] + q->size[i];
+        n_scan += param_word_range(q->offset[i], q->size[i], &k0) > 0;
+    }
     uint32_t n_slots = q->known && q->count > 0 ? (end + 7) / 8 : 0;
-    size_t arrays = (size_t)q->count * sizeof *q->offset;
-    struct param_layout *l = calloc(1, sizeof *l + 2 * arrays + n_slots);
+    size_t arrays = (size_t)q->count * sizeof *q->offset, scans = (size_t)n_scan * sizeof(struct param_scan);
+    struct param_layout *l = calloc(1, sizeof *l + scans + 2 * arrays + n_slots);
     if (l) {
         *l = *q;
-        l->offset = (uint32_t *)(l + 1);
+        struct param_scan *scan = (struct param_scan *)(l + 1);
+        l->offset = (uint32_t *)(scan + n_scan);
         l->size = l->offset + q->count;
         if (arrays) {
             memcpy(l->offset, q->offset, arrays);
             memcpy(l->size, q->size, arrays);
         }
+        for (uint32_t i = 0, k = 0; i < q->count; i++) {
+            uint32_t n = param_word_range(q->offset[i], q->size[i], &k0);
+            if (n)
+                scan[k++] = (struct param_scan){.index = i, .offset = q->offset[i], .end = q->offset[i] + q->size[i],
+                                                .k0 = k0, .n = n, .slot0 = (q->offset[i] + k0) / 8};
+        }
+        l->n_scan = n_scan;
+        l->scan = scan;
         l->n_slots = n_slots;
         l->slots = n_slots ? (uint8_t *)(l->size + q->count) : NULL; /* zero: SLOT_UNASKED */
     }
@@ -145,7 +155,7 @@ static struct param_layout *packed(struct param_layout *q)
 static struct param_layout *first_sight(uintptr_t handle, int emit_name)
 {
     struct param_layout q = {0};
-    uint64_t epoch = __atomic_load_n(&g_epoch, __ATOMIC_ACQUIRE); /* before the queries */
+    uint64_t epoch = __atomic_load_n(&g_shim.handle_epoch, __ATOMIC_ACQUIRE); /* before the queries */
     struct param_layout viaf = {0}, viak = {0};
     int okf = real_cuFuncGetParamInfo && query(func_info, handle, &viaf);
     if (okf && viaf.count > 0) {
@@ -188,6 +198,16 @@ static const struct param_layout *find(uintptr_t handle)
     return NULL;
 }
 
+void params_prefetch(uintptr_t handle)
+{
+    const struct entry *e = &g_table[slot_of(handle)]; /* its first slot: where nearly every handle is */
+    if (__atomic_load_n(&e->key, __ATOMIC_ACQUIRE) == handle) {
+        const char *l = (const char *)__atomic_load_n(&e->layout, __ATOMIC_ACQUIRE);
+        __builtin_prefetch(l);
+        __builtin_prefetch(l + 64); /* the offsets, sizes and slots of a few parameters */
+    }
+}
+
 const struct param_layout *params_get(uintptr_t handle)
 {
     if (!handle)
@@ -220,19 +240,12 @@ static int same_layout(const struct param_layout *a, const struct param_layout *
                           !memcmp(a->size, b->size, a->count * sizeof *a->size)));
 }
 
-void params_refresh(uintptr_t handle)
+/* params_refresh once some call freed handles (epoch > 0). */
+static __attribute__((noinline)) void refresh_since(uintptr_t handle, uint64_t epoch)
 {
-    if (!handle)
-        return;
-    ST_BEGIN(t0);
-    /* Epoch 0: no call that frees handles has run, every cached layout is current. No probe of the
-     * table (a cache miss, and the layout's another): cuDNN asks ~180 times a step. */
-    uint64_t epoch = __atomic_load_n(&g_epoch, __ATOMIC_ACQUIRE);
-    const struct param_layout *cur = epoch ? find(handle) : NULL;
-    if (!cur || __atomic_load_n(&cur->epoch, __ATOMIC_ACQUIRE) == epoch) {
-        ST_END(t0, ST_PARAMS_REFRESH);
+    const struct param_layout *cur = find(handle);
+    if (!cur || __atomic_load_n(&cur->epoch, __ATOMIC_ACQUIRE) == epoch)
         return; /* not cached (its first launch queries it), or nothing was freed since */
-    }
     pthread_mutex_lock(&g_mu);
     for (uint32_t i = slot_of(handle), k = 0; k < CACHE_SIZE; i = (i + 1) & (CACHE_SIZE - 1), k++) {
         uintptr_t key = __atomic_load_n(&g_table[i].key, __ATOMIC_ACQUIRE);
@@ -240,7 +253,7 @@ void params_refresh(uintptr_t handle)
             break; /* not cached: its first launch queries it */
         if (key != handle)
             continue;
-        if (__atomic_load_n(&g_table[i].layout->epoch, __ATOMIC_ACQUIRE) == __atomic_load_n(&g_epoch, __ATOMIC_ACQUIRE))
+        if (__atomic_load_n(&g_table[i].layout->epoch, __ATOMIC_ACQUIRE) == __atomic_load_n(&g_shim.handle_epoch, __ATOMIC_ACQUIRE))
             break; /* another thread queried it meanwhile */
         struct param_layout *nl = first_sight(handle, 0);
         if (nl && same_layout(nl, g_table[i].layout)) {
@@ -253,6 +266,21 @@ void params_refresh(uintptr_t handle)
         break;
     }
     pthread_mutex_unlock(&g_mu);
+}
+
+/* A cached handle the driver handed out again: query its layout again if a module, library or
+ * context was freed since it was last queried (the address may be another kernel's now). Epoch 0:
+ * no call that frees handles has run, every cached layout is current: one load, of the line
+ * shim_begin read (no probe of the table: a cache miss, and the layout's another). cuDNN asks ~180
+ * times a step. */
+static inline void params_refresh(uintptr_t handle)
+{
+    if (!handle)
+        return;
+    ST_BEGIN(t0);
+    uint64_t epoch = __atomic_load_n(&g_shim.handle_epoch, __ATOMIC_ACQUIRE);
+    if (SHIM_UNLIKELY(epoch))
+        refresh_since(handle, epoch);
     ST_END(t0, ST_PARAMS_REFRESH);
 }
 
@@ -284,9 +312,9 @@ DEF_GETTER(cuKernelGetFunction, (CUfunction *pFunc, CUkernel kernel), (pFunc, ke
     CUresult CUDAAPI NAME PARAMS                                \
     {                                                           \
         shim_init_once();                                       \
-        __atomic_add_fetch(&g_epoch, 1, __ATOMIC_ACQ_REL);      \
+        __atomic_add_fetch(&g_shim.handle_epoch, 1, __ATOMIC_ACQ_REL);      \
         CUresult r = REAL(NAME, ARGS);                          \
-        __atomic_add_fetch(&g_epoch, 1, __ATOMIC_ACQ_REL);      \
+        __atomic_add_fetch(&g_shim.handle_epoch, 1, __ATOMIC_ACQ_REL);      \
         return r;                                               \
     }
 DEF_FREER(cuModuleUnload, (CUmodule hmod), (hmod))

@@ -45,11 +45,15 @@ enum st_part { ST_LAUNCH_DRIVER, ST_LAUNCH_RECORD, ST_COPY_RECORD, ST_RING_WRITE
                ST_GPUCLOCK_CAPTURING, ST_GPUCLOCK_CTX, ST_GPUCLOCK_RECORD, ST_PARTS };
 uint64_t st_now(void);
 void st_add(enum st_part part, uint64_t ticks);
+void st_more(enum st_part part, uint64_t ticks);
 #define ST_BEGIN(v) uint64_t v = st_now()
 #define ST_END(v, part) st_add(part, st_now() - (v))
+/* Time of a part done in two pieces: the first piece's ticks, the call counted with the second. */
+#define ST_MORE(v, part) st_more(part, st_now() - (v))
 #else
 #define ST_BEGIN(v) ((void)0)
 #define ST_END(v, part) ((void)0)
+#define ST_MORE(v, part) ((void)0)
 #endif
 
 /* Call the real function, or fail as an absent driver would if it was never resolved. */
@@ -69,12 +73,18 @@ struct shim_state {
     int swap;                 /* swap mode: PYOBMEM_CONTROL mapped (set once at init, before
                                * recording; cleared in a fork child). The op hooks test it once. */
     int init_done;            /* atomic: shim_init has run (every hook's check; pthread_once before) */
+    uint64_t handle_epoch;    /* atomic: params.c's epoch of the calls that free handles; here, on the
+                               * line shim_begin reads, since cuDNN asks for handles ~180 times a step */
     /* The counters every op or allocation writes, on a cache line of their own: the fields
      * above are read by every hook on every thread and must not bounce with them. */
     _Alignas(64) uint64_t op_seq; /* atomic: per-process op sequence (launch, copy, set, graph) */
     uint32_t block_seq;       /* atomic: per-process block id counter */
     uint64_t device_bytes;    /* atomic: bytes of live device blocks (not managed, not host): the budget's base */
+    uint64_t gpuclock_next;   /* atomic: op seq of gpuclock.c's next sample (UINT64_MAX: off), next to op_seq:
+                               * every op reads it right after taking its seq */
 };
+_Static_assert(offsetof(struct shim_state, handle_epoch) < 64 && offsetof(struct shim_state, gpuclock_next) < 128,
+               "g_shim's fields on their cache lines");
 extern struct shim_state g_shim;
 /* >0: inside the shim, hooks pass straight through. Initial-exec: every hook reads it, and the
  * default model for a shared object costs a __tls_get_addr call each time; the shim is loaded at
@@ -112,6 +122,22 @@ static inline uint64_t shim_next_op(void)
 }
 
 uint64_t shim_now_ns(void);
+
+/* ---- ring.c, blocks.c: what every op's record reads ---- */
+/* Start loading the ring's head, the two slots after this process's last group (where a launch's
+ * LAUNCH and first ACCESS record likely go) and the clock's code and data. */
+void ring_prefetch(void);
+/* Start loading what a blocks read section reads first (the count, the span, the table). */
+void blocks_prefetch(void);
+/* Before an op hook's real call: start loading what every op's record reads after it (the ring's
+ * slots and clock, the block table's read line, the op counter's line, where the GPU clock's next
+ * seq is too), so that it arrives during the call (launch.c, launch_prefetch). */
+static inline void op_prefetch(void)
+{
+    ring_prefetch();
+    blocks_prefetch();
+    __builtin_prefetch(&g_shim.op_seq, 1, 3);
+}
 
 /* ---- ring.c ---- */
 int ring_open(const char *path);
@@ -165,6 +191,11 @@ void blocks_atfork_prepare(void);
 void blocks_atfork_parent(void);
 
 /* ---- params.c ---- */
+/* A parameter a launch scans, worked out once per layout (param_word_range): parameter `index`, its
+ * bytes [offset, end) of the argument buffer, and its n words from byte k0 of it, at slots slot0... */
+struct param_scan {
+    uint32_t index, offset, end, k0, n, slot0;
+};
 struct param_layout {
     int known;         /* 0: layout could not be queried (NO_LAYOUT) */
     uint32_t count;
@@ -173,13 +204,15 @@ struct param_layout {
     uint32_t n_slots;  /* 8-byte words of the argument buffer (known layouts) */
     uint8_t *slots;    /* per word at offset 8*i: SLOT_* (launch.c), atomic; NULL: none */
     uint64_t epoch;    /* atomic: the handle-freeing epoch (params.c) it was last queried in */
+    uint32_t n_scan;   /* the parameters with words to scan (of cuDNN's ~10-30, the pointers and
+                        * structs): the launch path walks these, not all `count` */
+    const struct param_scan *scan;
 };
 /* Layout of a function or kernel handle; queried and cached on first sight (which also emits
  * the KERNEL_NAME records). Never NULL. */
 const struct param_layout *params_get(uintptr_t handle);
-/* A cached handle the driver handed out again: query its layout again if a module, library or
- * context was freed since it was last queried (the address may be another kernel's now). */
-void params_refresh(uintptr_t handle);
+/* Start loading the cached layout of a handle, if any (launch_prefetch); reads the cache only. */
+void params_prefetch(uintptr_t handle);
 /* memory.c: the host-alias table's lock around fork. */
 void host_alias_atfork_prepare(void);
 void host_alias_atfork_parent(void);
@@ -188,7 +221,7 @@ void host_alias_atfork_child(void);
  * `offset` of the argument buffer: the words aligned to 8 in the buffer, where pointers are
  * (param_word_range: n words from p + k0). Calls word(ctx, offset of the word in the buffer,
  * value) for each; returns how many. The scan of graph kernel nodes (graph.c); launch.c's
- * scan_param walks the same range with its state in registers. */
+ * scan_words walks the same range (the layout's scan list) with its state in registers. */
 static inline uint32_t param_word_range(uint32_t offset, uint32_t size, uint32_t *k0)
 {
     *k0 = (uint32_t)(-offset) & 7u; /* bytes before the first word aligned to 8 in the buffer */
@@ -331,13 +364,12 @@ void launch_swap_end(struct launch_swap *ls, uintptr_t handle, uint64_t stream, 
 /* ---- gpuclock.c: GPU time samples (timing events every N ops) ---- */
 void gpuclock_init(void);
 void gpuclock_atfork_child(void);
-extern uint64_t g_gpuclock_next; /* atomic: op seq of the next sample; UINT64_MAX: off */
 void gpuclock_sample(uint64_t seq, CUstream s);
 /* After an op was issued on stream s (normalised: swap_norm_stream) by this thread: one load and
  * a compare unless this op is due for a sample. */
 static inline void gpuclock_after(CUstream s)
 {
-    if (SHIM_UNLIKELY(shim_tls_op >= __atomic_load_n(&g_gpuclock_next, __ATOMIC_RELAXED)))
+    if (SHIM_UNLIKELY(shim_tls_op >= __atomic_load_n(&g_shim.gpuclock_next, __ATOMIC_RELAXED)))
         gpuclock_sample(shim_tls_op, s);
 }
 /* The one line the op hooks add after the real call. */

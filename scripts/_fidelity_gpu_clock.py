@@ -1,7 +1,8 @@
 """bench_fidelity.py part ``gpu_clock``: the GPU clock's iteration time against the workload's own.
 
 GPT-2 medium (scripts/workloads/gpt.py --size medium --steps 12 --deterministic) traced by
-``pyobmem run`` with the GPU clock at its default (a timing event every 32 ops). The workload times
+``pyobmem run`` with the GPU clock at its default (a timing event every 32 ops for ops this long:
+the interval grows only where 32 ops take under 1 ms of GPU time). The workload times
 each step between two device syncs (``step_ms``); the model gives the iteration time on the host
 clock (launch times) and on the GPU clock (pyobmem.model.gpuclock). Goal: the GPU-clock iteration
 within 3% of the measured step.

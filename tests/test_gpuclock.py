@@ -33,7 +33,7 @@ def test_gpuclock_every_n_ops_none_in_capture(fake, tmp_path):
     assert run.out["legacy_records"] == 0  # per-thread ops: sampled on CU_STREAM_PER_THREAD
     launches = run.of(Ev.LAUNCH)
     assert all(int(launches[launches["a"] == s]["c"][0]) == int(b) or b == 2 for s, b in zip(g["a"], g["b"]))
-    assert _note(run, "gpu_clock") == {"every": "4", "pool": "256", "samples": "7", "skipped": "3", "refs": "1",
+    assert _note(run, "gpu_clock") == {"every": "4", "every_max": "4", "pool": "256", "samples": "7", "skipped": "3", "refs": "1",
                                         "ref_rejects": "0"}
 
 
@@ -68,7 +68,7 @@ def test_gpuclock_full_pool_skips_never_waits(fake, tmp_path):
     t = g["c"].astype(np.int64)
     assert (t - t[0]).tolist() == [4000 * i for i in range(8)]
     assert run.out["events_live"] == 8 + 4  # the pool and the reference events, no more
-    assert _note(run, "gpu_clock") == {"every": "4", "pool": "8", "samples": "8", "skipped": "17", "refs": "1",
+    assert _note(run, "gpu_clock") == {"every": "4", "every_max": "4", "pool": "8", "samples": "8", "skipped": "17", "refs": "1",
                                         "ref_rejects": "0"}
 
 
@@ -90,5 +90,25 @@ def test_gpuclock_exit_wakes_a_long_nap(fake, tmp_path):
     env = {"PYOBMEM_GPU_CLOCK_EVERY": "4", "PYOBMEM_GPU_CLOCK_POLL_US": "1000000"}
     run = run_driver(fake, tmp_path, "steps", 5, 20, env=env)
     assert len(run.of(Ev.GPU_TIME)) == 5
-    assert _note(run, "gpu_clock") == {"every": "4", "pool": "256", "samples": "5", "skipped": "0", "refs": "1",
+    assert _note(run, "gpu_clock") == {"every": "4", "every_max": "4", "pool": "256", "samples": "5", "skipped": "0", "refs": "1",
                                         "ref_rejects": "0"}
+
+
+def test_gpuclock_interval_follows_the_gpu_time_of_its_ops(fake, tmp_path):
+    """PYOBMEM_GPU_CLOCK_EVERY unset: the interval starts at 32 ops and doubles, up to 256, while the
+    samples a pass reads are under 1 ms of GPU time apart (scaled to the interval in force): 6 bursts
+    of 512 kernels of 1 us (a launch-bound program's). Kernels of 100 us (32 ops: 3.2 ms) keep it at
+    32, as GPT medium's ops do."""
+    env = {"PYOBMEM_GPU_CLOCK_POLL_US": "1000"}
+    run = run_driver(fake, tmp_path, "gpuclock_bursts", 6, 512, 30, env=env)
+    seqs = [int(s) for s in run.of(Ev.GPU_TIME)["a"]]
+    steps = np.diff([0] + seqs).tolist()
+    assert steps[:4] == [32] * 4  # a pass reads at least 4 gaps before it doubles
+    assert steps == sorted(steps) and set(steps) <= {32, 64, 128, 256} and steps[-1] == 256
+    assert seqs[-1] > 6 * 512 - 256
+    note = _note(run, "gpu_clock")
+    assert (note["every"], note["every_max"], note["samples"]) == ("32", "256", str(len(seqs)))
+    slow = run_driver(fake, tmp_path, "gpuclock_bursts", 2, 512, 30, env=dict(env, FAKE_KERNEL_NS="100000"))
+    seqs = [int(s) for s in slow.of(Ev.GPU_TIME)["a"]]
+    assert seqs == list(range(32, 1025, 32))
+    assert (_note(slow, "gpu_clock")["every"], _note(slow, "gpu_clock")["every_max"]) == ("32", "32")

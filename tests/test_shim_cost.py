@@ -133,3 +133,20 @@ def test_launch_foreach_loop_names_each_block_once(cost, tmp_path):
         mine = acc[acc["a"] == seq]
         assert len(mine) == 30
         assert [int(r[k]) for r in mine for k in ("b", "c", "d", "e")] == want
+
+
+def test_ring_writes_prefetch_the_next_slots():
+    """Each ring group prefetches the 4 slots after it (ring.c, group_end): a slot of the 64 MiB ring
+    was last touched a lap ago. gcc 12 dropped the calls of the prefetch helper as side-effect free
+    (b428607 to 2026-12-02: no prefetch in the built shim); the helper is always inlined now."""
+    import re
+    import shutil
+
+    if shutil.which("objdump") is None:
+        pytest.skip("objdump not found")
+    dis = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(SHIM)], capture_output=True, text=True,
+                         check=True).stdout
+    for fn in ("ring_write", "ring_write_op"):
+        body = re.search(rf"^[0-9a-f]+ <{fn}>:\n(.*?)\n\n", dis, re.M | re.S)
+        assert body, fn
+        assert len(re.findall(r"\tprefetch", body.group(1))) == 4, fn

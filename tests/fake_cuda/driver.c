@@ -695,6 +695,20 @@ static int scenario_gpuclock_pool(int n)
     return 0;
 }
 
+/* The GPU clock's adaptive interval: `bursts` bursts of n kernels on stream 0x77, `ms` apart (the
+ * poller reads each burst's samples in the pause after it). */
+static int scenario_gpuclock_bursts(int bursts, int n, int ms)
+{
+    p_cuInit(0);
+    CUdeviceptr x = must_alloc(4096);
+    for (int b = 0; b < bursts; b++) {
+        for (int i = 0; i < n; i++)
+            launch_a(x, 0, 0);
+        usleep((useconds_t)ms * 1000);
+    }
+    return 0;
+}
+
 /* A training loop for the live view: a persistent block, then per step an input copy, two
  * launches and a copy back through a transient block, `ms` milliseconds apart. */
 static int scenario_steps(int steps, int ms)
@@ -809,6 +823,9 @@ int main(int argc, char **argv)
         rc = scenario_gpuclock(argc > 2 ? atoi(argv[2]) : 10);
     else if (!strcmp(s, "gpuclock_pool"))
         rc = scenario_gpuclock_pool(argc > 2 ? atoi(argv[2]) : 100);
+    else if (!strcmp(s, "gpuclock_bursts"))
+        rc = scenario_gpuclock_bursts(argc > 2 ? atoi(argv[2]) : 6, argc > 3 ? atoi(argv[3]) : 512,
+                                      argc > 4 ? atoi(argv[4]) : 30);
     printf("done=1\n");
     return rc;
 }

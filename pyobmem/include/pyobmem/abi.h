@@ -35,7 +35,7 @@
 #define PYOBMEM_ENV_CONTROL "PYOBMEM_CONTROL" /* swap mode: path of the control file (below) */
 #define PYOBMEM_ENV_RELEASER "PYOBMEM_RELEASER" /* swap mode: "0": no release thread (releases at ops only) */
 #define PYOBMEM_ENV_FREE_WAIT "PYOBMEM_FREE_WAIT" /* swap mode: ms the budget waits for a pending free (500); 0: never */
-#define PYOBMEM_ENV_GPU_CLOCK_EVERY "PYOBMEM_GPU_CLOCK_EVERY" /* GPU time sample every N ops (default 32; 0: off) */
+#define PYOBMEM_ENV_GPU_CLOCK_EVERY "PYOBMEM_GPU_CLOCK_EVERY" /* GPU time sample every N ops (0: off; unset: 32-256, adaptive) */
 #define PYOBMEM_ENV_GPU_CLOCK_POOL "PYOBMEM_GPU_CLOCK_POOL"   /* timing events per context (default 256) */
 #define PYOBMEM_ENV_GPU_CLOCK_POLL_US "PYOBMEM_GPU_CLOCK_POLL_US" /* fixed poll period in µs, at most 16000 (default: adaptive, 1-16 ms) */
 
@@ -153,7 +153,7 @@ enum pyobmem_launch_source {
 #define PYOBMEM_NOTE_CUPTI "cupti"                  /* off, unavailable: why, active: library */
 #define PYOBMEM_NOTE_UNHOOKED "unhooked"            /* a driver function the shim does not hook: name@version */
 #define PYOBMEM_NOTE_UNKNOWN_ADDRESS "unknown_address" /* unknown_address.<kernel>+<offset> */
-#define PYOBMEM_NOTE_GPU_CLOCK "gpu_clock"          /* every=N pool=N samples=N skipped=N, at exit */
+#define PYOBMEM_NOTE_GPU_CLOCK "gpu_clock"          /* every=N every_max=N pool=N samples=N skipped=N, at exit */
 #define PYOBMEM_NOTE_NCCL_COMM "nccl.comm"          /* nccl.comm<i>=rank=R nranks=N device=D */
 #define PYOBMEM_NOTE_SWAP "swap"                    /* on budget=B min_swap_bytes=B, or off: why */
 #define PYOBMEM_NOTE_SWAP_PINNED_BYTES "swap.pinned_bytes"
