@@ -160,8 +160,8 @@ static int ask_driver(const struct asks *a, const struct param_layout *l, uintpt
  * words of a struct of sizes and strides), needs no lookup; a word in no block may still be an
  * address the driver knows, unless it is a small integer, NULL or above any address, or the layout
  * is unknown; else its slot says (asked about long ago, in the common case). A PyTorch launch
- * scans ~45-90 words and names ~2.5 blocks: the loop is what most words cost (~16 instructions a
- * word with a slot to read). It keeps lo, span and the slots in registers (through a pointer to
+ * scans ~45-90 words and names ~2.5 blocks: the loop is what most words cost (~18 instructions a
+ * word with a slot to read, 25 before the scan list). It keeps lo, span and the slots in registers (through a pointer to
  * the scan, each store of add_word would make the compiler load them again). */
 static inline __attribute__((always_inline)) uint32_t scan_words(struct scan *s, const char *p, uint32_t slot0,
                                                                  uint32_t n, int with_slots)
@@ -354,8 +354,8 @@ static inline int hooks_record_launches(void)
  * launches evicts them, and their TLB entries; the record would wait for them one after another once
  * the call returns (its atomics wait for every load before them), where now they arrive during the
  * call (~4 us on the H200). On the fake driver with 4 MiB written between launches (shim_cost.py
- * --time --evict-kb 4096, the CI machine): launch record 679 -> 485 ns, its ring write 394 -> 220;
- * with 256 KiB, 275 -> 268. */
+ * --time --evict-kb 4096, the CI machine), this alone: launch record 679 -> 485 ns, its ring write
+ * 394 -> 220; with 256 KiB, 275 -> 268 (docs/internals.md has the figures of all of it). */
 static inline void launch_prefetch(uintptr_t f, const struct touched *t)
 {
     op_prefetch();

@@ -138,7 +138,8 @@ def test_launch_foreach_loop_names_each_block_once(cost, tmp_path):
 def test_ring_writes_prefetch_the_next_slots():
     """Each ring group prefetches the 4 slots after it (ring.c, group_end): a slot of the 64 MiB ring
     was last touched a lap ago. gcc 12 dropped the calls of the prefetch helper as side-effect free
-    (b428607 to 2026-12-02: no prefetch in the built shim); the helper is always inlined now."""
+    (b428607 to 2026-12-02: no prefetch in the built shim); the helper is always inlined now. The
+    launch hook's prefetch before the driver's call (launch_prefetch) is in it too."""
     import re
     import shutil
 
@@ -146,7 +147,13 @@ def test_ring_writes_prefetch_the_next_slots():
         pytest.skip("objdump not found")
     dis = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(SHIM)], capture_output=True, text=True,
                          check=True).stdout
+    def body(fn):
+        m = re.search(rf"^[0-9a-f]+ <{fn}>:\n(.*?)\n\n", dis, re.M | re.S)
+        assert m, fn
+        return m.group(1)
+
     for fn in ("ring_write", "ring_write_op"):
-        body = re.search(rf"^[0-9a-f]+ <{fn}>:\n(.*?)\n\n", dis, re.M | re.S)
-        assert body, fn
-        assert len(re.findall(r"\tprefetch", body.group(1))) == 4, fn
+        assert len(re.findall(r"\tprefetch", body(fn))) == 4, fn
+    hook = body("cuLaunchKernel")
+    assert "<ring_prefetch>" in hook and "<params_prefetch>" in hook and "<blocks_prefetch>" in hook
+    assert len(re.findall(r"\tprefetch", body("ring_prefetch"))) >= 3  # head and two slots, at least
