@@ -161,8 +161,9 @@ static int ask_driver(const struct asks *a, const struct param_layout *l, uintpt
  * address the driver knows, unless it is a small integer, NULL or above any address, or the layout
  * is unknown; else its slot says (asked about long ago, in the common case). A PyTorch launch
  * scans ~45-90 words and names ~2.5 blocks: the loop is what most words cost (~18 instructions a
- * word with a slot to read, 25 before the scan list). It keeps lo, span and the slots in registers (through a pointer to
- * the scan, each store of add_word would make the compiler load them again). */
+ * word with a slot to read, 25 before the scan list). It keeps lo, span and the slots in registers
+ * (through a pointer to the scan, each store of add_word would make the compiler load them
+ * again). */
 static inline __attribute__((always_inline)) uint32_t scan_words(struct scan *s, const char *p, uint32_t slot0,
                                                                  uint32_t n, int with_slots)
 {
