@@ -872,45 +872,33 @@ def test_a_handed_over_swap_out_is_released_before_an_older_one_still_copying(fa
     no_misbehaviour(run)
 
 
-def test_a_handoff_skips_a_swap_out_needed_soon(fake, tmp_path):
+HANDIDLE_PLANS = {
+    # a (needed at op 2) and b (at op 90) planned out after op 0: a is older but needed soon
+    "skips_needed_soon": [(0, "SWAP_OUT", "a"), (0, "SWAP_OUT", "b"), (0, "IDLE", "a", 2), (0, "IDLE", "b", 90)],
+    # b out after op 0, a after op 1, neither needed within 25 ops: b is the oldest, a first in the table
+    "takes_the_oldest": [(0, "SWAP_OUT", "b"), (1, "SWAP_OUT", "a"), (0, "IDLE", "b", 90), (1, "IDLE", "a", 90)],
+}
+
+
+@pytest.mark.parametrize("case", sorted(HANDIDLE_PLANS))
+def test_a_handoff_takes_the_oldest_swap_out_not_needed_soon(fake, tmp_path, case):
     """A map takes the memory of the oldest swap-out still leaving that no op needs soon by the
-    plan's IDLE hints (within min(64, P / 4) = 25 ops here): a (needed at op 2) and b (at op 90) are
-    planned out after op 0 of a 100-op iteration; y, allocated after op 1, takes b's memory, not
-    older a's. Op 2 then cancels a's swap-out, its copy still queued: a is never out and never
-    comes back on demand (the H200 run before this rule: 4-6 handoffs an iteration of blocks
-    the next op named, the host waiting 3-47 ms for each)."""
+    plan's IDLE hints (within min(64, P / 4) = 25 ops of this 100-op iteration). y, allocated
+    after op 1, takes b's memory in both cases: skips_needed_soon, not older a's, which op 2 needs;
+    takes_the_oldest, not a's, first in the block table (what leaving_of took before out_order).
+    Op 2 then names a, whose swap-out is cancelled, its copy still queued: a is never out and never
+    comes back on demand (the H200 run before this rule: 4-6 handoffs an iteration of blocks the
+    next op named, the host waiting 3-47 ms for each)."""
     keys = [FUNC_A] + [KERN_B] * 99
 
     def plan(path, pid, out):
-        write_plan(path, pid, 1, keys,
-                   [(0, ActionKind.SWAP_OUT, out["a"], 2 * MIB), (0, ActionKind.SWAP_OUT, out["b"], 2 * MIB),
-                    (0, ActionKind.IDLE, out["a"], 2 * MIB, 2), (0, ActionKind.IDLE, out["b"], 2 * MIB, 90)])
+        write_plan(path, pid, 1, keys, [(at, ActionKind[kind], out[name], 2 * MIB, *until)
+                                        for at, kind, name, *until in HANDIDLE_PLANS[case]])
 
     run = run_swap(fake, tmp_path, "handidle", budget=1 << 40, plans={1: plan},
                    env={"PYOBMEM_RELEASER": "0", "PYOBMEM_GPU_CLOCK_EVERY": "0"})
     assert len(run.swaps(Ev.SWAP_OUT, run.out["b"])) == 1
     assert len(run.swaps(Ev.SWAP_OUT, run.out["a"])) == 0  # its memory was not handed to y
-    assert len(run.swaps(Ev.SWAP_IN, run.out["a"])) == 0
-    assert (run.out["bad_a"], run.out["bad_b"]) == (0, 0)
-    no_misbehaviour(run)
-
-
-def test_a_handoff_takes_the_oldest_swap_out_not_the_first_in_the_table(fake, tmp_path):
-    """The handidle scenario with b planned out after op 0 and a after op 1, neither needed within
-    25 ops by the hints: y takes the memory of b, the oldest swap-out, not of a, first in the block
-    table (what leaving_of took before out_order). Op 2 then names a, whose swap-out is cancelled:
-    a is never out and never comes back on demand."""
-    keys = [FUNC_A] + [KERN_B] * 99
-
-    def plan(path, pid, out):
-        write_plan(path, pid, 1, keys,
-                   [(0, ActionKind.SWAP_OUT, out["b"], 2 * MIB), (1, ActionKind.SWAP_OUT, out["a"], 2 * MIB),
-                    (0, ActionKind.IDLE, out["b"], 2 * MIB, 90), (1, ActionKind.IDLE, out["a"], 2 * MIB, 90)])
-
-    run = run_swap(fake, tmp_path, "handidle", budget=1 << 40, plans={1: plan},
-                   env={"PYOBMEM_RELEASER": "0", "PYOBMEM_GPU_CLOCK_EVERY": "0"})
-    assert len(run.swaps(Ev.SWAP_OUT, run.out["b"])) == 1
-    assert len(run.swaps(Ev.SWAP_OUT, run.out["a"])) == 0
     assert len(run.swaps(Ev.SWAP_IN, run.out["a"])) == 0
     assert (run.out["bad_a"], run.out["bad_b"]) == (0, 0)
     no_misbehaviour(run)
