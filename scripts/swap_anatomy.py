@@ -457,8 +457,7 @@ def copy_engine(run: Run, k: int, bandwidth: float = 55e9, fwd_end: int | None =
     p, tg, _ = samples(run, k, before=1, after=1)
     ready = fifo - np.interp(consumer, p, tg.astype(np.float64))
     rows = []
-    for start in range(lo - lo % bucket, hi, bucket):
-        first, last = max(start, lo), min(start + bucket, hi)
+    for first, last in _spans(lo, hi, bucket):
         m = (consumer >= first) & (consumer < last)
         if not m.any():
             continue
@@ -469,6 +468,12 @@ def copy_engine(run: Run, k: int, bandwidth: float = 55e9, fwd_end: int | None =
                      "queue_ms": _ms((fifo[m] - issue[i[m]]).max())})
     result["in"]["by_consumer"] = rows
     return result
+
+
+def _spans(lo: int, end: int, width: int) -> list[tuple[int, int]]:
+    """[first, last) positions of the ``width``-op buckets (aligned to multiples of width) that
+    cover [lo, end), cut to it."""
+    return [(max(start, lo), min(start + width, end)) for start in range(lo - lo % width, end, width)]
 
 
 def swap_buckets(run: Run, k: int, width: int = 50, lo: int = 0, hi: int | None = None) -> dict:
@@ -488,8 +493,7 @@ def swap_buckets(run: Run, k: int, width: int = 50, lo: int = 0, hi: int | None 
     pos = np.searchsorted(ts[a:b], s["ts_ns"])
     outs, ins = s["direction"] == SWAP_OUT, s["direction"] == SWAP_IN
     rows = []
-    for start in range(lo - lo % width, end, width):
-        first, last = max(start, lo), min(start + width, end)
+    for first, last in _spans(lo, end, width):
         m = (pos >= first) & (pos < last)
         if not m.any():
             continue
