@@ -67,3 +67,19 @@ def test_resnet50_without_torchvision_is_one_line(tmp_path):
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.startswith("resnet50.py: error: torchvision is not importable (No module named 'torchvision')")
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_steps_time_is_the_wall_time_since_the_previous_record(monkeypatch, capsys):
+    """A loop times each step between its own device syncs; what lies between one step's sync and
+    the next (the loss read, the loop's sync, where swap-mode work of the shim's can land) counts
+    too: step_ms is the wall time since the previous record, per step between them (a loop that
+    records every 2 steps), the first record's the loop's own; sync_ms keeps the loop's."""
+    clock = iter([10.0, 10.7, 11.9])
+    monkeypatch.setattr(_common, "now", lambda: next(clock))
+    rec = _common.Recorder()
+    rec.step(0, 1.5, 500.0)
+    rec.step(1, 1.25, 510.0)  # 0.7 s after the first record
+    rec.step(3, 1.0, 520.0)   # 1.2 s later, two steps
+    assert rec.step_ms == [500.0, 700.0, 600.0]
+    assert rec.sync_ms == [500.0, 510.0, 520.0]
+    assert capsys.readouterr().out.splitlines()[1] == f"step 1 loss {1.25.hex()} time_ms 700.000"

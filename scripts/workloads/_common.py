@@ -43,17 +43,30 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 
 class Recorder:
-    """Collects the per-step losses and times and prints the step lines."""
+    """Collects the per-step losses and times and prints the step lines.
+
+    ``step(i, loss, ms)``: ``ms`` is what the loop timed between its own device syncs
+    (``sync_ms``). A step's time (``step_ms``, printed) is the wall time since the previous record,
+    per step between the two (a loop may record every N steps): the whole loop iteration, as
+    throughput sees it, with the loss read and the syncs between one step's compute and the next.
+    In swap mode work of the shim's can land there (session 12: the loop's sync waited 40 ms a
+    step for swap-outs, which the window between syncs missed). The first record's is its ``ms``."""
 
     def __init__(self) -> None:
         self.losses: list[str] = []
         self.step_ms: list[float] = []
+        self.sync_ms: list[float] = []
+        self._last: tuple[int, float] | None = None  # (step, time) of the previous record
 
     def step(self, i: int, loss: float, ms: float) -> None:
+        t = now()
         h = float(loss).hex()
+        wall = ms if self._last is None else (t - self._last[1]) * 1e3 / max(i - self._last[0], 1)
+        self._last = (i, t)
         self.losses.append(h)
-        self.step_ms.append(round(ms, 4))
-        print(f"step {i} loss {h} time_ms {ms:.3f}", flush=True)
+        self.step_ms.append(round(wall, 4))
+        self.sync_ms.append(round(ms, 4))
+        print(f"step {i} loss {h} time_ms {wall:.3f}", flush=True)
 
     def write(self, path: str | None, framework: str, args: argparse.Namespace, **extra) -> None:
         if not path:
@@ -61,6 +74,7 @@ class Recorder:
         doc = {
             "losses": self.losses,
             "step_ms": self.step_ms,
+            "sync_ms": self.sync_ms,
             "framework": framework,
             "argv": sys.argv,
             "seed": args.seed,
