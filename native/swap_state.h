@@ -88,6 +88,7 @@ struct swap_waits {
     uint64_t handoffs;                        /* maps that took a swap-out's memory still copying */
     uint64_t free_wait_ns, free_waits;        /* waiting for cached blocks' frees to reclaim their memory */
     uint64_t rounds, round_pending;           /* eviction rounds still over after the trims; cached bytes then pending (sum) */
+    uint64_t app_sync_ns, app_syncs;          /* the application in cuCtxSynchronize (atomic: no lock taken) */
 };
 extern struct swap_waits g_waits;
 

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "fake_cuda.h"
 
@@ -490,6 +491,8 @@ static const struct sym syms[] = {
     S("cuDriverGetVersion", 2020, cuDriverGetVersion, NULL),
     S("cuGetProcAddress", 11030, cuGetProcAddress, NULL),
     S("cuGetProcAddress", 12000, cuGetProcAddress_v2, NULL),
+    S("cuCtxSynchronize", 2000, cuCtxSynchronize, NULL),
+    S("cuStreamSynchronize", 2000, cuStreamSynchronize, NULL),
     S("cuMemAlloc", 2000, cuMemAlloc, NULL),
     S("cuMemAlloc", 3020, cuMemAlloc_v2, NULL),
     S("cuMemFree", 3020, cuMemFree_v2, NULL),

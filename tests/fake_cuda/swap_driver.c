@@ -1461,9 +1461,11 @@ static int scenario_pollfifo(void)
 
 /* The queue of swap-outs: a, b, c of 96 MiB, all three planned out after op 1 (the test's plan at
  * sync point 1). The copy engine gets 64 MiB pieces while under 128 MiB are in flight: a's two
- * and b's first, then (the shim stream has run) the rest at the next op's poll. Every byte of
- * the three comes back. */
-static int scenario_outqueue(void)
+ * and b's first, then (the shim stream has run) the rest at the next op's poll. sync 1 / 2
+ * (ctxsync / streamsync): the application calls cuCtxSynchronize / cuStreamSynchronize of the
+ * legacy stream right after op 1 (pieces the release thread issued while it waited:
+ * pieces_fed_in_sync). Every byte of the three comes back. */
+static int scenario_outqueue(int sync)
 {
     size_t n = 96 * MIB;
     CUdeviceptr a = must_alloc(n), b = must_alloc(n), c = must_alloc(n), t = must_alloc(2 * MIB);
@@ -1476,6 +1478,12 @@ static int scenario_outqueue(void)
     op_b(t);
     op_a(t, 0, 0); /* a, b and c go out after it */
     printf("pieces_at_op=%lld\n", fakeCounter("dtoh_async") - d0);
+    if (sync == 1)
+        ((CUresult(*)(void))get("cuCtxSynchronize"))();
+    else if (sync == 2)
+        ((CUresult(*)(CUstream))get("cuStreamSynchronize"))(NULL);
+    if (sync)
+        printf("pieces_fed_in_sync=%lld\n", fakeCounter("ctx_sync_fed"));
     fakeAdvance(-1);
     op_b(t);
     printf("pieces_after_poll=%lld\n", fakeCounter("dtoh_async") - d0);
@@ -1682,7 +1690,7 @@ int main(int argc, char **argv)
     else if (!strcmp(s, "cancelfree"))
         rc = scenario_cancelfree();
     else if (!strcmp(s, "outqueue"))
-        rc = scenario_outqueue();
+        rc = scenario_outqueue(argc < 3 ? 0 : !strcmp(argv[2], "ctxsync") ? 1 : !strcmp(argv[2], "streamsync") ? 2 : 0);
     else if (!strcmp(s, "handfifo"))
         rc = scenario_handfifo();
     else if (!strcmp(s, "handidle"))
