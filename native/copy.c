@@ -80,8 +80,8 @@ static void copy_prep(uint64_t w[4], int kind, uint64_t dst, uint64_t src, uint6
  * threads issue while they wait (the H200, session 12: at the end of each GPT medium step at 75%,
  * loss.item()'s stream sync waited 40.7 ms while the release thread fed the optimizer state's
  * queued swap-outs to the copy engine; 2.5 ms with the queue held). In swap mode the queue is held
- * while an application thread is in one (swap_copy.c): it waits for OUT_AHEAD bytes of the shim's
- * copies at most. */
+ * while an application thread is in one, of any stream (swap_copy.c; PYOBMEM_SYNC_HOLD=0: not):
+ * it waits for OUT_AHEAD bytes of the shim's copies at most. */
 #define DEF_APP_SYNC(NAME, PARAMS, ARGS)              \
     CUresult CUDAAPI NAME PARAMS                      \
     {                                                 \

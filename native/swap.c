@@ -82,15 +82,19 @@ static void note_waits(void)
     pthread_mutex_unlock(&g_mu);
     ring_note("swap.waits=ops=%llu/%lluus drains=%llu/%lluus maps=%llu/%lluus "
               "creates=%llu unmaps=%llu/%lluus releases=%llu evictions=%llu planned_outs=%llu handoffs=%llu "
-              "free_waits=%llu/%lluus rounds=%llu round_pending=%lluMB app_syncs=%llu/%lluus",
+              "free_waits=%llu/%lluus rounds=%llu round_pending=%lluMB",
               (unsigned long long)w.ops, (unsigned long long)(w.op_ns / 1000), (unsigned long long)w.drains,
               (unsigned long long)(w.drain_ns / 1000), (unsigned long long)w.maps, (unsigned long long)(w.map_ns / 1000),
               (unsigned long long)w.creates, (unsigned long long)w.unmaps, (unsigned long long)(w.unmap_ns / 1000),
               (unsigned long long)w.releases, (unsigned long long)w.evictions, (unsigned long long)w.planned_outs,
               (unsigned long long)w.handoffs, (unsigned long long)w.free_waits,
               (unsigned long long)(w.free_wait_ns / 1000), (unsigned long long)w.rounds,
-              (unsigned long long)(w.round_pending >> 20), (unsigned long long)w.app_syncs,
-              (unsigned long long)(w.app_sync_ns / 1000));
+              (unsigned long long)(w.round_pending >> 20));
+    /* its own note: swap.waits is near the ring's 256-character note limit */
+    ring_note("swap.app_syncs=%llu/%lluus hold=%s",
+              (unsigned long long)__atomic_load_n(&g_waits.app_syncs, __ATOMIC_RELAXED),
+              (unsigned long long)(__atomic_load_n(&g_waits.app_sync_ns, __ATOMIC_RELAXED) / 1000),
+              swap_sync_hold() ? "on" : "off");
     swap_pools_note();
 }
 uint64_t g_mapped;

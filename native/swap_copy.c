@@ -34,11 +34,24 @@ static uint64_t g_fly_bytes;
 static CUevent *g_spare_ev; /* flight events seen done, reused */
 static size_t g_nspare_ev, g_capspare_ev;
 static uint64_t g_out_seq; /* pieces issued: sblock.out_seq */
-/* Application threads inside cuCtxSynchronize or cuStreamSynchronize (copy.c). Such a call also
- * waits for copies other threads issue while it waits: on the H200 (session 12, GPT medium at 75%)
- * loss.item() waited 40.7 ms a step while the release thread fed the optimizer state's 2.4 GB of
- * queued swap-outs to the engine. While one is in, the queue waits. */
+/* Application threads inside cuCtxSynchronize or cuStreamSynchronize of any stream (copy.c). Such a
+ * call also waits for copies other threads issue while it waits: on the H200 (session 12, GPT
+ * medium at 75%) loss.item() waited 40.7 ms a step while the release thread fed the optimizer
+ * state's 2.4 GB of queued swap-outs to the engine. While one is in, the queue waits (unless
+ * PYOBMEM_SYNC_HOLD=0): the engine idles once what is in flight is done. */
 static int g_app_syncs;
+static int g_hold = -1; /* PYOBMEM_SYNC_HOLD, read once */
+
+int swap_sync_hold(void)
+{
+    int h = __atomic_load_n(&g_hold, __ATOMIC_RELAXED);
+    if (h < 0) {
+        const char *env = getenv(PYOBMEM_ENV_SYNC_HOLD);
+        h = !(env && strcmp(env, "0") == 0);
+        __atomic_store_n(&g_hold, h, __ATOMIC_RELAXED);
+    }
+    return h;
+}
 static uint64_t g_out_order; /* swap-outs begun: sblock.out_order */
 
 static int grow(void **a, size_t *cap, size_t n, size_t each)
@@ -129,7 +142,8 @@ static int issue_piece(struct sblock *b)
 
 uint64_t swap_app_sync_begin(void)
 {
-    __atomic_add_fetch(&g_app_syncs, 1, __ATOMIC_ACQ_REL);
+    if (swap_sync_hold())
+        __atomic_add_fetch(&g_app_syncs, 1, __ATOMIC_ACQ_REL);
     return shim_now_ns();
 }
 
@@ -137,7 +151,8 @@ void swap_app_sync_end(uint64_t t_begin)
 {
     __atomic_add_fetch(&g_waits.app_sync_ns, shim_now_ns() - t_begin, __ATOMIC_RELAXED);
     __atomic_add_fetch(&g_waits.app_syncs, 1, __ATOMIC_RELAXED);
-    __atomic_sub_fetch(&g_app_syncs, 1, __ATOMIC_ACQ_REL);
+    if (swap_sync_hold())
+        __atomic_sub_fetch(&g_app_syncs, 1, __ATOMIC_ACQ_REL);
 }
 
 void issue_outs(int all)

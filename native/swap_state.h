@@ -88,7 +88,7 @@ struct swap_waits {
     uint64_t handoffs;                        /* maps that took a swap-out's memory still copying */
     uint64_t free_wait_ns, free_waits;        /* waiting for cached blocks' frees to reclaim their memory */
     uint64_t rounds, round_pending;           /* eviction rounds still over after the trims; cached bytes then pending (sum) */
-    uint64_t app_sync_ns, app_syncs;          /* the application in cuCtxSynchronize (atomic: no lock taken) */
+    uint64_t app_sync_ns, app_syncs;          /* the application in cuCtxSynchronize / cuStreamSynchronize (atomic, no lock) */
 };
 extern struct swap_waits g_waits;
 
@@ -175,6 +175,8 @@ uint64_t spare_bytes_of(uint64_t vsize);
 void cancel_out(struct sblock *b);
 /* Queue b's swap-out (OUT_PENDING at once) and issue what the copy engine has room for. */
 int swap_out(struct sblock *b);
+/* Whether queued swap-outs wait while the application syncs (PYOBMEM_SYNC_HOLD, default on). */
+int swap_sync_hold(void);
 /* Issue queued swap-outs while fewer than OUT_AHEAD bytes are in flight (all: every one). */
 void issue_outs(int all);
 /* Issue all of b's swap-out now, out of the queue's order (its memory is handed over). */
