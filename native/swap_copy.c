@@ -34,6 +34,7 @@ static uint64_t g_fly_bytes;
 static CUevent *g_spare_ev; /* flight events seen done, reused */
 static size_t g_nspare_ev, g_capspare_ev;
 static uint64_t g_out_seq; /* pieces issued: sblock.out_seq */
+static uint64_t g_out_order; /* swap-outs begun: sblock.out_order */
 /* Application threads inside cuCtxSynchronize or cuStreamSynchronize of any stream (copy.c). Such a
  * call also waits for copies other threads issue while it waits: on the H200 (session 12, GPT
  * medium at 75%) loss.item() waited 40.7 ms a step while the release thread fed the optimizer
@@ -52,7 +53,6 @@ int swap_sync_hold(void)
     }
     return h;
 }
-static uint64_t g_out_order; /* swap-outs begun: sblock.out_order */
 
 static int grow(void **a, size_t *cap, size_t n, size_t each)
 {

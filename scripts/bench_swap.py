@@ -866,7 +866,7 @@ class Bench:
                                   "measured_steps of them; a step's time is the wall time from the previous "
                                   "step's record to its own (the whole loop iteration, with the syncs and the "
                                   "loss read between steps; until session 11 the window between the step's two "
-                                  "device syncs, which missed up to 40 ms a step of swap-outs in the loop's sync)",
+                                  "device syncs, which missed up to 40 ms a step of loss.item() waiting behind swap-outs)",
                 "time_ratio": "step_ms_median over the unmodified baseline's",
                 "loss_identical": "per-step losses (float.hex) equal bit for bit to the baseline's, same step count",
                 "budget": "budget_bytes = fraction x baseline driver peak; shim_budget_bytes (--budget) = budget_bytes "

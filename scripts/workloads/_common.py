@@ -49,8 +49,8 @@ class Recorder:
     (``sync_ms``). A step's time (``step_ms``, printed) is the wall time since the previous record,
     per step between the two (a loop may record every N steps): the whole loop iteration, as
     throughput sees it, with the loss read and the syncs between one step's compute and the next.
-    In swap mode work of the shim's can land there (session 12: the loop's sync waited 40 ms a
-    step for swap-outs, which the window between syncs missed). The first record's is its ``ms``."""
+    In swap mode work of the shim's can land there (session 12: loss.item() waited 40 ms a step
+    behind swap-outs, which the window between syncs missed). The first record's is its ``ms``."""
 
     def __init__(self) -> None:
         self.losses: list[str] = []
