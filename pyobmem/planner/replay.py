@@ -40,7 +40,10 @@ Not modelled: spare handles (released memory kept for a map of its size: fewer c
 handoffs, the same count), the release thread's unmaps holding the executor's lock, the shim's own
 time per op (event records, release polls), copies of the application on the copy engines, the
 100 us release poll, more than one stream, shim blocks that are no candidates going out (only
-candidates are evicted), a cuMemAlloc block never taking a handoff. A swap-in on demand makes the
+candidates are evicted), a cuMemAlloc block never taking a handoff, cached memory given back
+before the host waits for a swap-out's copy (``hold_budget`` since session 13; the replay waits
+first: replayed on session 13's trace, the shim's order gave 75/60/50% 1.031/1.257/1.401 against
+1.022/1.197/1.421, and the H200 1.033 against 1.106 at 75%). A swap-in on demand makes the
 op's stream wait for its copy, not the host (``finish_in``), as the shim does outside a capture.
 Its inputs are the unswapped capture's timing (the GPU clock samples every 32 ops).
 """

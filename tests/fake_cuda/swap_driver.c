@@ -1081,6 +1081,37 @@ static int scenario_freewait(int twice)
     return 0;
 }
 
+/* Cached memory goes back before the host waits for a swap-out's copy (budget 6 granules): a
+ * (LEN, 3 granules) and t (1) live, x (2 granules, stream-ordered on S1) freed and its free
+ * reached, so cached; the plan sends a out after op_a (its copy queued, the shim's streams not
+ * run). z (1 granule on S2, no class in the cache, no leaving block of its size) fits the count
+ * (t + x's cache + z = 4) but not the memory still mapped with a's (7): x's memory goes back,
+ * a's copy is not waited for. */
+static int scenario_trimfirst(void)
+{
+    CUdeviceptr a = must_alloc(LEN), t = must_alloc(2 * MIB);
+    printf("a=%" PRIu64 "\nt=%" PRIu64 "\n", (uint64_t)a, (uint64_t)t);
+    fill(a, LEN, 3);
+    CUdeviceptr x = must_alloc_ordered(4 * MIB, S1);
+    fill(x, 4 * MIB, 1);
+    ((freea_fn)get("cuMemFreeAsync"))(x, S1);
+    fakeAdvance(-1);
+    sync_point(1); /* the test writes the plan now */
+    op_b(t);
+    op_a(a, 0, 0); /* a goes out after this op: its copy queued */
+    op_b(t);
+    printf("a_leaving=%d\n", fakeAccess(a) != -1);
+    CUdeviceptr z = must_alloc_ordered(2 * MIB, (CUstream)0x99);
+    printf("a_mapped_after_z=%d\n", fakeAccess(a) != -1); /* its copy not waited for */
+    printf("x_handle_released=%d\n", fakeCounter("handles") == 3); /* a's, t's, z's */
+    fill(z, 2 * MIB, 6);
+    fakeAdvance(-1);
+    printf("bad_z=%ld\n", check(z, 2 * MIB, 6, 0));
+    printf("bad_a=%ld\n", check(a, LEN, 3, 0));
+    counters();
+    return 0;
+}
+
 /* A host slot reused across the two copy streams (FAKE_HOST_BYTES: one 2 MiB slot; budget one
  * block). b's allocation evicts a into the slot. The op on a brings it back: its swap-in copy
  * reads the slot on the host-to-device stream (queued, not run: manual streams); then b is
@@ -1758,6 +1789,8 @@ int main(int argc, char **argv)
         rc = scenario_ordered();
     else if (!strcmp(s, "freewait"))
         rc = scenario_freewait(argc > 2 && !strcmp(argv[2], "twice"));
+    else if (!strcmp(s, "trimfirst"))
+        rc = scenario_trimfirst();
     else if (!strcmp(s, "ordered_budget"))
         rc = scenario_ordered_budget();
     else if (!strcmp(s, "slotreuse"))
