@@ -284,7 +284,7 @@ def test_cached_memory_goes_back_before_the_host_waits_for_a_swap_outs_copy(fake
     run = run_swap(fake, tmp_path, "trimfirst", budget=6 * GRAN, plans={1: _out_after_op_a},
                    env={"PYOBMEM_RELEASER": releaser})
     assert run.out["a_leaving"] == 1 and run.out["a_mapped_after_z"] == 1
-    assert run.out["x_handle_released"] == 1
+    assert run.out["x_unmapped"] == 1
     assert (run.out["bad_a"], run.out["bad_z"]) == (0, 0)
     assert [int(r["a"]) for r in run.swaps(Ev.SWAP_OUT)] == [run.block_id(run.out["a"])]
     assert _waits(run).split(" drains=")[1].split()[0] == "0/0us", _waits(run)

@@ -42,8 +42,8 @@ time per op (event records, release polls), copies of the application on the cop
 100 us release poll, more than one stream, shim blocks that are no candidates going out (only
 candidates are evicted), a cuMemAlloc block never taking a handoff, cached memory given back
 before the host waits for a swap-out's copy (``hold_budget`` since session 13; the replay waits
-first: replayed on session 13's trace, the shim's order gave 75/60/50% 1.031/1.257/1.401 against
-1.022/1.197/1.421, and the H200 1.033 against 1.106 at 75%). A swap-in on demand makes the
+first: a local variant of ``hold`` that trims first, not committed, replayed session 13's trace at
+75/60/50% as 1.031/1.257/1.401 against 1.022/1.197/1.421; the H200 gave 1.033 against 1.106 at 75%). A swap-in on demand makes the
 op's stream wait for its copy, not the host (``finish_in``), as the shim does outside a capture.
 Its inputs are the unswapped capture's timing (the GPU clock samples every 32 ops).
 """
@@ -208,7 +208,7 @@ class _State:
 
     # -- the budget ---------------------------------------------------------------------
     def trim(self, want: float) -> None:
-        """Cached memory the GPU is done with goes back (``trim``, swap_alloc.c): largest size
+        """Cached memory the GPU is done with goes back (``trim``, swap_cache.c): largest size
         classes first, the newest of a class first (the shim's cache order)."""
         got = 0
         for vs in sorted(self.cache, reverse=True):
