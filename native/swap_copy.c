@@ -185,7 +185,7 @@ void issue_now(struct sblock *b)
         }
 }
 
-int swap_out(struct sblock *b)
+int swap_out(struct sblock *b, uint16_t cause)
 {
     if (b->state != SB_RESIDENT || !swappable(b) || g_fences_lost || !g_d2h ||
         !grow((void **)&g_outq, &g_capoutq, g_noutq, sizeof *g_outq))
@@ -198,6 +198,7 @@ int swap_out(struct sblock *b)
     b->slot_new |= fresh;
     b->out_off = 0;
     b->out_order = ++g_out_order;
+    b->out_cause = cause;
     b->queued = 1;
     g_outq[g_noutq++] = b;
     b->state = SB_OUT_PENDING;

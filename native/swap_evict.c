@@ -85,7 +85,7 @@ void make_room(uint64_t need, uint64_t stamp)
         struct sblock *v = pick_victim(stamp, round, need);
         if (!v)
             break;
-        g_waits.evictions += swap_out(v);
+        g_waits.evictions += swap_out(v, PYOBMEM_SWAP_OUT_ROOM);
     }
     drain_outs();
 }
@@ -94,16 +94,24 @@ void make_room(uint64_t need, uint64_t stamp)
  * the least recently used blocks: before a plan exists this is the whole policy; under a plan,
  * the safety net for a plan whose swap-outs come later than predicted. keep: the bytes of a spare
  * handle the caller maps next (counted already), never given back for it. */
+/* Bytes by which resident_bytes() + extra passes the budget, 0 when it does not: read once, since
+ * other threads' non-swap allocations and frees change resident_bytes() without g_mu. */
+static uint64_t over_budget(uint64_t extra, uint64_t budget)
+{
+    uint64_t r = resident_bytes() + extra;
+    return r > budget ? r - budget : 0;
+}
+
 static void evict_keeping(uint64_t need, uint64_t keep, uint64_t stamp)
 {
-    uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED);
-    if (!budget || resident_bytes() + need <= budget)
+    uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED), over;
+    if (!budget || !(over = over_budget(need, budget)))
         return;
-    cache_trim_keeping(resident_bytes() + need - budget, keep); /* cached memory before live blocks */
-    if (g_pool_slack && resident_bytes() + need > budget)
-        pools_trim(resident_bytes() + need - budget); /* the driver's cached memory too */
-    if (resident_bytes() + need > budget && victim_exists(stamp))
-        cache_trim_waiting(resident_bytes() + need - budget, keep); /* freed memory before live blocks */
+    cache_trim_keeping(over, keep); /* cached memory before live blocks */
+    if (g_pool_slack && (over = over_budget(need, budget)))
+        pools_trim(over); /* the driver's cached memory too */
+    if ((over = over_budget(need, budget)) && victim_exists(stamp))
+        cache_trim_waiting(over, keep); /* freed memory before live blocks */
     if (resident_bytes() + need > budget) {
         g_waits.rounds++;
         g_waits.round_pending += cache_pending_bytes();
@@ -113,7 +121,7 @@ static void evict_keeping(uint64_t need, uint64_t keep, uint64_t stamp)
         struct sblock *v = pick_victim(stamp, round, need);
         if (!v)
             break;
-        g_waits.evictions += swap_out(v);
+        g_waits.evictions += swap_out(v, PYOBMEM_SWAP_OUT_BUDGET);
     }
     if (resident_bytes() + need > budget && !g_noted_budget) {
         uint64_t op = need; /* the op's own blocks: none of them can go out for it */
@@ -145,19 +153,18 @@ void hold_budget(uint64_t need, int device, uint64_t stamp)
     pools_refresh();
     evict_keeping(need - keep, keep, stamp);
     uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED);
-    if (budget && g_out_pending && resident_bytes() + g_leaving + need - keep > budget && !handoff_ready(need, device)) {
+    uint64_t over;
+    if (budget && g_out_pending && (over = over_budget(g_leaving + need - keep, budget)) && !handoff_ready(need, device)) {
         /* Cached memory the GPU is done with (and spare handles) goes back before the host
-         * waits for copies: GPT
-         * medium at 75% on the H200 waited 48 ms at one 128 MiB allocation for 2.5 GiB of
-         * swap-outs while the application held 14.3 of the 25.9 GiB budget; with this order
-         * its step went from 1.106x to 1.033x (session 13). */
-        cache_trim_keeping(resident_bytes() + g_leaving + need - keep - budget, keep);
-        if (resident_bytes() + g_leaving + need - keep > budget)
+         * waits for copies: GPT medium at 75% on the H200 waited 48 ms at one 128 MiB
+         * allocation for 2.5 GiB of swap-outs while the application held 14.3 of the 25.9 GiB
+         * budget; with this order its step went from 1.106x to 1.033x (session 13). */
+        cache_trim_keeping(over, keep);
+        if (over_budget(g_leaving + need - keep, budget))
             drain_until(need - keep, budget);
     }
     /* spares the drained swap-outs kept: one of `need` bytes is the memory the caller maps next */
     keep = spare_bytes_of(need) ? need : 0;
-    uint64_t now = resident_bytes() - keep + need;
-    if (budget && now > budget)
-        cache_trim_keeping(now - budget, keep);
+    if (budget && (over = over_budget(need - keep, budget)))
+        cache_trim_keeping(over, keep);
 }

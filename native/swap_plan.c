@@ -382,7 +382,7 @@ void run_actions(int64_t pos, uint16_t kind, uint64_t stamp)
         } else {
             if (b->state == SB_IN_PENDING)
                 finish_in(b, NULL, 0);
-            g_waits.planned_outs += swap_out(b);
+            g_waits.planned_outs += swap_out(b, PYOBMEM_SWAP_OUT_PLANNED);
         }
     }
 }

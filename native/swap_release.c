@@ -128,7 +128,7 @@ void poll_releases(void)
         g_out_pending--;
         g_leaving -= b->vsize;
         forget_uses(b);
-        emit_swap(PYOBMEM_EV_SWAP_OUT, 0, b, shim_now_ns() - b->t_issue);
+        emit_swap(PYOBMEM_EV_SWAP_OUT, b->out_cause, b, shim_now_ns() - b->t_issue);
     }
     for (size_t i = g_nfreed; i-- > 0;) {
         struct sblock *b = g_freed[i];

@@ -61,6 +61,7 @@ struct sblock {
     uint64_t out_off;           /* bytes of its swap-out issued so far */
     uint64_t out_seq;           /* issue order of its swap-out's latest piece: swap-outs complete in it */
     uint64_t out_order;         /* order of its swap-out among all (swap_out): the queue's order */
+    uint16_t out_cause;         /* its swap-out's pyobmem_swap_out_cause (the SWAP_OUT record's flags) */
     void *host;                 /* its host slot, kept from the first swap-out until it is freed */
     uint64_t t_issue;           /* ns when the last copy (a swap-out: its first piece) was issued */
     uint64_t lru;               /* op stamp of the last op touching it */
@@ -173,8 +174,9 @@ uint64_t spare_bytes_of(uint64_t vsize);
 
 /* ---- swap_copy.c ---- */
 void cancel_out(struct sblock *b);
-/* Queue b's swap-out (OUT_PENDING at once) and issue what the copy engine has room for. */
-int swap_out(struct sblock *b);
+/* Queue b's swap-out (OUT_PENDING at once) and issue what the copy engine has room for; cause:
+ * a pyobmem_swap_out_cause, recorded with it. */
+int swap_out(struct sblock *b, uint16_t cause);
 /* Whether queued swap-outs wait while the application syncs (PYOBMEM_SYNC_HOLD, default on). */
 int swap_sync_hold(void);
 /* Issue queued swap-outs while fewer than OUT_AHEAD bytes are in flight (all: every one). */

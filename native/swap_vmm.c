@@ -146,7 +146,7 @@ static int take_leaving(struct sblock *b, CUevent *after)
     *after = o->copy_ev;
     g_waits.handoffs++;
     /* o's memory is gone from it now: that is its swap-out, as the budget and the capture see it */
-    emit_swap(PYOBMEM_EV_SWAP_OUT, 0, o, shim_now_ns() - o->t_issue);
+    emit_swap(PYOBMEM_EV_SWAP_OUT, o->out_cause, o, shim_now_ns() - o->t_issue);
     return 1;
 }
 

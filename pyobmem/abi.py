@@ -32,6 +32,8 @@ _ENUMS = {
     "pyobmem_rank_source": ("RankSource", "PYOBMEM_RANK_", enum.IntEnum,
                             "Which environment variables gave a process its rank (PROCESS rank_source)."),
     "pyobmem_swap_in_cause": ("SwapInCause", "PYOBMEM_SWAP_IN_", enum.IntEnum, "Why a block came back (SWAP_IN flags)."),
+    "pyobmem_swap_out_cause": ("SwapOutCause", "PYOBMEM_SWAP_OUT_", enum.IntEnum,
+                               "Why a block went out (SWAP_OUT flags; 0: not recorded, captures before session 13)."),
     "pyobmem_alloc_kind": ("AllocKind", "PYOBMEM_ALLOC_", enum.IntEnum, "How a block was allocated (ALLOC kind)."),
     "pyobmem_launch_flags": ("LaunchFlag", "PYOBMEM_LAUNCH_", enum.IntFlag, "Flags of a LAUNCH record."),
     "pyobmem_copy_kind": ("CopyKind", "PYOBMEM_COPY_", enum.IntEnum,

@@ -43,8 +43,9 @@ PROCESSES_DTYPE = np.dtype(
 )
 UNTRACKED_DTYPE = np.dtype([("pid", "<u4"), ("ts_ns", "<i8"), ("addr", "<u8"), ("kind", "<u1")])
 DROPS_DTYPE = np.dtype([("pid", "<u4"), ("ts_ns", "<i8"), ("count", "<u8")])
-# Swap mode: one row per SWAP_OUT / SWAP_IN event. direction 0 = out, 1 = in; cause 0 for a swap-out,
-# else abi.SwapInCause (1 prefetch hit, 2 late prefetch = stall, 3 demand = the safety net).
+# Swap mode: one row per SWAP_OUT / SWAP_IN event. direction 0 = out, 1 = in; cause: a swap-in's
+# abi.SwapInCause (1 prefetch hit, 2 late prefetch = stall, 3 demand = the safety net), a swap-out's
+# abi.SwapOutCause (1 planned, 2 budget eviction, 3 out of device memory; 0 before session 13).
 SWAPS_DTYPE = np.dtype(
     [("ts_ns", "<i8"), ("pid", "<u4"), ("block", "<i8"), ("block_id", "<u8"), ("bytes", "<u8"),
      ("direction", "<u1"), ("cause", "<u1"), ("duration_ns", "<u8"), ("stream", "<u8")]
@@ -359,7 +360,7 @@ def decode_records(recs: np.ndarray, meta: dict | None = None, path: str = "<rec
     swaps["ts_ns"], swaps["pid"], swaps["block_id"], swaps["bytes"] = sw["ts_ns"], sw["pid"], sw["block_id"], sw["bytes"]
     swaps["block"] = block_index.lookup(sw["pid"], sw["block_id"]) if len(sw) else np.zeros(0, np.int64)
     swaps["direction"] = np.where(sw["type"] == abi.Ev.SWAP_IN, SWAP_IN, SWAP_OUT)
-    swaps["cause"] = np.where(sw["type"] == abi.Ev.SWAP_IN, sw["flags"] & 0xFF, 0)
+    swaps["cause"] = sw["flags"] & 0xFF
     swaps["duration_ns"], swaps["stream"] = sw["duration_ns"], sw["stream"]
 
     pl = of(abi.Ev.PLAN)

@@ -521,10 +521,11 @@ def run_measured(label: str, script: str, args: list[str], json_path: Path, nvml
 
 # ------------------------------------------------------------------------------------ captures
 def swap_stats(cap) -> dict:
-    """Swap-outs, swap-ins by cause, plans adopted and dropped, pinned host memory and the shim's
-    swap notes, from a Capture (``swaps``, ``plans``, ``notes``)."""
+    """Swap-outs and swap-ins by cause, plans adopted and dropped, pinned host memory and the
+    shim's swap notes, from a Capture (``swaps``, ``plans``, ``notes``). ``swap_outs``: None for a
+    capture that did not record why blocks went out (before session 13)."""
     import numpy as np
-    from pyobmem.abi import SwapInCause
+    from pyobmem.abi import SwapInCause, SwapOutCause
 
     sw, pl = cap.swaps, cap.plans
     out = sw[sw["direction"] == 0]
@@ -533,6 +534,8 @@ def swap_stats(cap) -> dict:
     for c in SwapInCause:
         sel = ins["cause"] == int(c)
         by_cause[c.name.lower()] = {"count": int(sel.sum()), "bytes": int(ins["bytes"][sel].sum())}
+    out_by_cause = {c.name.lower(): {"count": int((out["cause"] == int(c)).sum()),
+                                     "bytes": int(out["bytes"][out["cause"] == int(c)].sum())} for c in SwapOutCause}
     adopted = pl[~pl["dropped"]]
     pinned = [int(n["swap.pinned_bytes"]) for n in cap.notes.values() if str(n.get("swap.pinned_bytes", "")).isdigit()]
     notes = {}
@@ -546,6 +549,7 @@ def swap_stats(cap) -> dict:
         "swapped_out_bytes": int(out["bytes"].sum()),
         "swapped_out_count": int(len(out)),
         "swapped_out_blocks": int(len(np.unique(out["block"]))),
+        "swap_outs": out_by_cause if np.any(out["cause"] != 0) else None,
         "swapped_in_bytes": int(ins["bytes"].sum()),
         "swapped_in_count": int(len(ins)),
         "swap_ins": by_cause,

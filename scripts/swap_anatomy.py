@@ -76,6 +76,7 @@ VMM_GRANULE = 2 << 20  # the H200's VMM granularity: a handoff maps memory of on
 LOOKBACK_NS = 50_000_000  # copies recorded this long before the iteration still occupy its engine
 MS, MIB, GIB = 1e6, float(1 << 20), float(1 << 30)
 CAUSES = {int(c): c.name.lower() for c in abi.SwapInCause}
+OUT_CAUSES = {int(c): c.name.lower() for c in abi.SwapOutCause}
 NAME_WIDTH = 44
 
 
@@ -255,10 +256,13 @@ def _mine(run: Run) -> tuple[np.ndarray, np.ndarray]:
     return blocks, s[np.argsort(s["ts_ns"], kind="stable")]
 
 
-def _causes(swaps: np.ndarray) -> dict:
-    """Swap-in cause name -> count (abi.SwapInCause, lower case)."""
-    names, counts = np.unique(swaps["cause"], return_counts=True)
-    return {CAUSES.get(int(c), str(int(c))): int(n) for c, n in zip(names, counts)}
+def _causes(swaps: np.ndarray, names: dict = CAUSES) -> dict:
+    """Cause name -> count: of swap-ins (abi.SwapInCause, lower case), or with ``OUT_CAUSES`` of
+    swap-outs (abi.SwapOutCause; those not recorded, cause 0, left out)."""
+    if names is OUT_CAUSES:
+        swaps = swaps[swaps["cause"] != 0]
+    causes, counts = np.unique(swaps["cause"], return_counts=True)
+    return {names.get(int(c), str(int(c))): int(n) for c, n in zip(causes, counts)}
 
 
 def _bounds(run: Run, k: int, lo: int, hi: int | None) -> tuple[int, int]:
@@ -480,9 +484,10 @@ def swap_buckets(run: Run, k: int, width: int = 50, lo: int = 0, hi: int | None 
     """Swap events recorded in iteration ``k`` per ``width`` ops of host position (the first op
     issued after the record; the last bucket may hold position len, the next anchor).
 
-    Returns {"host_ms" (the iteration's host time), "out": {count, gib}, "in": {count, gib, causes},
-    "buckets": [{lo, hi, host_ms, out, out_gib, out_mean_ms (mean duration_ns), in, in_gib, causes}]
-    for the buckets in [lo, hi) that hold events}.
+    Returns {"host_ms" (the iteration's host time), "out": {count, gib, causes}, "in": {count, gib,
+    causes}, "buckets": [{lo, hi, host_ms, out, out_gib, out_mean_ms (mean duration_ns), out_causes,
+    in, in_gib, causes}] for the buckets in [lo, hi) that hold events}; out causes are empty for
+    captures before session 13, which did not record them.
     """
     a, b = run.window(k)
     n = b - a
@@ -501,9 +506,10 @@ def swap_buckets(run: Run, k: int, width: int = 50, lo: int = 0, hi: int | None 
         rows.append({"lo": first, "hi": last, "host_ms": _ms(ts[a + min(last, n)] - ts[a + first]),
                      "out": len(o), "out_gib": _gib(o["bytes"].sum()),
                      "out_mean_ms": _ms(o["duration_ns"].mean()) if len(o) else 0.0,
+                     "out_causes": _causes(o, OUT_CAUSES),
                      "in": len(i), "in_gib": _gib(i["bytes"].sum()), "causes": _causes(i)})
     return {"host_ms": _ms(ts[b] - ts[a]),
-            "out": {"count": int(outs.sum()), "gib": _gib(s["bytes"][outs].sum())},
+            "out": {"count": int(outs.sum()), "gib": _gib(s["bytes"][outs].sum()), "causes": _causes(s[outs], OUT_CAUSES)},
             "in": {"count": int(ins.sum()), "gib": _gib(s["bytes"][ins].sum()),
                    "causes": _causes(s[ins])},
             "buckets": rows}
@@ -516,8 +522,14 @@ def _name(op: str) -> str:
     return short_name(op, NAME_WIDTH)
 
 
-def _causes_text(causes: dict) -> str:
-    return " ".join(f"{k} {v}" for k, v in causes.items()) or "-"
+def _pairs(causes: dict) -> str:
+    return " ".join(f"{k} {v}" for k, v in causes.items())
+
+
+def _causes_text(causes: dict, out: dict | None = None) -> str:
+    """'planned 3 budget 1 / late 2': swap-out causes (when given), then swap-in causes."""
+    ins = _pairs(causes) or "-"
+    return f"{_pairs(out) or '-'} / {ins}" if out is not None else ins
 
 
 def format_gpu(g: dict, min_segment_ms: float) -> list:
@@ -599,13 +611,15 @@ def format_engine(e: dict, bandwidth: float) -> list:
 def format_buckets(bk: dict, width: int) -> list:
     """Lines of the buckets section (``swap_buckets``' dict)."""
     lines = [f"iteration host time {bk['host_ms']:.1f} ms; swap-outs {bk['out']['count']} "
-             f"({bk['out']['gib']:.2f} GiB), "
+             f"({bk['out']['gib']:.2f} GiB{': ' + _pairs(bk['out']['causes']) if bk['out']['causes'] else ''}), "
              f"swap-ins {bk['in']['count']} ({bk['in']['gib']:.2f} GiB): {_causes_text(bk['in']['causes'])}; "
              f"per {width} ops",
-             f"{'pos':>13} {'host ms':>8} {'outs':>5} {'GiB':>6} {'mean ms':>8} {'ins':>5} {'GiB':>6}  causes"]
+             f"{'pos':>13} {'host ms':>8} {'outs':>5} {'GiB':>6} {'mean ms':>8} {'ins':>5} {'GiB':>6}  causes"
+             + (" (outs / ins)" if bk["out"]["causes"] else "")]
     for r in bk["buckets"]:
         lines.append(f"{r['lo']:>6}-{r['hi']:<6} {r['host_ms']:>8.1f} {r['out']:>5} {r['out_gib']:>6.2f} "
-                     f"{r['out_mean_ms']:>8.1f} {r['in']:>5} {r['in_gib']:>6.2f}  {_causes_text(r['causes'])}")
+                     f"{r['out_mean_ms']:>8.1f} {r['in']:>5} {r['in_gib']:>6.2f}  "
+                     f"{_causes_text(r['causes'], r['out_causes'] if bk['out']['causes'] else None)}")
     return lines
 
 

@@ -233,7 +233,7 @@ def injected_capture(tmp_path):
     extra["ts_ns"] = [t, t + 1, t + 2, t + 3, t + 4]
     extra["a"] = [1] + [blk["a"]] * 4  # plan generation 1; the block's id
     extra["b"] = [4] + [blk["c"]] * 4  # 4 actions; the block's size
-    extra["flags"] = [0, 0, abi.SwapInCause.PREFETCH, abi.SwapInCause.LATE, abi.SwapInCause.DEMAND]
+    extra["flags"] = [0, abi.SwapOutCause.PLANNED, abi.SwapInCause.PREFETCH, abi.SwapInCause.LATE, abi.SwapInCause.DEMAND]
     allr = np.concatenate([recs, extra])
     path = tmp_path / "injected.pyobmem"
     w = CaptureWriter(str(path), {**meta, "swap": {"min_swap_bytes": 4 << 20}, "blocks": "tensor",
@@ -253,6 +253,7 @@ def test_swap_statistics_and_daemon_replay(tmp_path):
     assert (r["swapped_out_count"], r["swapped_out_bytes"], r["swapped_out_blocks"]) == (1, size, 1)
     assert r["swapped_in_count"] == 3 and r["swapped_in_bytes"] == 3 * size
     assert {k: v["count"] for k, v in r["swap_ins"].items()} == {"prefetch": 1, "late": 1, "demand": 1}
+    assert {k: v["count"] for k, v in r["swap_outs"].items()} == {"planned": 1, "budget": 0, "room": 0}
     assert r["plan_adopted"] and r["plans_adopted"] == 1 and r["plans_dropped"] == 0 and r["plan_actions"] == 4
     assert r["swap_on"] is False  # a capture taken without swap mode: no "swap=on" note from the shim
     p = r["prediction"]

@@ -16,6 +16,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import swap_anatomy as sa  # noqa: E402
 
+from pyobmem import abi  # noqa: E402
 from pyobmem.capture import SWAP_IN, SWAP_OUT, SWAPS_DTYPE  # noqa: E402
 
 DATA = ROOT / "tests" / "data"
@@ -143,7 +144,7 @@ def test_a_handoff_of_a_block_the_next_op_needs(handoff_run):
 
 def test_swap_events_by_bucket_and_by_consumer(handoff_run):
     b = sa.swap_buckets(handoff_run, 1)
-    assert b["out"] == {"count": 2, "gib": 0.047} and b["in"] == {"count": 1, "gib": 0.031, "causes": {"demand": 1}}
+    assert b["out"] == {"count": 2, "gib": 0.047, "causes": {}} and b["in"] == {"count": 1, "gib": 0.031, "causes": {"demand": 1}}
     [row] = b["buckets"]
     assert (row["lo"], row["hi"], row["out"], row["in"], row["out_mean_ms"]) == (300, 350, 2, 1, 2.0)
     assert row["causes"] == {"demand": 1}
@@ -153,6 +154,23 @@ def test_swap_events_by_bucket_and_by_consumer(handoff_run):
     assert (c["lo"], c["hi"], c["count"], c["causes"]) == (300, 350, 1, {"demand": 1})
     assert c["queue_ms"] == 0.61  # alone in the queue: 32 MiB at 55 GB/s
     assert sa.copy_engine(handoff_run, 1, bandwidth=27.5e9, fwd_end=494)["in"]["by_consumer"][0]["queue_ms"] == 1.22
+
+
+def test_swap_out_causes_by_bucket_when_recorded(run):
+    """Captures since session 13 say why each block went out (abi.SwapOutCause): the buckets
+    count them and the text puts them before the swap-ins' causes."""
+    cap = run.capture
+    a = run.window(1)[0]
+    t = int(run.ts[a + 310])
+    other = int(np.flatnonzero(cap.blocks["size"] == 16 * MIB)[0])
+    r = sa.make_run(_with_swaps(cap, [(t, 4875, 32 * MIB, SWAP_OUT, abi.SwapOutCause.PLANNED, 2_000_000),
+                                      (t, other, 16 * MIB, SWAP_OUT, abi.SwapOutCause.BUDGET, 2_000_000)]))
+    b = sa.swap_buckets(r, 1)
+    assert b["out"]["causes"] == {"planned": 1, "budget": 1}
+    assert [row["out_causes"] for row in b["buckets"]] == [{"planned": 1, "budget": 1}]
+    lines = sa.format_buckets(b, 50)
+    assert lines[0].startswith("iteration host time") and "swap-outs 2 (0.05 GiB: planned 1 budget 1)" in lines[0]
+    assert lines[1].endswith("causes (outs / ins)") and lines[2].endswith("planned 1 budget 1 / -")
 
 
 def test_cli_text_and_json(capsys):

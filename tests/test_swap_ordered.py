@@ -9,7 +9,7 @@ FAKE_POOL_USED / FAKE_POOL_RESERVED so that what the shim adds is exact."""
 
 import pytest
 
-from pyobmem.abi import ActionKind, AllocKind, Ev, SwapInCause
+from pyobmem.abi import ActionKind, AllocKind, Ev, SwapInCause, SwapOutCause
 from test_swap_shim import (  # noqa: F401
     FUNC_A, GRAN, KERN_B, LEN, MIB, VMM_BASE, fake, no_misbehaviour, roundtrip_plan, run_swap, write_plan)
 
@@ -286,7 +286,9 @@ def test_cached_memory_goes_back_before_the_host_waits_for_a_swap_outs_copy(fake
     assert run.out["a_leaving"] == 1 and run.out["a_mapped_after_z"] == 1
     assert run.out["x_unmapped"] == 1
     assert (run.out["bad_a"], run.out["bad_z"]) == (0, 0)
-    assert [int(r["a"]) for r in run.swaps(Ev.SWAP_OUT)] == [run.block_id(run.out["a"])]
+    outs = run.swaps(Ev.SWAP_OUT)
+    assert [int(r["a"]) for r in outs] == [run.block_id(run.out["a"])]
+    assert outs["flags"].tolist() == [SwapOutCause.PLANNED]
     assert _waits(run).split(" drains=")[1].split()[0] == "0/0us", _waits(run)
     assert run.out["device_peak"] <= 6 * GRAN
     no_misbehaviour(run)

@@ -26,16 +26,17 @@ MiB = 1 << 20
 DATA = Path(__file__).parent / "data"
 
 
-def _swap_capture(path, budget_bytes: int, free_while_out: bool = False):
+def _swap_capture(path, budget_bytes: int, free_while_out: bool = False, out_causes=(0, 0)):
     """Block a (64 MiB) and b (32 MiB); a out over [10_000, 20_000 - 3_000), b out from 30_000 to
-    the end (or to its free at 40_000)."""
+    the end (or to its free at 40_000). out_causes: the two SWAP_OUT records' flags
+    (abi.SwapOutCause; 0: not recorded, as before session 13)."""
     tr = Trace()
     a = tr.alloc(64 * MiB)  # t = 2000
     b = tr.alloc(32 * MiB)  # t = 3000
     tr.launch(0x10, [a, b])
-    tr.add(abi.Ev.SWAP_OUT, block_id=a, bytes=64 * MiB, duration_ns=1_000, stream=7, ts=10_000)
+    tr.add(abi.Ev.SWAP_OUT, flags=out_causes[0], block_id=a, bytes=64 * MiB, duration_ns=1_000, stream=7, ts=10_000)
     tr.add(abi.Ev.SWAP_IN, flags=abi.SwapInCause.DEMAND, block_id=a, bytes=64 * MiB, duration_ns=3_000, stream=7, ts=20_000)
-    tr.add(abi.Ev.SWAP_OUT, block_id=b, bytes=32 * MiB, duration_ns=1_000, stream=7, ts=30_000)
+    tr.add(abi.Ev.SWAP_OUT, flags=out_causes[1], block_id=b, bytes=32 * MiB, duration_ns=1_000, stream=7, ts=30_000)
     if free_while_out:
         tr.t = 39_000
         tr.free(b)  # t = 40_000
@@ -81,6 +82,29 @@ def test_summary_says_peak_resident_against_the_budget(tmp_path):
     w = swap_facts(cap)
     assert w["over_budget_ns"] == (10_000 - 3000) + (30_000 - 17_000)
     assert "over the budget for 20.0 µs" in summary.format_short(summary.summarize(cap))
+
+
+def test_why_blocks_went_out_is_reported_when_recorded(tmp_path):
+    """Since session 13 a SWAP_OUT record says why (abi.SwapOutCause): the summary, the HTML
+    report, the CSV export and swap_facts show it; a capture without it (cause 0) shows none."""
+    causes = (abi.SwapOutCause.BUDGET, abi.SwapOutCause.PLANNED)
+    cap = _swap_capture(tmp_path / "c.pyobmem", 100 * MiB, out_causes=causes)
+    assert cap.swaps["cause"].tolist() == [abi.SwapOutCause.BUDGET, abi.SwapInCause.DEMAND, abi.SwapOutCause.PLANNED]
+    w = swap_facts(cap)
+    assert w["swapped_out"]["by_cause"] == {"planned": {"count": 1, "bytes": 32 * MiB},
+                                            "budget": {"count": 1, "bytes": 64 * MiB},
+                                            "room": {"count": 0, "bytes": 0}}
+    assert ("swapped out 96.0 MiB in 2 swap-outs (2 blocks): 1 planned, 1 beyond the plan for the budget, "
+            "0 for device memory") in summary.format_summary(summary.summarize(cap))
+    html = render(cap, generated="now")
+    assert "swap-outs: beyond the plan, for the budget" in html and "swap-outs: planned" in html
+    export(cap, "csv", str(tmp_path / "c.csv"))
+    with open(tmp_path / "c.csv") as f:
+        assert [r["name"] for r in csv.DictReader(f) if r["event"].startswith("swap_")] == ["budget", "demand", "planned"]
+    old = _swap_capture(tmp_path / "o.pyobmem", 100 * MiB)
+    assert swap_facts(old)["swapped_out"]["by_cause"] is None
+    text = summary.format_summary(summary.summarize(old))
+    assert "swapped out 96.0 MiB in 2 swap-outs (2 blocks)\n" in text and "swap-outs: planned" not in render(old, generated="now")
 
 
 def test_report_shows_swap_mode_and_the_budget_line(tmp_path):

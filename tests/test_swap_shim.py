@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from pyobmem import abi
-from pyobmem.abi import ActionKind, AllocKind, Ev, SwapInCause
+from pyobmem.abi import ActionKind, AllocKind, Ev, SwapInCause, SwapOutCause
 from pyobmem.ring import Ring
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -192,6 +192,7 @@ def test_block_swapped_out_and_in_20_times_keeps_every_byte(fake, tmp_path, cupt
     ida = run.block_id(a)
     outs = run.swaps(Ev.SWAP_OUT)
     assert outs["a"].tolist() == [ida] * 20
+    assert outs["flags"].tolist() == [SwapOutCause.PLANNED] * 20  # the plan's SWAP_OUT action
     assert outs["b"].tolist() == [LEN] * 20
     ins = run.swaps(Ev.SWAP_IN)
     assert ins["a"].tolist() == [ida] * 20
@@ -503,6 +504,7 @@ def test_budget_evicts_least_recently_used_idle_block(fake, tmp_path):
     # (the swap-in waits for that swap-out: the device stays under the budget)
     outs = run.of(Ev.SWAP_OUT)
     assert outs["a"].tolist() == [run.block_id(b), run.block_id(c), run.block_id(run.out["a"]), run.block_id(run.out["d"])]
+    assert outs["flags"].tolist() == [SwapOutCause.BUDGET] * 4  # no plan: every one the budget's
     ins = run.of(Ev.SWAP_IN)
     assert ins["a"].tolist() == [run.block_id(b), run.block_id(c)]
     assert ins["flags"].tolist() == [SwapInCause.DEMAND] * 2
@@ -510,6 +512,24 @@ def test_budget_evicts_least_recently_used_idle_block(fake, tmp_path):
     # daemon-less: no plan ever written, none adopted, nothing dropped
     assert len(run.of(Ev.PLAN)) == 0
     assert int(run.control["adopted"][0]) == 0 and int(run.control["plan_drops"][0]) == 0
+    no_misbehaviour(run)
+
+
+def _out_after_op_a(path, pid, out):
+    write_plan(path, pid, 1, [KERN_B, FUNC_A, KERN_B], [(1, ActionKind.SWAP_OUT, out["a"], 2 * MIB)])
+
+
+def test_a_swap_out_for_device_memory_is_recorded_as_such(fake, tmp_path):
+    """swap_driver.c scenario_room, no budget and a device of two 2 MiB blocks: a goes out by
+    the plan; reading it back finds the device full (c took a's memory), so b goes out for it
+    (make_room), then c for b and a for c. Each SWAP_OUT record says why (its flags:
+    abi.SwapOutCause)."""
+    run = run_swap(fake, tmp_path, "room", plans={1: _out_after_op_a}, env={"FAKE_DEVICE_BYTES": str(2 * GRAN)})
+    assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"]) == (0, 0, 0)
+    outs = run.swaps(Ev.SWAP_OUT)
+    a, b, c = (run.block_id(run.out[k]) for k in "abc")
+    assert outs["a"].tolist() == [a, b, c, a]
+    assert outs["flags"].tolist() == [SwapOutCause.PLANNED] + [SwapOutCause.ROOM] * 3
     no_misbehaviour(run)
 
 

@@ -254,6 +254,15 @@ def _copies(copies: np.ndarray) -> dict:
     }
 
 
+def _out_causes(by_cause: dict | None) -> str:
+    """': P planned, B beyond the plan for the budget, R for device memory' (empty when the
+    capture did not record why blocks went out)."""
+    if not by_cause:
+        return ""
+    return (f": {_num(by_cause['planned']['count'])} planned, {_num(by_cause['budget']['count'])} beyond the plan "
+            f"for the budget, {_num(by_cause['room']['count'])} for device memory")
+
+
 def _swap_lines(w: dict) -> list[str]:
     """The swap section as lines (the budget first)."""
     budget = "-" if w["budget"] is None else w["budget"]
@@ -263,7 +272,7 @@ def _swap_lines(w: dict) -> list[str]:
     lines = [
         f"budget {budget}; pinned host memory {format_bytes(w['pinned_bytes'])}",
         f"swapped out {format_bytes(w['swapped_out']['bytes'])} in {_num(w['swapped_out']['count'])} swap-outs "
-        f"({_num(w['swapped_out']['blocks'])} blocks)",
+        f"({_num(w['swapped_out']['blocks'])} blocks){_out_causes(w['swapped_out'].get('by_cause'))}",
         f"swapped in {format_bytes(si['bytes'])} in {_num(si['count'])}: {_num(c['prefetch']['count'])} prefetch hits, "
         f"{_num(c['late']['count'])} late (stalls), {_num(c['demand']['count'])} on demand",
         f"plans adopted {_num(w['plans_adopted'])}, dropped {_num(w['plans_dropped'])}"

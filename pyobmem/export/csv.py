@@ -6,7 +6,8 @@ Events: ``alloc`` and ``free`` (one per block; block, addr, size, stream), ``lau
 sets), ``access`` (one per block an op touched, right after its op; op_seq, name, block, addr,
 size, offset), ``untracked`` (a free or unmap of an address pyobmem never saw allocated),
 ``swap_out`` and ``swap_in`` (swap mode: a block's device memory released after its copy to host
-memory / the block back on the device; name: the swap-in's cause, prefetch, late or demand;
+memory / the block back on the device; name: the swap-in's cause, prefetch, late or demand, or
+the swap-out's, planned, budget or room, empty in captures before session 13;
 block, addr, size, stream of the copy, bytes copied) and ``dropped`` (events lost in the ring;
 ``bytes`` holds the count). Empty cells are fields that do not apply. ``time_ns``: ns from the first
 CUDA event of the capture (t = 0 of every verb; ``cuda_span``), negative for the few records before
@@ -27,6 +28,7 @@ _OP_EVENT = {abi.Ev.LAUNCH: "launch", abi.Ev.MEMCPY: "memcpy", abi.Ev.MEMSET: "m
              abi.Ev.GRAPH_LAUNCH: "graph_launch"}
 _UNTRACKED = {int(k): k.name.lower() for k in abi.UntrackedKind}
 _CAUSE = {int(k): k.name.lower() for k in abi.SwapInCause}
+_OUT_CAUSE = {int(k): k.name.lower() for k in abi.SwapOutCause}
 
 
 def rows(capture):
@@ -70,7 +72,8 @@ def rows(capture):
     for i in range(len(sw)):
         t, r = int(sw["ts_ns"][i]) - t0, int(sw["block"][i])
         out_dir = int(sw["direction"][i]) == 0
-        cause = "" if out_dir else _CAUSE.get(int(sw["cause"][i]), str(int(sw["cause"][i])))
+        c = int(sw["cause"][i])
+        cause = ((_OUT_CAUSE.get(c, str(c)) if c else "") if out_dir else _CAUSE.get(c, str(c)))
         out.append((t, 2, len(u) + i, 0, (t, int(sw["pid"][i]), "swap_out" if out_dir else "swap_in", "", cause,
                                           int(sw["stream"][i]),
                                           b_label[r] if r >= 0 else f"{int(sw['pid'][i])}:{int(sw['block_id'][i])}",

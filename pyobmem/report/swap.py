@@ -32,10 +32,14 @@ def swap_facts(cap) -> dict | None:
         return None
     out = swaps[swaps["direction"] == 0]
     ins = swaps[swaps["direction"] == 1]
-    by_cause = {}
+    by_cause, out_by_cause = {}, {}
     for cause in abi.SwapInCause:
         sel = ins["cause"] == int(cause)
         by_cause[cause.name.lower()] = {"count": int(sel.sum()), "bytes": int(ins["bytes"][sel].sum())}
+    if np.any(out["cause"] != 0):  # recorded since session 13 (abi.SwapOutCause)
+        for cause in abi.SwapOutCause:
+            sel = out["cause"] == int(cause)
+            out_by_cause[cause.name.lower()] = {"count": int(sel.sum()), "bytes": int(out["bytes"][sel].sum())}
     pinned = [int(n[abi.NOTE_SWAP_PINNED_BYTES]) for n in cap.notes.values()
               if str(n.get(abi.NOTE_SWAP_PINNED_BYTES, "")).isdigit()]
     budget_bytes = None
@@ -60,7 +64,8 @@ def swap_facts(cap) -> dict | None:
         "budget": None if sw is None else sw.get("budget"),
         "budget_bytes": budget_bytes,
         "min_swap_bytes": None if sw is None else sw.get("min_swap_bytes"),
-        "swapped_out": {"count": len(out), "bytes": int(out["bytes"].sum()), "blocks": int(len(np.unique(out["block"])))},
+        "swapped_out": {"count": len(out), "bytes": int(out["bytes"].sum()), "blocks": int(len(np.unique(out["block"]))),
+                        "by_cause": out_by_cause or None},
         "swapped_in": {"count": len(ins), "bytes": int(ins["bytes"].sum()), "by_cause": by_cause},
         "plans_adopted": int(np.count_nonzero(~plans["dropped"])),
         "plans_dropped": int(np.count_nonzero(plans["dropped"])),

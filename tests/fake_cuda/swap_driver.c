@@ -1112,6 +1112,33 @@ static int scenario_trimfirst(void)
     return 0;
 }
 
+/* A swap-out for device memory (FAKE_DEVICE_BYTES: two 2 MiB blocks, no budget): the plan sends a
+ * out after op_a; c's allocation finds the device full and waits for a's copy; reading a back
+ * then finds it full again, so b, the least recently used, goes out for it (make_room); reading
+ * b and c back does the same. */
+static int scenario_room(void)
+{
+    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB);
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b);
+    fill(a, 2 * MIB, 1);
+    fill(b, 2 * MIB, 2);
+    sync_point(1); /* the test writes the plan now */
+    op_b(b);
+    op_a(a, 0, 0); /* a goes out after this op */
+    op_b(b);
+    CUdeviceptr c = must_alloc(2 * MIB);
+    printf("c=%" PRIu64 "\n", (uint64_t)c);
+    fill(c, 2 * MIB, 3);
+    fakeAdvance(-1);
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 1, 0)); /* back on demand: b goes for it */
+    fakeAdvance(-1);
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
+    fakeAdvance(-1);
+    printf("bad_c=%ld\n", check(c, 2 * MIB, 3, 0));
+    counters();
+    return 0;
+}
+
 /* A host slot reused across the two copy streams (FAKE_HOST_BYTES: one 2 MiB slot; budget one
  * block). b's allocation evicts a into the slot. The op on a brings it back: its swap-in copy
  * reads the slot on the host-to-device stream (queued, not run: manual streams); then b is
@@ -1789,6 +1816,8 @@ int main(int argc, char **argv)
         rc = scenario_ordered();
     else if (!strcmp(s, "freewait"))
         rc = scenario_freewait(argc > 2 && !strcmp(argv[2], "twice"));
+    else if (!strcmp(s, "room"))
+        rc = scenario_room();
     else if (!strcmp(s, "trimfirst"))
         rc = scenario_trimfirst();
     else if (!strcmp(s, "ordered_budget"))

@@ -96,6 +96,13 @@ enum pyobmem_swap_in_cause {
     PYOBMEM_SWAP_IN_DEMAND = 3,   /* safety net: an op touched a block that was out, unplanned */
 };
 
+/* Why a block went out (SWAP_OUT flags; 0 in captures before session 13: not recorded). */
+enum pyobmem_swap_out_cause {
+    PYOBMEM_SWAP_OUT_PLANNED = 1, /* the plan's SWAP_OUT action */
+    PYOBMEM_SWAP_OUT_BUDGET = 2,  /* an eviction for the budget, beyond the plan (or before one) */
+    PYOBMEM_SWAP_OUT_ROOM = 3,    /* an eviction because the device had no memory for a map */
+};
+
 enum pyobmem_alloc_kind {
     PYOBMEM_ALLOC_DRIVER = 0,  /* cuMemAlloc_v2 */
     PYOBMEM_ALLOC_PITCH = 1,   /* cuMemAllocPitch_v2 */
