@@ -90,10 +90,6 @@ void make_room(uint64_t need, uint64_t stamp)
     drain_outs();
 }
 
-/* Keep mapped bytes (less those on their way out) plus `need` under the budget by swapping out
- * the least recently used blocks: before a plan exists this is the whole policy; under a plan,
- * the safety net for a plan whose swap-outs come later than predicted. keep: the bytes of a spare
- * handle the caller maps next (counted already), never given back for it. */
 /* Bytes by which resident_bytes() + extra passes the budget, 0 when it does not: read once, since
  * other threads' non-swap allocations and frees change resident_bytes() without g_mu. */
 static uint64_t over_budget(uint64_t extra, uint64_t budget)
@@ -102,6 +98,10 @@ static uint64_t over_budget(uint64_t extra, uint64_t budget)
     return r > budget ? r - budget : 0;
 }
 
+/* Keep mapped bytes (less those on their way out) plus `need` under the budget by swapping out
+ * the least recently used blocks: before a plan exists this is the whole policy; under a plan,
+ * the safety net for a plan whose swap-outs come later than predicted. keep: the bytes of a spare
+ * handle the caller maps next (counted already), never given back for it. */
 static void evict_keeping(uint64_t need, uint64_t keep, uint64_t stamp)
 {
     uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED), over;

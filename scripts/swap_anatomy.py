@@ -256,10 +256,11 @@ def _mine(run: Run) -> tuple[np.ndarray, np.ndarray]:
     return blocks, s[np.argsort(s["ts_ns"], kind="stable")]
 
 
-def _causes(swaps: np.ndarray, names: dict = CAUSES) -> dict:
+def _causes(swaps: np.ndarray, names: dict = CAUSES, recorded_only: bool = False) -> dict:
     """Cause name -> count: of swap-ins (abi.SwapInCause, lower case), or with ``OUT_CAUSES`` of
-    swap-outs (abi.SwapOutCause; those not recorded, cause 0, left out)."""
-    if names is OUT_CAUSES:
+    swap-outs (abi.SwapOutCause). ``recorded_only``: leave out cause 0 (a swap-out of a capture
+    before session 13, which did not record why)."""
+    if recorded_only:
         swaps = swaps[swaps["cause"] != 0]
     causes, counts = np.unique(swaps["cause"], return_counts=True)
     return {names.get(int(c), str(int(c))): int(n) for c, n in zip(causes, counts)}
@@ -506,10 +507,10 @@ def swap_buckets(run: Run, k: int, width: int = 50, lo: int = 0, hi: int | None 
         rows.append({"lo": first, "hi": last, "host_ms": _ms(ts[a + min(last, n)] - ts[a + first]),
                      "out": len(o), "out_gib": _gib(o["bytes"].sum()),
                      "out_mean_ms": _ms(o["duration_ns"].mean()) if len(o) else 0.0,
-                     "out_causes": _causes(o, OUT_CAUSES),
+                     "out_causes": _causes(o, OUT_CAUSES, recorded_only=True),
                      "in": len(i), "in_gib": _gib(i["bytes"].sum()), "causes": _causes(i)})
     return {"host_ms": _ms(ts[b] - ts[a]),
-            "out": {"count": int(outs.sum()), "gib": _gib(s["bytes"][outs].sum()), "causes": _causes(s[outs], OUT_CAUSES)},
+            "out": {"count": int(outs.sum()), "gib": _gib(s["bytes"][outs].sum()), "causes": _causes(s[outs], OUT_CAUSES, recorded_only=True)},
             "in": {"count": int(ins.sum()), "gib": _gib(s["bytes"][ins].sum()),
                    "causes": _causes(s[ins])},
             "buckets": rows}

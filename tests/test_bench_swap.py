@@ -217,9 +217,10 @@ def test_help_needs_no_gpu():
     assert r.returncode == 0 and "--parts" in r.stdout and "--steps" in r.stdout
 
 
-def injected_capture(tmp_path):
+def injected_capture(tmp_path, out_cause=None):
     """A real capture (GPT tiny, H200) with a plan adoption and swaps injected, written as a swap
-    run with the per-tensor presets; returns (path, the swapped block's size)."""
+    run with the per-tensor presets; returns (path, the swapped block's size). out_cause: the
+    SWAP_OUT record's flags (default planned; 0: not recorded, as before session 13)."""
     from pyobmem import abi
     from pyobmem.capture import CaptureWriter, read_records
 
@@ -233,7 +234,8 @@ def injected_capture(tmp_path):
     extra["ts_ns"] = [t, t + 1, t + 2, t + 3, t + 4]
     extra["a"] = [1] + [blk["a"]] * 4  # plan generation 1; the block's id
     extra["b"] = [4] + [blk["c"]] * 4  # 4 actions; the block's size
-    extra["flags"] = [0, abi.SwapOutCause.PLANNED, abi.SwapInCause.PREFETCH, abi.SwapInCause.LATE, abi.SwapInCause.DEMAND]
+    out_cause = abi.SwapOutCause.PLANNED if out_cause is None else out_cause
+    extra["flags"] = [0, out_cause, abi.SwapInCause.PREFETCH, abi.SwapInCause.LATE, abi.SwapInCause.DEMAND]
     allr = np.concatenate([recs, extra])
     path = tmp_path / "injected.pyobmem"
     w = CaptureWriter(str(path), {**meta, "swap": {"min_swap_bytes": 4 << 20}, "blocks": "tensor",
@@ -254,6 +256,10 @@ def test_swap_statistics_and_daemon_replay(tmp_path):
     assert r["swapped_in_count"] == 3 and r["swapped_in_bytes"] == 3 * size
     assert {k: v["count"] for k, v in r["swap_ins"].items()} == {"prefetch": 1, "late": 1, "demand": 1}
     assert {k: v["count"] for k, v in r["swap_outs"].items()} == {"planned": 1, "budget": 0, "room": 0}
+    from pyobmem.capture import read_capture
+    (tmp_path / "old").mkdir()
+    old, _ = injected_capture(tmp_path / "old", out_cause=0)  # a capture before session 13
+    assert bench.swap_stats(read_capture(str(old)))["swap_outs"] is None
     assert r["plan_adopted"] and r["plans_adopted"] == 1 and r["plans_dropped"] == 0 and r["plan_actions"] == 4
     assert r["swap_on"] is False  # a capture taken without swap mode: no "swap=on" note from the shim
     p = r["prediction"]

@@ -181,7 +181,7 @@ def test_summary_of_swap_events(tmp_path):
     assert cap.swaps["block"].tolist() == [0] * 6 and cap.swaps["duration_ns"][:2].tolist() == [1_200_000, 1_300_000]
     assert cap.plans.tolist() == [(cap.plans["ts_ns"][0], 100, 1, 2, False, 0, 0), (cap.plans["ts_ns"][1], 100, 1, 37, True, 0, 0)]
     s = summary.summarize(cap)["swap"]
-    assert s["swapped_out"] == {"count": 3, "bytes": 192 * MiB, "blocks": 1}
+    assert s["swapped_out"] == {"count": 3, "bytes": 192 * MiB, "blocks": 1, "by_cause": None}  # causes not recorded
     assert s["swapped_in"]["by_cause"] == {"prefetch": {"count": 1, "bytes": 64 * MiB}, "late": {"count": 1, "bytes": 64 * MiB},
                                            "demand": {"count": 1, "bytes": 64 * MiB}}
     assert (s["plans_adopted"], s["plans_dropped"], s["pinned_bytes"], s["budget"]) == (1, 1, 64 * MiB, "75%")

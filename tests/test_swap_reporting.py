@@ -97,7 +97,8 @@ def test_why_blocks_went_out_is_reported_when_recorded(tmp_path):
     assert ("swapped out 96.0 MiB in 2 swap-outs (2 blocks): 1 planned, 1 beyond the plan for the budget, "
             "0 for device memory") in summary.format_summary(summary.summarize(cap))
     html = render(cap, generated="now")
-    assert "swap-outs: beyond the plan, for the budget" in html and "swap-outs: planned" in html
+    assert "<td>swap-outs: beyond the plan, for the budget</td><td>1 (64.0 MiB)</td>" in html
+    assert "<td>swap-outs: planned</td><td>1 (32.0 MiB)</td>" in html
     export(cap, "csv", str(tmp_path / "c.csv"))
     with open(tmp_path / "c.csv") as f:
         assert [r["name"] for r in csv.DictReader(f) if r["event"].startswith("swap_")] == ["budget", "demand", "planned"]

@@ -88,9 +88,8 @@ def _swap_section(sw: dict) -> str:
     so, si, c = sw["swapped_out"], sw["swapped_in"], sw["swapped_in"]["by_cause"]
     rows.append(["swapped out", f"{format_bytes(so['bytes'])} in {so['count']:,} swap-outs of {so['blocks']:,} blocks"])
     for key, what in (("planned", "planned"), ("budget", "beyond the plan, for the budget"),
-                      ("room", "for device memory (the driver had none for a map)")):
-        if so.get("by_cause"):
-            rows.append([f"swap-outs: {what}", f"{so['by_cause'][key]['count']:,} ({format_bytes(so['by_cause'][key]['bytes'])})"])
+                      ("room", "for device memory (the driver had none for a map)")) if so.get("by_cause") else ():
+        rows.append([f"swap-outs: {what}", f"{so['by_cause'][key]['count']:,} ({format_bytes(so['by_cause'][key]['bytes'])})"])
     rows.append(["swapped in", f"{format_bytes(si['bytes'])} in {si['count']:,} swap-ins"])
     for key, what in (("prefetch", "prefetch hits (planned, back in time)"),
                       ("late", "late prefetches (planned, not back in time: a stall)"),

@@ -57,7 +57,7 @@ enum pyobmem_event_type {
     PYOBMEM_EV_NOTE = 11,        /* free text "key=value" (PYOBMEM_NOTE_* keys), in chunks */
     PYOBMEM_EV_DROPPED = 12,     /* events lost in the ring before this one (ring full) */
     PYOBMEM_EV_CAPTURE_END = 13, /* the daemon's last record of a complete capture (never the shim's) */
-    PYOBMEM_EV_SWAP_OUT = 14,    /* swap mode: a block was copied to pinned host memory, released */
+    PYOBMEM_EV_SWAP_OUT = 14,    /* swap mode: a block was copied to pinned host memory, released; flags = pyobmem_swap_out_cause */
     PYOBMEM_EV_SWAP_IN = 15,     /* swap mode: a block was mapped, copied back; flags = pyobmem_swap_in_cause */
     PYOBMEM_EV_PLAN = 16,        /* swap mode: a plan adopted (flags = 0) or dropped (flags = 1) */
     PYOBMEM_EV_NCCL = 17,        /* an NCCL call that names device memory; flags = pyobmem_nccl_call */
