@@ -526,16 +526,12 @@ def swap_stats(cap) -> dict:
     capture that did not record why blocks went out (before session 13)."""
     import numpy as np
     from pyobmem.abi import SwapInCause, SwapOutCause
+    from pyobmem.report.swap import swaps_by_cause
 
     sw, pl = cap.swaps, cap.plans
     out = sw[sw["direction"] == 0]
     ins = sw[sw["direction"] == 1]
-    by_cause = {}
-    for c in SwapInCause:
-        sel = ins["cause"] == int(c)
-        by_cause[c.name.lower()] = {"count": int(sel.sum()), "bytes": int(ins["bytes"][sel].sum())}
-    out_by_cause = {c.name.lower(): {"count": int((out["cause"] == int(c)).sum()),
-                                     "bytes": int(out["bytes"][out["cause"] == int(c)].sum())} for c in SwapOutCause}
+    by_cause = swaps_by_cause(ins, SwapInCause)
     adopted = pl[~pl["dropped"]]
     pinned = [int(n["swap.pinned_bytes"]) for n in cap.notes.values() if str(n.get("swap.pinned_bytes", "")).isdigit()]
     notes = {}
@@ -549,7 +545,7 @@ def swap_stats(cap) -> dict:
         "swapped_out_bytes": int(out["bytes"].sum()),
         "swapped_out_count": int(len(out)),
         "swapped_out_blocks": int(len(np.unique(out["block"]))),
-        "swap_outs": out_by_cause if np.any(out["cause"] != 0) else None,
+        "swap_outs": swaps_by_cause(out, SwapOutCause) if np.any(out["cause"] != 0) else None,
         "swapped_in_bytes": int(ins["bytes"].sum()),
         "swapped_in_count": int(len(ins)),
         "swap_ins": by_cause,

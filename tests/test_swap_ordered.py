@@ -9,9 +9,9 @@ FAKE_POOL_USED / FAKE_POOL_RESERVED so that what the shim adds is exact."""
 
 import pytest
 
-from pyobmem.abi import ActionKind, AllocKind, Ev, SwapInCause, SwapOutCause
+from pyobmem.abi import AllocKind, Ev, SwapInCause, SwapOutCause
 from test_swap_shim import (  # noqa: F401
-    FUNC_A, GRAN, KERN_B, LEN, MIB, VMM_BASE, fake, no_misbehaviour, roundtrip_plan, run_swap, write_plan)
+    GRAN, LEN, MIB, VMM_BASE, fake, no_misbehaviour, out_after_op_a, roundtrip_plan, run_swap)
 
 POOL_USED, POOL_RESERVED = 1000, 5000
 VLEN = 3 * GRAN  # LEN reserved and mapped: three granules
@@ -269,10 +269,6 @@ def test_pool_destroyed_with_a_cached_reservation_without_memory_keeps_the_count
     no_misbehaviour(run)
 
 
-def _out_after_op_a(path, pid, out):
-    write_plan(path, pid, 1, [KERN_B, FUNC_A, KERN_B], [(1, ActionKind.SWAP_OUT, out["a"], LEN)])
-
-
 @pytest.mark.parametrize("releaser", ["1", "0"], ids=["releaser", "no_releaser"])
 def test_cached_memory_goes_back_before_the_host_waits_for_a_swap_outs_copy(fake, tmp_path, releaser):  # noqa: F811
     """swap_driver.c scenario_trimfirst: a's copy out is queued (the plan's swap-out, budget 6
@@ -281,7 +277,7 @@ def test_cached_memory_goes_back_before_the_host_waits_for_a_swap_outs_copy(fake
     copy (a still mapped after z's allocation, no drain). Before session 13 the shim drained the
     swap-outs first with the cache untouched (GPT medium at 75% on the H200: 48 ms at one
     allocation; 1.106x against 1.033x with this rule)."""
-    run = run_swap(fake, tmp_path, "trimfirst", budget=6 * GRAN, plans={1: _out_after_op_a},
+    run = run_swap(fake, tmp_path, "trimfirst", budget=6 * GRAN, plans={1: out_after_op_a(LEN)},
                    env={"PYOBMEM_RELEASER": releaser})
     assert run.out["a_leaving"] == 1 and run.out["a_mapped_after_z"] == 1
     assert run.out["x_unmapped"] == 1

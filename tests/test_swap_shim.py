@@ -515,8 +515,12 @@ def test_budget_evicts_least_recently_used_idle_block(fake, tmp_path):
     no_misbehaviour(run)
 
 
-def _out_after_op_a(path, pid, out):
-    write_plan(path, pid, 1, [KERN_B, FUNC_A, KERN_B], [(1, ActionKind.SWAP_OUT, out["a"], 2 * MIB)])
+def out_after_op_a(size):
+    """A plan callback for run_swap: block a (``size`` bytes) goes out after op_a, in iterations of
+    [op_b, op_a, op_b]."""
+    def plan(path, pid, out):
+        write_plan(path, pid, 1, [KERN_B, FUNC_A, KERN_B], [(1, ActionKind.SWAP_OUT, out["a"], size)])
+    return plan
 
 
 def test_a_swap_out_for_device_memory_is_recorded_as_such(fake, tmp_path):
@@ -524,7 +528,7 @@ def test_a_swap_out_for_device_memory_is_recorded_as_such(fake, tmp_path):
     the plan; reading it back finds the device full (c took a's memory), so b goes out for it
     (make_room), then c for b and a for c. Each SWAP_OUT record says why (its flags:
     abi.SwapOutCause)."""
-    run = run_swap(fake, tmp_path, "room", plans={1: _out_after_op_a}, env={"FAKE_DEVICE_BYTES": str(2 * GRAN)})
+    run = run_swap(fake, tmp_path, "room", plans={1: out_after_op_a(2 * MIB)}, env={"FAKE_DEVICE_BYTES": str(2 * GRAN)})
     assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"]) == (0, 0, 0)
     outs = run.swaps(Ev.SWAP_OUT)
     a, b, c = (run.block_id(run.out[k]) for k in "abc")

@@ -22,6 +22,13 @@ def _over(times: np.ndarray, values: np.ndarray, limit: int, end: int) -> int:
     return int(dt[values > limit].sum())
 
 
+def swaps_by_cause(swaps: np.ndarray, causes) -> dict:
+    """{cause name (lower case): {count, bytes}} of ``swaps`` (rows of Capture.swaps, one
+    direction) for every member of ``causes`` (abi.SwapInCause or abi.SwapOutCause)."""
+    return {c.name.lower(): {"count": int(np.count_nonzero(swaps["cause"] == int(c))),
+                             "bytes": int(swaps["bytes"][swaps["cause"] == int(c)].sum())} for c in causes}
+
+
 def swap_facts(cap) -> dict | None:
     """Swap mode in ``cap`` as plain JSON values (bytes, ns); None when the run was no swap run and
     has no swap events. ``peak_resident_bytes``: the highest device-resident bytes of one process
@@ -32,14 +39,9 @@ def swap_facts(cap) -> dict | None:
         return None
     out = swaps[swaps["direction"] == 0]
     ins = swaps[swaps["direction"] == 1]
-    by_cause, out_by_cause = {}, {}
-    for cause in abi.SwapInCause:
-        sel = ins["cause"] == int(cause)
-        by_cause[cause.name.lower()] = {"count": int(sel.sum()), "bytes": int(ins["bytes"][sel].sum())}
-    if np.any(out["cause"] != 0):  # recorded since session 13 (abi.SwapOutCause)
-        for cause in abi.SwapOutCause:
-            sel = out["cause"] == int(cause)
-            out_by_cause[cause.name.lower()] = {"count": int(sel.sum()), "bytes": int(out["bytes"][sel].sum())}
+    by_cause = swaps_by_cause(ins, abi.SwapInCause)
+    # recorded since session 13
+    out_by_cause = swaps_by_cause(out, abi.SwapOutCause) if np.any(out["cause"] != 0) else None
     pinned = [int(n[abi.NOTE_SWAP_PINNED_BYTES]) for n in cap.notes.values()
               if str(n.get(abi.NOTE_SWAP_PINNED_BYTES, "")).isdigit()]
     budget_bytes = None
@@ -65,7 +67,7 @@ def swap_facts(cap) -> dict | None:
         "budget_bytes": budget_bytes,
         "min_swap_bytes": None if sw is None else sw.get("min_swap_bytes"),
         "swapped_out": {"count": len(out), "bytes": int(out["bytes"].sum()), "blocks": int(len(np.unique(out["block"]))),
-                        "by_cause": out_by_cause or None},
+                        "by_cause": out_by_cause},
         "swapped_in": {"count": len(ins), "bytes": int(ins["bytes"].sum()), "by_cause": by_cause},
         "plans_adopted": int(np.count_nonzero(~plans["dropped"])),
         "plans_dropped": int(np.count_nonzero(plans["dropped"])),
