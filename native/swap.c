@@ -73,6 +73,16 @@ struct itable g_tab = ITABLE_OF(struct span);
 uint64_t g_tick;
 struct swap_waits g_waits;
 
+void swap_lock(void)
+{
+    if (pthread_mutex_trylock(&g_mu) == 0)
+        return;
+    uint64_t t0 = shim_now_ns();
+    pthread_mutex_lock(&g_mu);
+    g_waits.lock_ns += shim_now_ns() - t0;
+    g_waits.lock_waits++;
+}
+
 static void note_waits(void)
 {
     if (!g_shim.swap) /* a fork child: it traced, the counters are its parent's */
@@ -95,6 +105,13 @@ static void note_waits(void)
               (unsigned long long)__atomic_load_n(&g_waits.app_syncs, __ATOMIC_RELAXED),
               (unsigned long long)(__atomic_load_n(&g_waits.app_sync_ns, __ATOMIC_RELAXED) / 1000),
               swap_sync_hold() ? "on" : "off");
+    ring_note("swap.host=allocs=%llu/%lluus frees=%llu/%lluus create=%lluus access=%lluus release=%lluus "
+              "lock_waits=%llu/%lluus releaser=%llu/%lluus",
+              (unsigned long long)w.allocs, (unsigned long long)(w.alloc_ns / 1000), (unsigned long long)w.frees,
+              (unsigned long long)(w.free_ns / 1000), (unsigned long long)(w.create_ns / 1000),
+              (unsigned long long)(w.access_ns / 1000), (unsigned long long)(w.release_ns / 1000),
+              (unsigned long long)w.lock_waits, (unsigned long long)(w.lock_ns / 1000),
+              (unsigned long long)w.releaser_polls, (unsigned long long)(w.releaser_ns / 1000));
     swap_pools_note();
 }
 uint64_t g_mapped;

@@ -233,7 +233,8 @@ int swap_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, int kind, CUst
     int captured = kind != SWAP_ALLOC_DRIVER && (capturing(s, &unknown) || unknown);
     CUstreamCaptureMode old;
     int relaxed = relax(&old);
-    pthread_mutex_lock(&g_mu);
+    swap_lock();
+    uint64_t t0 = shim_now_ns();
     CUdevice dev = 0;
     struct sblock *b = NULL;
     if (!captured && alloc_setup(&dev)) {
@@ -250,6 +251,8 @@ int swap_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, int kind, CUst
         plan_allocation(b, size); /* the driver's own: swap_counted_elsewhere, once it succeeded */
     if (b)
         *dptr = b->addr;
+    g_waits.alloc_ns += shim_now_ns() - t0;
+    g_waits.allocs++;
     pthread_mutex_unlock(&g_mu);
     unrelax(relaxed, old);
     return b != NULL;
@@ -288,13 +291,14 @@ int swap_free(CUdeviceptr dptr, CUstream s, int ordered, CUresult *rc)
 {
     CUstreamCaptureMode old;
     int relaxed = relax(&old);
-    pthread_mutex_lock(&g_mu);
+    swap_lock();
     struct sblock *b = block_at(dptr);
     if (!b || b->addr != dptr) {
         pthread_mutex_unlock(&g_mu);
         unrelax(relaxed, old);
         return 0;
     }
+    uint64_t t0 = shim_now_ns();
     int pushed = ctx_enter();
     int unknown = 0;
     CUresult r = CUDA_SUCCESS;
@@ -361,6 +365,8 @@ int swap_free(CUdeviceptr dptr, CUstream s, int ordered, CUresult *rc)
     }
 out:
     ctx_leave(pushed);
+    g_waits.free_ns += shim_now_ns() - t0;
+    g_waits.frees++;
     pthread_mutex_unlock(&g_mu);
     unrelax(relaxed, old);
     *rc = r;

@@ -327,7 +327,7 @@ CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int how, co
     int paused = op->capturing || unknown;
     CUstreamCaptureMode old;
     int relaxed = relax(&old);
-    pthread_mutex_lock(&g_mu);
+    swap_lock();
     uint64_t t_begin = shim_now_ns(), stamp = ++g_tick;
     int pushed = ctx_enter();
     if (!paused && g_out_pending)
@@ -398,7 +398,7 @@ void swap_op_end(struct swap_op *op, CUresult r)
     op->active = 0;
     CUstreamCaptureMode old;
     int relaxed = relax(&old);
-    pthread_mutex_lock(&g_mu);
+    swap_lock();
     uint64_t t_end = shim_now_ns();
     int pushed = ctx_enter();
     inflight_done(op);

@@ -159,7 +159,10 @@ static void *releaser(void *arg)
             pthread_cond_wait(&g_cv, &g_mu);
             continue;
         }
+        uint64_t t0 = shim_now_ns();
         poll_releases();
+        g_waits.releaser_ns += shim_now_ns() - t0;
+        g_waits.releaser_polls++;
         pthread_mutex_unlock(&g_mu);
         nanosleep(&nap, NULL);
         pthread_mutex_lock(&g_mu);

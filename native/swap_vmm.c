@@ -53,7 +53,12 @@ CUresult grant(const struct sblock *b)
         d[n].flags = (b->rw & bit) ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ;
         n++;
     }
-    return n ? real_cuMemSetAccess(b->addr, b->vsize, d, n) : CUDA_ERROR_INVALID_VALUE;
+    if (!n)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t t0 = shim_now_ns();
+    CUresult r = real_cuMemSetAccess(b->addr, b->vsize, d, n);
+    g_waits.access_ns += shim_now_ns() - t0;
+    return r;
 }
 
 /* A spare handle of exactly vsize bytes on device, or 0. */
@@ -75,7 +80,10 @@ static CUmemGenericAllocationHandle spare_take(uint64_t vsize, int device)
 static void release_handle(CUmemGenericAllocationHandle h)
 {
     settle_handle(h);
-    if (real_cuMemRelease(h) != CUDA_SUCCESS && !g_noted_nomem) {
+    uint64_t t0 = shim_now_ns();
+    CUresult r = real_cuMemRelease(h);
+    g_waits.release_ns += shim_now_ns() - t0;
+    if (r != CUDA_SUCCESS && !g_noted_nomem) {
         g_noted_nomem = 1;
         ring_note("swap: cuMemRelease failed; device memory leaked");
     }
@@ -163,7 +171,9 @@ static CUresult map_block_timed(struct sblock *b, CUevent *after)
     if (!h && after && take_leaving(b, after))
         return CUDA_SUCCESS; /* g_mapped: o's bytes are now b's */
     g_waits.creates += !h;
+    uint64_t t0 = shim_now_ns();
     CUresult r = h ? CUDA_SUCCESS : real_cuMemCreate(&h, b->vsize, &prop, 0);
+    g_waits.create_ns += shim_now_ns() - t0;
     if (r != CUDA_SUCCESS)
         return r;
     r = real_cuMemMap(b->addr, b->vsize, 0, h, 0);

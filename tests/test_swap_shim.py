@@ -224,6 +224,11 @@ def test_block_swapped_out_and_in_20_times_keeps_every_byte(fake, tmp_path, cupt
     waits = dict(kv.split("=") for n in run.notes() if n.startswith("swap.waits=") for kv in n[len("swap.waits="):].split())
     assert (waits["planned_outs"], waits["evictions"], waits["handoffs"]) == ("20", "0", "0")
     assert waits["maps"].split("/")[0] == "23" and waits["creates"] == "23" and waits["drains"].startswith("0/")
+    # the allocation path and the VMM calls by kind (NOTE swap.host): 3 blocks allocated and freed
+    host = dict(kv.split("=") for n in run.notes() if n.startswith("swap.host=") for kv in n[len("swap.host="):].split())
+    assert set(host) == {"allocs", "frees", "create", "access", "release", "lock_waits", "releaser"}, host
+    assert host["allocs"].split("/")[0] == "3" and host["frees"].split("/")[0] == "3"
+    assert all(host[k].endswith("us") for k in ("create", "access", "release"))
 
 
 def test_c16_no_synchronising_calls(fake, tmp_path):
