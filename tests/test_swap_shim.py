@@ -865,14 +865,21 @@ def outqueue_plan(path, pid, out):
                [(1, ActionKind.SWAP_OUT, out[k], 96 * MIB) for k in "abc"])
 
 
-def test_swap_outs_are_issued_while_little_is_in_flight(fake, tmp_path):
+AHEAD_128 = {"PYOBMEM_OUT_AHEAD_MIB": "128"}  # the scenarios' piece counts are for 128 MiB in flight
+
+
+@pytest.mark.parametrize("ahead, at_op, after_poll", [(None, 6, 6), ("128", 3, 6), ("64", 1, 3), ("12", 1, 3), ("x", 6, 6)])
+def test_swap_outs_are_issued_while_little_is_in_flight(fake, tmp_path, ahead, at_op, after_poll):
     """The copy engine runs every stream's copies in submission order (an application's
     loss.item() waited 48 ms behind a 2.8 GB swap-out on the H200): three planned swap-outs of
-    96 MiB go to the engine as 64 MiB pieces while under 128 MiB are in flight (three pieces),
-    the other three once those are done. The blocks are out, and come back whole."""
-    run = run_swap(fake, tmp_path, "outqueue", budget=1 << 40, plans={1: outqueue_plan})
-    assert (run.out["pieces_at_op"], run.out["pieces_after_poll"]) == (3, 6)
-    assert run.out["a_out"] == 1 and run.out["c_out"] == 1
+    96 MiB go to the engine as 64 MiB pieces while under PYOBMEM_OUT_AHEAD_MIB are in flight
+    (default 512: all six pieces; 128: three, the other three once those are done; at least one
+    piece: 64 and 12 issue one, and one poll after it is done two more; not a number: the
+    default). The blocks are out, and come back whole."""
+    env = {"PYOBMEM_OUT_AHEAD_MIB": ahead} if ahead else None
+    run = run_swap(fake, tmp_path, "outqueue", budget=1 << 40, plans={1: outqueue_plan}, env=env)
+    assert (run.out["pieces_at_op"], run.out["pieces_after_poll"]) == (at_op, after_poll)
+    assert (run.out["a_out"], run.out["c_out"]) == (1, int(after_poll == 6))  # 64: c still queued
     assert len(run.swaps(Ev.SWAP_OUT)) == 3
     assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"]) == (0, 0, 0)
     no_misbehaviour(run)
@@ -888,7 +895,7 @@ def test_an_application_sync_waits_for_no_swap_out_queued_behind_it(fake, tmp_pa
     waits: the three pieces in flight end in the sync, none is issued during it, the other three
     after it. With PYOBMEM_SYNC_HOLD=0 the release thread feeds the sync the other three. Every
     byte comes back."""
-    env = {"PYOBMEM_SYNC_HOLD": "0"} if hold == "off" else None
+    env = dict(AHEAD_128, **({"PYOBMEM_SYNC_HOLD": "0"} if hold == "off" else {}))
     run = run_swap(fake, tmp_path, "outqueue", sync, budget=1 << 40, plans={1: outqueue_plan}, env=env)
     assert run.out["pieces_at_op"] == 3
     assert run.out["pieces_fed_in_sync"] == (0 if hold == "on" else 3)
@@ -914,7 +921,7 @@ def test_a_handed_over_swap_out_is_released_before_an_older_one_still_copying(fa
                    [(1, ActionKind.SWAP_OUT, out["a"], n), (1, ActionKind.SWAP_OUT, out["b"], 2 * MIB)])
 
     run = run_swap(fake, tmp_path, "handfifo", budget=1 << 40, plans={1: plan},
-                   env={"PYOBMEM_GPU_CLOCK_EVERY": "0"})
+                   env=dict(AHEAD_128, PYOBMEM_GPU_CLOCK_EVERY="0"))
     assert (run.out["pieces_at_op"], run.out["pieces_at_handoff"], run.out["pieces_after_poll"]) == (2, 3, 4)
     assert run.out["b_given"] == 1
     assert (run.out["ran_a"], run.out["ran_b"]) == (6, 3)
