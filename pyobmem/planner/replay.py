@@ -31,8 +31,9 @@ This walk follows the learned iteration's ops in host issue order, three iterati
   mapping's size when it is idle at least half as long; else the least recently used); then,
   while the memory still mapped (swap-outs in flight included) would pass it, a swap-out of
   the same size hands its memory over (``_handoff``: the oldest not needed within 64 ops or P/4; the new
-  block's first use waits for that copy on the GPU) or the host waits for the oldest swap-outs'
-  copies, one by one.
+  block's first use waits for that copy on the GPU), or else cached memory the GPU is done with
+  goes back and then the host waits for the oldest swap-outs' copies, one by one (the trim first
+  since session 13: GPT medium at 75% on the H200 went from 1.106x to 1.033x with it).
 - Host costs: each map, VMM create + map + access (``MAP_NS + MAP_NS_PER_GIB``), each cached
   block given back, unmap + release (DESIGN.md's measured VMM costs).
 
@@ -40,11 +41,9 @@ Not modelled: spare handles (released memory kept for a map of its size: fewer c
 handoffs, the same count), the release thread's unmaps holding the executor's lock, the shim's own
 time per op (event records, release polls), copies of the application on the copy engines, the
 100 us release poll, more than one stream, shim blocks that are no candidates going out (only
-candidates are evicted), a cuMemAlloc block never taking a handoff, cached memory given back
-before the host waits for a swap-out's copy (``hold_budget`` since session 13; the replay waits
-first: a local variant of ``hold`` that trims first, not committed, replayed session 13's trace at
-75/60/50% as 1.031/1.257/1.401 against 1.022/1.197/1.421; the H200 gave 1.033 against 1.106 at 75%). A swap-in on demand makes the
-op's stream wait for its copy, not the host (``finish_in``), as the shim does outside a capture.
+candidates are evicted), a cuMemAlloc block never taking a handoff, the limit on swap-outs in
+flight on the copy engine (``PYOBMEM_OUT_AHEAD_MIB``). A swap-in on demand makes the op's stream
+wait for its copy, not the host (``finish_in``), as the shim does outside a capture.
 Its inputs are the unswapped capture's timing (the GPU clock samples every 32 ops).
 """
 
@@ -255,6 +254,9 @@ class _State:
     def hold(self, vsize: int) -> None:
         """hold_budget before mapping ``vsize`` bytes."""
         self.evict(vsize)
+        over = self.resident() + self.leaving + vsize - self.budget
+        if self.pending and over > 0 and _handoff(self, vsize) < 0:
+            self.trim(over)  # cached memory the GPU is done with goes back before the host waits
         while self.pending and self.resident() + self.leaving + vsize > self.budget and _handoff(self, vsize) < 0:
             oldest = next((u for u in self.pending if not self.given[u]), -1)
             if oldest < 0:
