@@ -1,6 +1,6 @@
 """Where a swap-mode run's time goes, against an unswapped trace of the same workload.
 
-    python3 scripts/swap_anatomy.py TRACE SWAP [--iteration K] [--section gpu,gaps,handoffs,engine,buckets]
+    python3 scripts/swap_anatomy.py TRACE SWAP [--iteration K] [--section gpu,gaps,handoffs,engine,buckets,host]
                                     [--from POS] [--to POS] [--json]
 
 TRACE is a capture of the job without swapping (``pyobmem run --tensor-blocks``), SWAP one of the
@@ -38,6 +38,9 @@ Method (the one that found the handoff bug of session 11):
   against the consumer's GPU time (negative: the copy was done before the consumer ran).
 - buckets: swap events per ``--bucket`` (50) ops of host position: swap-outs and swap-ins (count,
   GiB) and the swap-ins' causes.
+- host: the whole run's host time in the executor from the shim's exit notes (NOTE swap.waits and
+  swap.host): the allocation path, waits for copies and frees, the VMM calls by kind (count, ms,
+  us each), the lock; totals of the run, not of iteration K.
 
 Known limits: a SWAP_OUT is recorded when the block's memory is released or handed over, after its
 copy ended (not when it ended), and a SWAP_IN when its consumer's finish_in handed it back, so the
@@ -70,7 +73,7 @@ from pyobmem.model import detect_iterations
 from pyobmem.model.queries import live_bytes
 
 PROG = "swap_anatomy"
-SECTIONS = ("gpu", "gaps", "handoffs", "engine", "buckets")
+SECTIONS = ("gpu", "gaps", "handoffs", "engine", "buckets", "host")
 HANDOFF_NS = 50_000  # a SWAP_OUT this close before an allocation of its size is a handoff
 VMM_GRANULE = 2 << 20  # the H200's VMM granularity: a handoff maps memory of one rounded size
 LOOKBACK_NS = 50_000_000  # copies recorded this long before the iteration still occupy its engine
@@ -337,6 +340,54 @@ def shim_handoffs(run: Run) -> int | None:
     """The handoffs the shim counted in the whole run (NOTE swap.waits ``handoffs=N``), or None."""
     m = re.search(r"\bhandoffs=(\d+)", run.capture.notes.get(run.pid, {}).get("swap.waits", ""))
     return int(m.group(1)) if m else None
+
+
+# What NOTE swap.waits and swap.host hold (native/swap.c note_waits): (key, note, what). A value is
+# "count/us" or "us" (its count then another key's: cuMemCreate's is ``creates``, cuMemSetAccess's
+# ``maps``, cuMemRelease's ``releases``).
+HOST_COSTS = (
+    ("ops", "swap.waits", "executor: ops begun and ended", None),
+    ("allocs", "swap.host", "allocation path, its waits included", None),
+    ("frees", "swap.host", "free path", None),
+    ("drains", "swap.waits", "waits for swap-outs' copies", None),
+    ("free_waits", "swap.waits", "waits for pending frees", None),
+    ("maps", "swap.waits", "maps (create + map + access)", None),
+    ("create", "swap.host", "  cuMemCreate", "creates"),
+    ("access", "swap.host", "  cuMemSetAccess", "maps"),
+    ("unmaps", "swap.waits", "unmaps (and releases)", None),
+    ("release", "swap.host", "  cuMemRelease", "releases"),
+    ("lock_waits", "swap.host", "application threads waiting for the lock", None),
+    ("releaser", "swap.host", "release thread's polls, the lock held", None),
+)
+
+
+def host_costs(run: Run) -> dict | None:
+    """The whole run's host time in the executor, from the shim's exit notes (NOTE swap.waits and,
+    from session 14, swap.host): {"rows": [{what, count, ms, us_each}], "notes": which were found},
+    or None when the run has neither (a trace, or a run killed before its exit). Totals of the
+    run: the steps before the first plan are in them."""
+    notes = run.capture.notes.get(run.pid, {})
+    kv = {}
+    found = [n for n in ("swap.waits", "swap.host") if n in notes]
+    if not found:
+        return None
+    for n in found:
+        for item in notes[n].split():
+            key, _, value = item.partition("=")
+            kv[(n, key)] = value
+    rows = []
+    for key, note, what, count_key in HOST_COSTS:
+        v = kv.get((note, key))
+        if v is None:
+            continue
+        m = re.fullmatch(r"(?:(\d+)/)?(\d+)us", v)
+        if not m:
+            continue
+        count = int(m.group(1)) if m.group(1) else int(kv.get(("swap.waits", count_key), "0").split("/")[0] or 0)
+        us = int(m.group(2))
+        rows.append({"what": what, "count": count, "ms": round(us / 1e3, 1),
+                     "us_each": round(us / count, 1) if count else None})
+    return {"rows": rows, "notes": found}
 
 
 def handoffs(run: Run, k: int, lo: int = 0, hi: int | None = None, soon: int = 64) -> dict:
@@ -627,6 +678,18 @@ def format_buckets(bk: dict, width: int) -> list:
 # --- command line ---------------------------------------------------------------------------------
 
 
+def format_host(h: dict | None) -> list:
+    if h is None:
+        return ["no NOTE swap.waits or swap.host in the swap run (a trace, or a run that did not exit)"]
+    lines = [f"the whole run's host time in the executor ({', '.join('NOTE ' + n for n in h['notes'])}; "
+             "the steps before the plan included)",
+             f"  {'':44}{'count':>8}{'ms':>10}{'us each':>10}"]
+    for r in h["rows"]:
+        each = "-" if r["us_each"] is None else f"{r['us_each']:.1f}"
+        lines.append(f"  {r['what']:44}{r['count']:>8}{r['ms']:>10.1f}{each:>10}")
+    return lines
+
+
 def _sections(text: str) -> list:
     names = [s.strip() for s in text.split(",") if s.strip()]
     bad = [s for s in names if s not in SECTIONS]
@@ -689,6 +752,8 @@ def analyse(args) -> dict:
         elif name == "engine":
             fwd = forward_end(trace, ref) if args.forward_end is None else args.forward_end
             out[name] = copy_engine(swap, k, args.bandwidth, fwd, args.bucket, **rng)
+        elif name == "host":
+            out[name] = host_costs(swap)
         else:
             out[name] = swap_buckets(swap, k, args.bucket, **rng)
     return out
@@ -703,7 +768,7 @@ def format_text(res: dict, args) -> str:
     render = {"gpu": lambda d: format_gpu(d, args.min_segment_ms),
               "gaps": lambda d: format_gaps(d, args.min_gap_ms, args.top),
               "handoffs": format_handoffs, "engine": lambda d: format_engine(d, args.bandwidth),
-              "buckets": lambda d: format_buckets(d, args.bucket)}
+              "buckets": lambda d: format_buckets(d, args.bucket), "host": format_host}
     for name in args.section:
         lines += ["", f"== {name}"] + render[name](res[name])
     return "\n".join(lines)

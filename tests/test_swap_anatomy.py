@@ -173,6 +173,34 @@ def test_swap_out_causes_by_bucket_when_recorded(run):
     assert lines[1].endswith("causes (outs / ins)") and lines[2].endswith("planned 1 budget 1 / -")
 
 
+def test_host_costs_from_the_shims_exit_notes(run):
+    """The whole run's host time from NOTE swap.waits and swap.host (the values of session 14's 60%
+    run on the H200): counts, ms and us per call; a VMM call's count is its note's other key
+    (cuMemSetAccess: maps). A trace has neither note."""
+    assert sa.host_costs(run) is None
+    assert sa.format_host(None)[0].startswith("no NOTE swap.waits or swap.host")
+    notes = {run.pid: {
+        "swap.waits": "ops=41901/5889223us drains=3594/1658587us maps=20370/3347234us creates=18175 "
+                      "unmaps=19358/1523532us releases=8110 evictions=4009 planned_outs=7840 handoffs=508 "
+                      "free_waits=1530/4147214us rounds=274 round_pending=0MB",
+        "swap.host": "allocs=30149/14693425us frees=30144/107975us create=572485us access=2664453us "
+                     "release=845614us lock_waits=4378/274246us releaser=14110/510425us"}}
+    h = sa.host_costs(dataclasses.replace(run, capture=dataclasses.replace(run.capture, notes=notes)))
+    rows = {r["what"].strip(): r for r in h["rows"]}
+    assert h["notes"] == ["swap.waits", "swap.host"] and len(rows) == 12
+    assert rows["cuMemSetAccess"] == {"what": "  cuMemSetAccess", "count": 20370, "ms": 2664.5, "us_each": 130.8}
+    assert (rows["cuMemCreate"]["count"], rows["cuMemCreate"]["us_each"]) == (18175, 31.5)
+    assert (rows["cuMemRelease"]["count"], rows["cuMemRelease"]["us_each"]) == (8110, 104.3)
+    assert rows["waits for pending frees"]["ms"] == 4147.2
+    assert rows["allocation path, its waits included"]["us_each"] == 487.4
+    # a capture before session 14: swap.waits alone
+    old = {run.pid: {"swap.waits": notes[run.pid]["swap.waits"]}}
+    h = sa.host_costs(dataclasses.replace(run, capture=dataclasses.replace(run.capture, notes=old)))
+    assert h["notes"] == ["swap.waits"] and len(h["rows"]) == 5  # ops, drains, free waits, maps, unmaps
+    assert "cuMemSetAccess" in "\n".join(sa.format_host(sa.host_costs(
+        dataclasses.replace(run, capture=dataclasses.replace(run.capture, notes=notes)))))
+
+
 def test_cli_text_and_json(capsys):
     assert sa.main([TRACE, TRACE, "--iteration", "1", "--trace-iteration", "1", "--section", "gpu,handoffs"]) == 0
     out = capsys.readouterr().out
