@@ -105,13 +105,15 @@ static void note_waits(void)
               (unsigned long long)__atomic_load_n(&g_waits.app_syncs, __ATOMIC_RELAXED),
               (unsigned long long)(__atomic_load_n(&g_waits.app_sync_ns, __ATOMIC_RELAXED) / 1000),
               swap_sync_hold() ? "on" : "off");
-    ring_note("swap.host=allocs=%llu/%lluus frees=%llu/%lluus create=%lluus access=%lluus release=%lluus "
-              "lock_waits=%llu/%lluus releaser=%llu/%lluus",
+    ring_note("swap.host=allocs=%llu/%lluus frees=%llu/%lluus create=%llu/%lluus access=%llu/%lluus "
+              "release=%llu/%lluus lock_waits=%llu/%lluus releaser=%llu/%lluus",
               (unsigned long long)w.allocs, (unsigned long long)(w.alloc_ns / 1000), (unsigned long long)w.frees,
-              (unsigned long long)(w.free_ns / 1000), (unsigned long long)(w.create_ns / 1000),
-              (unsigned long long)(w.access_ns / 1000), (unsigned long long)(w.release_ns / 1000),
-              (unsigned long long)w.lock_waits, (unsigned long long)(w.lock_ns / 1000),
-              (unsigned long long)w.releaser_polls, (unsigned long long)(w.releaser_ns / 1000));
+              (unsigned long long)(w.free_ns / 1000), (unsigned long long)w.creates,
+              (unsigned long long)(w.create_ns / 1000), (unsigned long long)w.accesses,
+              (unsigned long long)(w.access_ns / 1000), (unsigned long long)w.release_calls,
+              (unsigned long long)(w.release_ns / 1000), (unsigned long long)w.lock_waits,
+              (unsigned long long)(w.lock_ns / 1000), (unsigned long long)w.releaser_polls,
+              (unsigned long long)(w.releaser_ns / 1000));
     swap_pools_note();
 }
 uint64_t g_mapped;

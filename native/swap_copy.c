@@ -25,7 +25,10 @@ static int g_noted_swapin;
 #define OUT_PIECE (64ull << 20)
 #define OUT_AHEAD_DEFAULT_MIB 512
 
-/* OUT_AHEAD in bytes: PYOBMEM_OUT_AHEAD_MIB (at least one piece), read once. */
+#define OUT_AHEAD_MAX_MIB (1l << 24) /* 16 TiB: beyond any device, and no overflow in bytes */
+
+/* OUT_AHEAD in bytes: PYOBMEM_OUT_AHEAD_MIB, at least one piece and at most OUT_AHEAD_MAX_MIB; not
+ * a number or negative: the default. Read once. */
 static uint64_t out_ahead(void)
 {
     static uint64_t ahead;
@@ -34,8 +37,9 @@ static uint64_t out_ahead(void)
         const char *e = getenv(PYOBMEM_ENV_OUT_AHEAD);
         char *end = NULL;
         long mib = OUT_AHEAD_DEFAULT_MIB, v = e && *e ? strtol(e, &end, 10) : -1;
-        if (end && !*end && v >= 0) /* else the default */
-            mib = v < 64 ? 64 : v;
+        long piece = (long)(OUT_PIECE >> 20);
+        if (end && !*end && v >= 0)
+            mib = v < piece ? piece : v > OUT_AHEAD_MAX_MIB ? OUT_AHEAD_MAX_MIB : v;
         a = (uint64_t)mib << 20;
         __atomic_store_n(&ahead, a, __ATOMIC_RELAXED);
     }

@@ -92,15 +92,17 @@ struct swap_waits {
     uint64_t app_sync_ns, app_syncs;          /* the application in cuCtxSynchronize / cuStreamSynchronize (atomic, no lock) */
     /* NOTE swap.host: the allocation path, the driver's VMM calls by kind, and the lock */
     uint64_t alloc_ns, allocs, free_ns, frees; /* swap_alloc / swap_free with the lock held, whole */
-    uint64_t create_ns, access_ns, release_ns; /* cuMemCreate, cuMemSetAccess, cuMemRelease */
-    uint64_t lock_ns, lock_waits;              /* application threads waiting for g_mu (swap_lock) */
+    uint64_t create_ns, access_ns, accesses;   /* cuMemCreate (count: creates), cuMemSetAccess (grant) */
+    uint64_t release_ns, release_calls;        /* cuMemRelease of a handle (release_handle) */
+    uint64_t lock_ns, lock_waits;              /* application threads waiting for g_mu in allocs, frees and ops (swap_lock) */
     uint64_t releaser_ns, releaser_polls;      /* the release thread's polls, the lock held */
 };
 extern struct swap_waits g_waits;
 
 /* ---- swap.c: state and helpers ---- */
 extern pthread_mutex_t g_mu;
-/* g_mu for an application thread: the time it waits for the lock is counted (g_waits.lock_ns). */
+/* g_mu for an application thread (allocations, frees, ops): the time it waits for the lock is
+ * counted (g_waits.lock_ns). */
 void swap_lock(void);
 extern struct pyobmem_control *g_ctl;
 extern CUcontext g_ctx;   /* the context of the swap blocks */

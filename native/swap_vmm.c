@@ -58,6 +58,7 @@ CUresult grant(const struct sblock *b)
     uint64_t t0 = shim_now_ns();
     CUresult r = real_cuMemSetAccess(b->addr, b->vsize, d, n);
     g_waits.access_ns += shim_now_ns() - t0;
+    g_waits.accesses++;
     return r;
 }
 
@@ -83,6 +84,7 @@ static void release_handle(CUmemGenericAllocationHandle h)
     uint64_t t0 = shim_now_ns();
     CUresult r = real_cuMemRelease(h);
     g_waits.release_ns += shim_now_ns() - t0;
+    g_waits.release_calls++;
     if (r != CUDA_SUCCESS && !g_noted_nomem) {
         g_noted_nomem = 1;
         ring_note("swap: cuMemRelease failed; device memory leaked");
@@ -170,10 +172,13 @@ static CUresult map_block_timed(struct sblock *b, CUevent *after)
     CUmemGenericAllocationHandle h = spare_take(b->vsize, b->device);
     if (!h && after && take_leaving(b, after))
         return CUDA_SUCCESS; /* g_mapped: o's bytes are now b's */
-    g_waits.creates += !h;
-    uint64_t t0 = shim_now_ns();
-    CUresult r = h ? CUDA_SUCCESS : real_cuMemCreate(&h, b->vsize, &prop, 0);
-    g_waits.create_ns += shim_now_ns() - t0;
+    CUresult r = CUDA_SUCCESS;
+    if (!h) {
+        uint64_t t0 = shim_now_ns();
+        r = real_cuMemCreate(&h, b->vsize, &prop, 0);
+        g_waits.create_ns += shim_now_ns() - t0;
+        g_waits.creates++;
+    }
     if (r != CUDA_SUCCESS)
         return r;
     r = real_cuMemMap(b->addr, b->vsize, 0, h, 0);

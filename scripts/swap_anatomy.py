@@ -342,22 +342,21 @@ def shim_handoffs(run: Run) -> int | None:
     return int(m.group(1)) if m else None
 
 
-# What NOTE swap.waits and swap.host hold (native/swap.c note_waits): (key, note, what). A value is
-# "count/us" or "us" (its count then another key's: cuMemCreate's is ``creates``, cuMemSetAccess's
-# ``maps``, cuMemRelease's ``releases``).
+# What NOTE swap.waits and swap.host hold (native/swap.c note_waits), each value "count/us":
+# (key, note, what).
 HOST_COSTS = (
-    ("ops", "swap.waits", "executor: ops begun and ended", None),
-    ("allocs", "swap.host", "allocation path, its waits included", None),
-    ("frees", "swap.host", "free path", None),
-    ("drains", "swap.waits", "waits for swap-outs' copies", None),
-    ("free_waits", "swap.waits", "waits for pending frees", None),
-    ("maps", "swap.waits", "maps (create + map + access)", None),
-    ("create", "swap.host", "  cuMemCreate", "creates"),
-    ("access", "swap.host", "  cuMemSetAccess", "maps"),
-    ("unmaps", "swap.waits", "unmaps (and releases)", None),
-    ("release", "swap.host", "  cuMemRelease", "releases"),
-    ("lock_waits", "swap.host", "application threads waiting for the lock", None),
-    ("releaser", "swap.host", "release thread's polls, the lock held", None),
+    ("ops", "swap.waits", "executor: ops begun and ended"),
+    ("allocs", "swap.host", "allocation path, its waits included"),
+    ("frees", "swap.host", "free path"),
+    ("drains", "swap.waits", "waits for swap-outs' copies"),
+    ("free_waits", "swap.waits", "waits for pending frees"),
+    ("maps", "swap.waits", "maps (create + map + access)"),
+    ("create", "swap.host", "  cuMemCreate"),
+    ("access", "swap.host", "  cuMemSetAccess"),
+    ("unmaps", "swap.waits", "unmaps (and releases)"),
+    ("release", "swap.host", "  cuMemRelease"),
+    ("lock_waits", "swap.host", "waits for the lock (allocs, frees, ops)"),
+    ("releaser", "swap.host", "release thread's polls, the lock held"),
 )
 
 
@@ -376,15 +375,11 @@ def host_costs(run: Run) -> dict | None:
             key, _, value = item.partition("=")
             kv[(n, key)] = value
     rows = []
-    for key, note, what, count_key in HOST_COSTS:
-        v = kv.get((note, key))
-        if v is None:
+    for key, note, what in HOST_COSTS:
+        m = re.fullmatch(r"(\d+)/(\d+)us", kv.get((note, key), ""))
+        if not m:  # absent, or cut off at the ring's note limit
             continue
-        m = re.fullmatch(r"(?:(\d+)/)?(\d+)us", v)
-        if not m:
-            continue
-        count = int(m.group(1)) if m.group(1) else int(kv.get(("swap.waits", count_key), "0").split("/")[0] or 0)
-        us = int(m.group(2))
+        count, us = int(m.group(1)), int(m.group(2))
         rows.append({"what": what, "count": count, "ms": round(us / 1e3, 1),
                      "us_each": round(us / count, 1) if count else None})
     return {"rows": rows, "notes": found}

@@ -220,7 +220,7 @@ def test_real_gpt_medium_tensor_capture_plans_by_site():
     assert float(np.max(L.times - L.issue)) > 100e6  # the host runs > 100 ms ahead
     GiB = 1 << 30
     p75 = planner.make_plan(L, 27894743040)
-    assert p75.feasible and p75.time_ratio == pytest.approx(1.0, abs=5e-3)
+    assert p75.feasible and p75.time_ratio == pytest.approx(1.004, abs=1e-3)  # the replay's choice (trims first)
     assert all(s.site is not None for s in p75.swaps if s.block in set(L.cand_block[L.cand_site[:, 0] >= 0].tolist()))
     p60 = planner.make_plan(L, 22173607526)
     assert p60.feasible and 1.05 < p60.time_ratio < 1.15

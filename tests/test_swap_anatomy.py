@@ -174,17 +174,17 @@ def test_swap_out_causes_by_bucket_when_recorded(run):
 
 
 def test_host_costs_from_the_shims_exit_notes(run):
-    """The whole run's host time from NOTE swap.waits and swap.host (the values of session 14's 60%
-    run on the H200): counts, ms and us per call; a VMM call's count is its note's other key
-    (cuMemSetAccess: maps). A trace has neither note."""
+    """The whole run's host time from NOTE swap.waits and swap.host (session 14's 60% run on the
+    H200, its VMM calls written with their counts as the shim does since): counts, ms and us per
+    call. A trace has neither note; a value cut off at the ring's note limit is left out."""
     assert sa.host_costs(run) is None
     assert sa.format_host(None)[0].startswith("no NOTE swap.waits or swap.host")
     notes = {run.pid: {
         "swap.waits": "ops=41901/5889223us drains=3594/1658587us maps=20370/3347234us creates=18175 "
                       "unmaps=19358/1523532us releases=8110 evictions=4009 planned_outs=7840 handoffs=508 "
                       "free_waits=1530/4147214us rounds=274 round_pending=0MB",
-        "swap.host": "allocs=30149/14693425us frees=30144/107975us create=572485us access=2664453us "
-                     "release=845614us lock_waits=4378/274246us releaser=14110/510425us"}}
+        "swap.host": "allocs=30149/14693425us frees=30144/107975us create=18175/572485us access=20370/2664453us "
+                     "release=8110/845614us lock_waits=4378/274246us releaser=14110/510425us"}}
     h = sa.host_costs(dataclasses.replace(run, capture=dataclasses.replace(run.capture, notes=notes)))
     rows = {r["what"].strip(): r for r in h["rows"]}
     assert h["notes"] == ["swap.waits", "swap.host"] and len(rows) == 12
@@ -193,10 +193,11 @@ def test_host_costs_from_the_shims_exit_notes(run):
     assert (rows["cuMemRelease"]["count"], rows["cuMemRelease"]["us_each"]) == (8110, 104.3)
     assert rows["waits for pending frees"]["ms"] == 4147.2
     assert rows["allocation path, its waits included"]["us_each"] == 487.4
-    # a capture before session 14: swap.waits alone
-    old = {run.pid: {"swap.waits": notes[run.pid]["swap.waits"]}}
+    # a capture before session 14: swap.waits alone; a swap.host cut off in its releaser value
+    old = {run.pid: {"swap.waits": notes[run.pid]["swap.waits"], "swap.host": "allocs=1/2us releaser=14110/51"}}
     h = sa.host_costs(dataclasses.replace(run, capture=dataclasses.replace(run.capture, notes=old)))
-    assert h["notes"] == ["swap.waits"] and len(h["rows"]) == 5  # ops, drains, free waits, maps, unmaps
+    assert h["notes"] == ["swap.waits", "swap.host"] and len(h["rows"]) == 6  # ops, allocs, drains, free waits, maps, unmaps
+    assert [r["what"] for r in h["rows"]][:2] == ["executor: ops begun and ended", "allocation path, its waits included"]
     assert "cuMemSetAccess" in "\n".join(sa.format_host(sa.host_costs(
         dataclasses.replace(run, capture=dataclasses.replace(run.capture, notes=notes)))))
 

@@ -1518,7 +1518,8 @@ static int scenario_pollfifo(void)
 }
 
 /* The queue of swap-outs: a, b, c of 96 MiB, all three planned out after op 1 (the test's plan at
- * sync point 1). The copy engine gets 64 MiB pieces while under 128 MiB are in flight: a's two
+ * sync point 1). The copy engine gets 64 MiB pieces while under PYOBMEM_OUT_AHEAD_MIB are in
+ * flight; with 128 MiB (the tests' setting, the default is 512): a's two
  * and b's first, then (the shim stream has run) the rest at the next op's poll. sync 1 / 2
  * (ctxsync / streamsync): the application calls cuCtxSynchronize / cuStreamSynchronize of the
  * legacy stream right after op 1 (pieces the release thread issued while it waited:
