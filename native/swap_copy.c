@@ -18,13 +18,13 @@ static int g_noted_swapin;
  * medium at 75% gives its optimizer's state to the copy engine right before that call. At most
  * OUT_AHEAD bytes (PYOBMEM_OUT_AHEAD_MIB; pieces of OUT_PIECE) are issued and not yet done, so
  * such a copy waits ~10 ms, while the engine does not run dry when the release thread (it
- * issues more every 100 us) cannot take the lock for a few ms. 128 MiB (~2.4 ms of copying) left it dry in GPT medium's
- * forward pass: 512 MiB ran 1.167x against 1.192x at 60%, 1.404x against 1.486x at 50% (H200,
- * session 14, 14 steps, median of the last 5).
+ * issues more every 100 us) cannot take the lock for a few ms. 128 MiB (~2.4 ms of copying)
+ * left it dry in GPT medium's forward pass: 512 MiB ran 1.167x against 1.192x at 60%, 1.404x
+ * against 1.486x at 50%, and 1.054x against 1.029x at 75%, where loss.item() waits behind it
+ * (H200, session 14, 14 steps, median of the last 5).
  */
 #define OUT_PIECE (64ull << 20)
 #define OUT_AHEAD_DEFAULT_MIB 512
-
 #define OUT_AHEAD_MAX_MIB (1l << 24) /* 16 TiB: beyond any device, and no overflow in bytes */
 
 /* OUT_AHEAD in bytes: PYOBMEM_OUT_AHEAD_MIB, at least one piece and at most OUT_AHEAD_MAX_MIB; not
