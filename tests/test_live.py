@@ -217,14 +217,14 @@ def _swap_trace(path):
     t.write(path, meta=meta)
 
 
-def test_figures_in_swap_mode_budget_swaps_stalls(tmp_path):
+def test_figures_in_swap_mode_budget_swaps_late(tmp_path):
     _swap_trace(tmp_path / "s.pyobmem")
     f = figures(read_capture(str(tmp_path / "s.pyobmem")))
     w = f.swap
     assert (w.budget, w.budget_bytes) == ("80MiB", 80 << 20)
     assert w.resident_bytes == 32 << 20  # A is out at the end
     assert w.peak_resident_bytes == 96 << 20
-    assert (w.out_count, w.out_bytes, w.in_count, w.stalls, w.demand, w.prefetch_hits) == (3, 192 << 20, 2, 1, 1, 0)
+    assert (w.out_count, w.out_bytes, w.in_count, w.late, w.demand, w.prefetch_hits) == (3, 192 << 20, 2, 1, 1, 0)
     assert [(b.label, b.out) for b in f.largest] == [("7:1", True), ("7:2", False)]
 
 

@@ -187,7 +187,8 @@ def test_summary_of_swap_events(tmp_path):
     assert (s["plans_adopted"], s["plans_dropped"], s["pinned_bytes"], s["budget"]) == (1, 1, 64 * MiB, "75%")
     text = summary.format_short(summary.summarize(cap))
     assert "swap: budget 75%; pinned host memory 64.0 MiB" in text
-    assert "swap: swapped in 192.0 MiB in 3: 1 prefetch hits, 1 late (stalls), 1 on demand" in text
+    assert ("swap: swapped in 192.0 MiB in 3: 1 prefetch hits, 1 late (not back when their op was issued: its stream "
+            "waits for the copy), 1 on demand") in text
     assert "swap: plans adopted 1, dropped 1" in text
     assert "Swap mode" in summary.format_summary(summary.summarize(cap))
 

@@ -274,7 +274,8 @@ def _swap_lines(w: dict) -> list[str]:
         f"swapped out {format_bytes(w['swapped_out']['bytes'])} in {_num(w['swapped_out']['count'])} swap-outs "
         f"({_num(w['swapped_out']['blocks'])} blocks){_out_causes(w['swapped_out'].get('by_cause'))}",
         f"swapped in {format_bytes(si['bytes'])} in {_num(si['count'])}: {_num(c['prefetch']['count'])} prefetch hits, "
-        f"{_num(c['late']['count'])} late (stalls), {_num(c['demand']['count'])} on demand",
+        f"{_num(c['late']['count'])} late (not back when their op was issued: its stream waits for the copy), "
+        f"{_num(c['demand']['count'])} on demand",
         f"plans adopted {_num(w['plans_adopted'])}, dropped {_num(w['plans_dropped'])}"
         + (" (dropped: the launches stopped matching the plan's iteration)"
            if w["plans_dropped"] else ""),

@@ -60,8 +60,8 @@ class IterationFigures:
 class SwapFigures:
     """Swap mode: ``budget`` as given and ``budget_bytes`` (None: not known yet), the main
     process's device-resident bytes now and at peak (live blocks minus those swapped out),
-    swap-outs and swap-ins (counts, bytes), swap-ins by cause (prefetch hits, late = stalls, on
-    demand), plans adopted and dropped, time over the budget (ns)."""
+    swap-outs and swap-ins (counts, bytes), swap-ins by cause (prefetch hits, late = not back when
+    their op was issued, on demand), plans adopted and dropped, time over the budget (ns)."""
 
     budget: str | None
     budget_bytes: int | None
@@ -72,7 +72,7 @@ class SwapFigures:
     in_count: int
     in_bytes: int
     prefetch_hits: int
-    stalls: int
+    late: int
     demand: int
     plans_adopted: int
     plans_dropped: int
@@ -233,7 +233,7 @@ def _swap(cap, pid: int | None) -> SwapFigures | None:
         in_count=w["swapped_in"]["count"],
         in_bytes=w["swapped_in"]["bytes"],
         prefetch_hits=by_cause["prefetch"]["count"],
-        stalls=by_cause["late"]["count"],
+        late=by_cause["late"]["count"],
         demand=by_cause["demand"]["count"],
         plans_adopted=w["plans_adopted"],
         plans_dropped=w["plans_dropped"],

@@ -1,7 +1,7 @@
 """The live view's screen: ``render(status, figures, console, log_lines) -> rich renderable``.
 
 Panels, top to bottom: the capture and its state; device memory by block class beside the
-iteration and drops; the largest live blocks; in swap mode the budget line, swaps and stalls; the
+iteration and drops; the largest live blocks; in swap mode the budget line, swaps and late swap-ins; the
 last lines of the command's log (``pyobmem-run --live``); the keys.
 """
 
@@ -203,9 +203,10 @@ def _swap(f: Figures) -> Panel:
         t.add_row("budget", f"{budget} (its size in bytes is not known yet)")
     t.add_row("swaps", f"{w.out_count:,} out ({format_bytes(w.out_bytes)}), {w.in_count:,} in "
                        f"({format_bytes(w.in_bytes)}): {w.prefetch_hits:,} prefetch hits")
-    t.add_row("stalls", Text(f"{_count(w.stalls, 'late prefetch', 'late prefetches')}, "
-                             f"{_count(w.demand, 'swap-in')} on demand",
-                             style="red" if w.stalls or w.demand else "green"))
+    # A late prefetch makes its stream wait, which costs GPU time only where the GPU got there first.
+    t.add_row("late", Text(f"{_count(w.late, 'late prefetch', 'late prefetches')}, "
+                           f"{_count(w.demand, 'swap-in')} on demand",
+                           style="yellow" if w.late or w.demand else "green"))
     t.add_row("plans", f"{w.plans_adopted:,} adopted, {w.plans_dropped:,} dropped")
     return Panel(t, title="swap mode", title_align="left")
 

@@ -92,8 +92,9 @@ def _swap_section(sw: dict) -> str:
         rows.append([f"swap-outs: {what}", f"{so['by_cause'][key]['count']:,} ({format_bytes(so['by_cause'][key]['bytes'])})"])
     rows.append(["swapped in", f"{format_bytes(si['bytes'])} in {si['count']:,} swap-ins"])
     for key, what in (("prefetch", "prefetch hits (planned, back in time)"),
-                      ("late", "late prefetches (planned, not back in time: a stall)"),
-                      ("demand", "on demand (unplanned: the op waited for the copy)")):
+                      ("late", "late prefetches (planned, not back when their op was issued: its stream waits for the "
+                       "copy, a stall only where the GPU gets there first)"),
+                      ("demand", "on demand (unplanned: copied in when their op was issued, its stream waits for it)")):
         rows.append([f"swap-ins: {what}", f"{c[key]['count']:,} ({format_bytes(c[key]['bytes'])})"])
     rows.append(["plans adopted / dropped", f"{sw['plans_adopted']:,} / {sw['plans_dropped']:,}"])
     note = ("<p class=muted>A plan is dropped when the launches stop matching the iteration it was made for; "

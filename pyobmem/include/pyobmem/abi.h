@@ -93,7 +93,7 @@ enum pyobmem_rank_source {
 
 enum pyobmem_swap_in_cause {
     PYOBMEM_SWAP_IN_PREFETCH = 1, /* planned prefetch, done before the consumer needed it: a hit */
-    PYOBMEM_SWAP_IN_LATE = 2,     /* planned prefetch not done when the consumer launched: stall */
+    PYOBMEM_SWAP_IN_LATE = 2,     /* planned prefetch not done when the consumer launched: its stream waits for the copy */
     PYOBMEM_SWAP_IN_DEMAND = 3,   /* safety net: an op touched a block that was out, unplanned */
 };
 
