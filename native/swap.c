@@ -114,6 +114,10 @@ static void note_waits(void)
               (unsigned long long)(w.release_ns / 1000), (unsigned long long)w.lock_waits,
               (unsigned long long)(w.lock_ns / 1000), (unsigned long long)w.releaser_polls,
               (unsigned long long)(w.releaser_ns / 1000));
+    ring_note("swap.outs=order=%s reordered=%llu held=%llu near_sync=%llu fed_in_waits=%llu",
+              swap_order_ready() ? "ready" : "fifo",
+              (unsigned long long)w.out_reordered, (unsigned long long)w.out_held,
+              (unsigned long long)w.out_near_sync, (unsigned long long)w.out_fed_in_waits);
     swap_pools_note();
 }
 uint64_t g_mapped;

@@ -391,3 +391,27 @@ int64_t plan_hint_position(void)
 {
     return g_plan.following && g_plan.n_idle && g_plan.next >= 0 && !g_plan.confirm ? g_plan.next : -1;
 }
+
+/* The followed plan's position of the application's latest host sync (cuCtxSynchronize,
+ * cuStreamSynchronize; g_plan.next when it began), -1: none yet. Written without g_mu (the sync
+ * hooks take no lock), read under it. */
+static int64_t g_sync_at = -1;
+
+void plan_app_sync(void)
+{
+    int64_t next = __atomic_load_n(&g_plan.next, __ATOMIC_RELAXED);
+    if (__atomic_load_n(&g_plan.following, __ATOMIC_RELAXED) && next >= 0)
+        __atomic_store_n(&g_sync_at, next, __ATOMIC_RELAXED);
+}
+
+/* Ops before the latest sync's position in which little goes to the copy engine ahead. */
+#define NEAR_SYNC_OPS 48
+
+int plan_near_app_sync(void)
+{
+    int64_t at = __atomic_load_n(&g_sync_at, __ATOMIC_RELAXED), pos = plan_hint_position();
+    if (at < 0 || pos < 0 || !g_plan.period)
+        return 0;
+    uint32_t P = g_plan.period, near = P / 4 < NEAR_SYNC_OPS ? P / 4 : NEAR_SYNC_OPS;
+    return (uint32_t)((at - pos % P + P) % P) < near;
+}
