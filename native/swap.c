@@ -101,10 +101,10 @@ static void note_waits(void)
               (unsigned long long)(w.free_wait_ns / 1000), (unsigned long long)w.rounds,
               (unsigned long long)(w.round_pending >> 20));
     /* its own note: swap.waits is near the ring's 256-character note limit */
-    ring_note("swap.app_syncs=%llu/%lluus hold=%s",
+    ring_note("swap.app_syncs=%llu/%lluus hold=%s near_sync=%llu",
               (unsigned long long)__atomic_load_n(&g_waits.app_syncs, __ATOMIC_RELAXED),
               (unsigned long long)(__atomic_load_n(&g_waits.app_sync_ns, __ATOMIC_RELAXED) / 1000),
-              swap_sync_hold() ? "on" : "off");
+              swap_sync_hold() ? "on" : "off", (unsigned long long)w.out_near_sync);
     ring_note("swap.host=allocs=%llu/%lluus frees=%llu/%lluus create=%llu/%lluus access=%llu/%lluus "
               "release=%llu/%lluus lock_waits=%llu/%lluus releaser=%llu/%lluus",
               (unsigned long long)w.allocs, (unsigned long long)(w.alloc_ns / 1000), (unsigned long long)w.frees,
@@ -114,10 +114,6 @@ static void note_waits(void)
               (unsigned long long)(w.release_ns / 1000), (unsigned long long)w.lock_waits,
               (unsigned long long)(w.lock_ns / 1000), (unsigned long long)w.releaser_polls,
               (unsigned long long)(w.releaser_ns / 1000));
-    ring_note("swap.outs=order=%s reordered=%llu held=%llu near_sync=%llu fed_in_waits=%llu",
-              swap_order_ready() ? "ready" : "fifo",
-              (unsigned long long)w.out_reordered, (unsigned long long)w.out_held,
-              (unsigned long long)w.out_near_sync, (unsigned long long)w.out_fed_in_waits);
     swap_pools_note();
 }
 uint64_t g_mapped;

@@ -142,9 +142,7 @@ static uint64_t free_wait_limit(void)
 }
 
 /* Poll e (cuEventQuery, 20 us apart) until it completes, fails or `limit` ns pass; *waited: it
- * was pending at the first query. Between polls the queued swap-outs go on to the copy engine:
- * this thread holds g_mu, so the release thread cannot feed it (H200, session 14, GPT medium at
- * 60%: 1,530 such waits of ~2.7 ms in 25 steps, against ~10 ms for 512 MiB in flight). */
+ * was pending at the first query. */
 static CUresult free_reached(CUevent e, uint64_t limit, int *waited)
 {
     uint64_t t0 = shim_now_ns();
@@ -153,7 +151,6 @@ static CUresult free_reached(CUevent e, uint64_t limit, int *waited)
         CUresult q = real_cuEventQuery(e);
         if (q != CUDA_ERROR_NOT_READY || shim_now_ns() - t0 > limit)
             return q;
-        g_waits.out_fed_in_waits += issue_outs(0);
         nanosleep(&nap, NULL);
     }
 }

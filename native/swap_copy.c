@@ -129,7 +129,7 @@ static void retire_flights(void)
     g_nfly -= k;
 }
 
-/* Issue the next piece of b (the queue's head, or the one next_out chose): the waits first (its last uses, opaque ops'
+/* Issue the next piece of b, the head of the queue: the waits first (its last uses, opaque ops'
  * fences, the last copy that reads its host slot), the block's copy event after every piece.
  * Returns 0 when the driver refused a call. */
 static int issue_piece(struct sblock *b)
@@ -185,70 +185,12 @@ void swap_app_sync_end(uint64_t t_begin)
  * H200, session 14); elsewhere the larger window keeps the engine fed. */
 #define NEAR_SYNC_AHEAD (128ull << 20)
 
-/* Ready-first order (PYOBMEM_OUT_ORDER=ready, the default; fifo: the queue's order). One stream
- * runs its copies in issue order, and a swap-out waits on it for its block's last use: issued
- * while the host runs ahead of the GPU, it holds every copy behind it. On the H200 (session 14,
- * GPT medium at 60 and 50%) the engine idled 90-110 ms of the forward pass in 2-3 ms gaps so,
- * while the optimizer's state, ready from the iteration's start, had gone first. So, under a
- * plan's IDLE hints: the queued swap-outs whose last uses have run (a prefix of the queue: they
- * run in about the order they were queued) go first, the one the plan needs back soonest first
- * (a started one before all); one not ready yet is issued only when nothing is in flight (the
- * engine would idle: its copy starts the moment its last use ends). */
-static int g_order_ready = -1;
-#define READY_SCAN 64
-
-int swap_order_ready(void)
+void issue_outs(int all)
 {
-    int o = __atomic_load_n(&g_order_ready, __ATOMIC_RELAXED);
-    if (o < 0) {
-        const char *e = getenv(PYOBMEM_ENV_OUT_ORDER);
-        o = !(e && strcmp(e, "fifo") == 0);
-        __atomic_store_n(&g_order_ready, o, __ATOMIC_RELAXED);
-    }
-    return o;
-}
-
-static int out_ready(struct sblock *b)
-{
-    return b->out_off > 0 || (uses_idle(b->uses, MAX_USES) && uses_idle(g_fences, MAX_FENCES));
-}
-
-/* The queued swap-out to issue a piece of next (not `all`), or NULL: wait for the next poll. */
-static struct sblock *next_out(void)
-{
-    int64_t pos = swap_order_ready() ? plan_hint_position() : -1;
-    if (pos < 0)
-        return g_outq[0];
-    struct sblock *best = NULL;
-    uint32_t best_d = UINT32_MAX;
-    for (size_t i = 0; i < g_noutq && i < READY_SCAN; i++) {
-        struct sblock *b = g_outq[i];
-        if (!out_ready(b))
-            break;
-        uint32_t d = b->out_off > 0 ? 0 : idle_for(b, pos);
-        if (!best || d < best_d) {
-            best = b;
-            best_d = d;
-        }
-    }
-    if (best) {
-        g_waits.out_reordered += best != g_outq[0];
-        return best;
-    }
-    if (g_nfly) {
-        g_waits.out_held++;
-        return NULL; /* the head would wait on the stream behind what is in flight: not yet */
-    }
-    return g_outq[0];
-}
-
-unsigned issue_outs(int all)
-{
-    unsigned issued = 0;
     if (g_nfly && (g_noutq || g_nfly > 256)) /* only what is queued needs the count now */
         retire_flights();
     if (!all && __atomic_load_n(&g_app_syncs, __ATOMIC_ACQUIRE))
-        return 0; /* the sync waits for what is in flight (OUT_AHEAD at most), not the queue */
+        return; /* the sync waits for what is in flight (OUT_AHEAD at most), not the queue */
     all |= !releaser_running(); /* nothing would issue the rest while the application waits */
     uint64_t ahead = out_ahead();
     if (!all && ahead > NEAR_SYNC_AHEAD && g_noutq && plan_near_app_sync()) {
@@ -256,18 +198,14 @@ unsigned issue_outs(int all)
         g_waits.out_near_sync++;
     }
     while (g_noutq && (all || g_fly_bytes < ahead)) {
-        struct sblock *b = all ? g_outq[0] : next_out();
-        if (!b)
-            break;
+        struct sblock *b = g_outq[0];
         if (!issue_piece(b)) {
             cancel_out(b); /* it stays resident */
             continue;
         }
-        issued++;
         if (b->out_off == b->size)
             dequeue(b);
     }
-    return issued;
 }
 
 void issue_now(struct sblock *b)

@@ -96,9 +96,7 @@ struct swap_waits {
     uint64_t release_ns, release_calls;        /* cuMemRelease of a handle (release_handle) */
     uint64_t lock_ns, lock_waits;              /* application threads waiting for g_mu in allocs, frees and ops (swap_lock) */
     uint64_t releaser_ns, releaser_polls;      /* the release thread's polls, the lock held */
-    /* NOTE swap.outs: the order swap-outs go to the copy engine in (swap_copy.c) */
-    uint64_t out_reordered, out_held;          /* pieces issued before the queue's head; polls that held a not-ready head */
-    uint64_t out_near_sync, out_fed_in_waits;  /* issues with the window near a sync; pieces issued during free waits */
+    uint64_t out_near_sync;                    /* issue_outs calls with the window near a host sync (NOTE swap.app_syncs) */
 };
 extern struct swap_waits g_waits;
 
@@ -189,14 +187,11 @@ void cancel_out(struct sblock *b);
 /* Queue b's swap-out (OUT_PENDING at once) and issue what the copy engine has room for; cause:
  * a pyobmem_swap_out_cause, recorded with it. */
 int swap_out(struct sblock *b, uint16_t cause);
-/* Whether swap-outs go to the copy engine ready first (PYOBMEM_OUT_ORDER, default on) or in the
- * queue's order. */
-int swap_order_ready(void);
 /* Whether queued swap-outs wait while the application syncs (PYOBMEM_SYNC_HOLD, default on). */
 int swap_sync_hold(void);
-/* Issue queued swap-outs while fewer than OUT_AHEAD bytes are in flight (all: every one), in
- * the ready-first order (swap_copy.c); returns the pieces issued. */
-unsigned issue_outs(int all);
+/* Issue queued swap-outs while fewer than OUT_AHEAD bytes are in flight (128 MiB near the
+ * application's host sync; all: every one). */
+void issue_outs(int all);
 /* Issue all of b's swap-out now, out of the queue's order (its memory is handed over). */
 void issue_now(struct sblock *b);
 CUresult swap_in(struct sblock *b, int planned, uint64_t stamp);

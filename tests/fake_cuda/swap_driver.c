@@ -1558,6 +1558,45 @@ static int scenario_outqueue(int sync)
     return 0;
 }
 
+/* The window near a host sync: a 100-op iteration (the test's plan at sync point 1) sends a, b
+ * and c (96 MiB each) out after op `out` (70: near, 30: far), names them again at ops 91-93,
+ * and the application syncs its stream after op 90. The first iteration, before any sync was
+ * seen, issues all six 64 MiB pieces at once (the default 512 MiB in flight); the second, 20
+ * ops before the sync's position, issues three (128 MiB), 60 ops before it six. Every byte of
+ * the three comes back. */
+static int scenario_syncwindow(int out)
+{
+    size_t n = 96 * MIB;
+    CUdeviceptr a = must_alloc(n), b = must_alloc(n), c = must_alloc(n), t = must_alloc(2 * MIB);
+    CUdeviceptr named[3] = {a, b, c};
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)c);
+    fill(a, n, 1);
+    fill(b, n, 2);
+    fill(c, n, 3);
+    sync_point(1);
+    for (int it = 1; it <= 2; it++) {
+        op_a(t, 0, 0); /* position 0 */
+        for (int pos = 1; pos < 100; pos++) {
+            long long d0 = fakeCounter("dtoh_async");
+            op_b(pos >= 91 && pos <= 93 ? named[pos - 91] : t);
+            if (pos == out)
+                printf("pieces_%d=%lld\n", it, fakeCounter("dtoh_async") - d0);
+            if (pos == 90) {
+                ((CUresult(*)(CUstream))get("cuStreamSynchronize"))(S1);
+                fakeAdvance(-1);
+            }
+        }
+        fakeAdvance(-1);
+    }
+    printf("bad_a=%ld\n", check(a, n, 1, 0));
+    fakeAdvance(-1);
+    printf("bad_b=%ld\n", check(b, n, 2, 0));
+    fakeAdvance(-1);
+    printf("bad_c=%ld\n", check(c, n, 3, 0));
+    counters();
+    return 0;
+}
+
 /* Swap-outs complete in the order of their last piece: a of 192 MiB and b of 2 MiB planned out
  * after op 1 (the test's plan at sync point 1): a's first two pieces go to the copy engine, b
  * waits in the queue. y (cuMemAllocAsync, 2 MiB) takes b's memory, so b's whole copy is issued
@@ -1748,6 +1787,8 @@ int main(int argc, char **argv)
         rc = scenario_roundtrip(argc > 2 ? atoi(argv[2]) : 20, argc > 3 && !strcmp(argv[3], "ordered"));
     else if (!strcmp(s, "cancelfree"))
         rc = scenario_cancelfree();
+    else if (!strcmp(s, "syncwindow"))
+        rc = scenario_syncwindow(argc > 2 ? atoi(argv[2]) : 70);
     else if (!strcmp(s, "outqueue"))
         rc = scenario_outqueue(argc < 3 ? 0 : !strcmp(argv[2], "ctxsync") ? 1 : !strcmp(argv[2], "streamsync") ? 2 : 0);
     else if (!strcmp(s, "handfifo"))
