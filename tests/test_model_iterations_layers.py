@@ -3,14 +3,18 @@ iteration (docs/model.md, Iterations, "Part of a longer iteration"). On the H200
 swap mode's slow first steps (3 steps captured) gave "33 ops per iteration, 69 iterations": one
 backward layer of 24, not the step. Synthetic captures (tests/synth.py) of the same shape."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from pyobmem import planner
-from pyobmem.capture import read_capture
+from pyobmem.capture import decode_records, read_capture, read_records
 from pyobmem.model.iterations import detect_in_sequence, detect_iterations
 
 from synth import Trace
+
+DATA = Path(__file__).parent / "data"
 
 # A GPT-like step: embedding, 12 layers forward (10 kernels each), loss, 12 layers backward (15
 # kernels each), the optimizer (20 kernels): 325 kernels. The last kernel of a layer is its GEMM.
@@ -110,6 +114,27 @@ def test_one_step_alone_is_the_known_limit():
     # Only the first step: the backward layers are back to back and nothing after them repeats;
     # nothing tells them from 12 iterations (docs/model.md, limits).
     assert [(r["period"], len(r["starts"])) for r in detect_in_sequence(np.array(FIRST))][0] == (BWD_LAYER, LAYERS)
+
+
+@pytest.mark.parametrize("share, unit, way", [(0.1, 20, "adds to"), (0.2, 33, "takes from")])
+def test_a_layer_of_the_first_step_is_not_planned(share, unit, way):
+    # The H200 trace of GPT medium (3 steps, tests/data/gpt_medium_tensors_s10.pyobmem) cut to its
+    # first 10% / 20% of records, what the daemon sees during the first step: the model's
+    # iteration is a forward (20 ops, 23 repeats) / backward (33 ops, 24) layer, nothing outside
+    # the layers has recurred yet, and the planner made a 40-op plan of it (at 40% of the peak the
+    # daemon adopted such plans 23 times and never planned the step). Each repeat adds to (takes
+    # from) the live bytes, ~22 GiB in all against at most 2.1 GiB within one: no plan. The whole
+    # trace still gives the 1,640-op step.
+    meta, recs = read_records(str(DATA / "gpt_medium_tensors_s10.pyobmem"))
+    cap = decode_records(recs[: int(len(recs) * share)], meta)
+    assert detect_iterations(cap).main_regime.period_ops == unit
+    learned = planner.learn_iteration(cap, by_site=True)
+    assert isinstance(learned, planner.NoPlan)
+    assert learned.reason.startswith(f"no repeating iteration yet: the repeating unit of {unit} launches and copies "
+                                     f"{way} the live bytes at each of its "), learned.reason
+    assert learned.reason.endswith("(a layer of a longer iteration); waiting for whole iterations")
+    whole = planner.learn_iteration(decode_records(recs, meta), by_site=True)
+    assert isinstance(whole, planner.LearnedIteration) and whole.period == 1640
 
 
 def test_stretches_between_iterations_that_split_nothing():
