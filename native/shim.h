@@ -300,8 +300,9 @@ void swap_pool_attr(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
 void swap_pool_reset_high(CUmemoryPool pool, CUmemPool_attribute attr);
 void swap_pool_trim(CUmemoryPool pool, size_t keep);
 /* An application thread enters (returns the time, ns) and leaves cuCtxSynchronize or
- * cuStreamSynchronize: queued swap-outs are not issued meanwhile (swap_copy.c); NOTE
- * swap.app_syncs counts the calls and their time. No lock taken. */
+ * cuStreamSynchronize: queued swap-outs are not issued meanwhile (swap_copy.c), and the followed
+ * plan's position is kept for the smaller window before it (swap_plan.c); NOTE swap.app_syncs
+ * counts the calls and their time. No lock taken. */
 uint64_t swap_app_sync_begin(void);
 void swap_app_sync_end(uint64_t t_begin);
 /* cuMemSetAccess on a VMM-backed block: returns 1 and *rc when handled. */

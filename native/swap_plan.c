@@ -51,6 +51,10 @@ static struct {
     uint32_t alloc_ord; /* counted allocations since that op */
 } g_plan = {.alloc_at = -1};
 static uint64_t g_adopted;
+/* The followed plan's position of the application's latest host sync (cuCtxSynchronize,
+ * cuStreamSynchronize; g_plan.next when it began), -1: none yet (a new plan starts without one).
+ * Written without g_mu (the sync hooks take no lock), read under it. */
+static int64_t g_sync_at = -1;
 
 /* A block's identity in the plan: its site (bit 63 set) while it is bound to one, else its
  * address (device addresses never have bit 63 set). */
@@ -263,13 +267,14 @@ static void maybe_adopt(void)
     g_plan.n_sites = n_sites;
     g_plan.period = period;
     g_plan.gen = gen;
-    g_plan.next = -1;
+    __atomic_store_n(&g_plan.next, -1, __ATOMIC_RELAXED); /* plan_app_sync reads it without g_mu */
     g_plan.confirm = 0;
     g_plan.unsynced = 0;
     g_plan.confirm_ops = confirm_ops_of(keys, period);
     g_plan.alloc_at = -1;
-    g_plan.following = 1;
+    __atomic_store_n(&g_plan.following, 1, __ATOMIC_RELAXED);
     g_adopted = gen;
+    __atomic_store_n(&g_sync_at, -1, __ATOMIC_RELAXED);
     __atomic_store_n(&g_ctl->adopted, gen, __ATOMIC_RELEASE);
     ring_write(&(struct pyobmem_record){.type = PYOBMEM_EV_PLAN, .plan = {.generation = gen, .value = k}}, 1);
     return;
@@ -289,7 +294,7 @@ static void drop(int64_t at, uint64_t seen, uint64_t expected)
                                         .plan = {.generation = g_plan.gen, .value = (uint64_t)at, .seen = seen,
                                                  .expected = expected}}, 1);
     __atomic_add_fetch(&g_ctl->plan_drops, 1, __ATOMIC_RELAXED);
-    g_plan.following = 0;
+    __atomic_store_n(&g_plan.following, 0, __ATOMIC_RELAXED);
 }
 
 int64_t plan_step(uint64_t key)
@@ -309,11 +314,11 @@ int64_t plan_step(uint64_t key)
         drop(g_plan.next, key, g_plan.keys[g_plan.next]);
         return -1;
     } else { /* waiting for the iteration's start, or a tentative sync given up */
-        g_plan.next = -1;
+        __atomic_store_n(&g_plan.next, -1, __ATOMIC_RELAXED);
         g_plan.confirm = 0;
     }
     if (pos >= 0) {
-        g_plan.next = (pos + 1) % g_plan.period;
+        __atomic_store_n(&g_plan.next, (pos + 1) % g_plan.period, __ATOMIC_RELAXED);
         if (!(g_plan.confirm && --g_plan.confirm)) { /* in step */
             g_plan.unsynced = 0;
             g_plan.alloc_at = pos;
@@ -392,11 +397,6 @@ int64_t plan_hint_position(void)
     return g_plan.following && g_plan.n_idle && g_plan.next >= 0 && !g_plan.confirm ? g_plan.next : -1;
 }
 
-/* The followed plan's position of the application's latest host sync (cuCtxSynchronize,
- * cuStreamSynchronize; g_plan.next when it began), -1: none yet. Written without g_mu (the sync
- * hooks take no lock), read under it. */
-static int64_t g_sync_at = -1;
-
 void plan_app_sync(void)
 {
     int64_t next = __atomic_load_n(&g_plan.next, __ATOMIC_RELAXED);
@@ -410,7 +410,7 @@ void plan_app_sync(void)
 int plan_near_app_sync(void)
 {
     int64_t at = __atomic_load_n(&g_sync_at, __ATOMIC_RELAXED), pos = plan_hint_position();
-    if (at < 0 || pos < 0 || !g_plan.period)
+    if (at < 0 || pos < 0 || at >= g_plan.period) /* at: read while another plan was adopted */
         return 0;
     uint32_t P = g_plan.period, near = P / 4 < NEAR_SYNC_OPS ? P / 4 : NEAR_SYNC_OPS;
     return (uint32_t)((at - pos % P + P) % P) < near;
