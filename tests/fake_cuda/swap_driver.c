@@ -173,15 +173,16 @@ static void blocks_abc(CUdeviceptr *a, CUdeviceptr *b, CUdeviceptr *c)
     fill(*c, 2 * MIB, 3);
 }
 
-/* The read-backs of blocks_abc's a, b and c (their fill values), each after the streams ran. */
-static void check_abc(CUdeviceptr a, CUdeviceptr b, CUdeviceptr c)
+/* The read-backs of a, b and c of n bytes (filled with 1, 2, 3: blocks_abc's), each after the
+ * streams ran. */
+static void check_abc(CUdeviceptr a, CUdeviceptr b, CUdeviceptr c, size_t n)
 {
     fakeAdvance(-1);
-    printf("bad_a=%ld\n", check(a, 2 * MIB, 1, 0));
+    printf("bad_a=%ld\n", check(a, n, 1, 0));
     fakeAdvance(-1);
-    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
+    printf("bad_b=%ld\n", check(b, n, 2, 0));
     fakeAdvance(-1);
-    printf("bad_c=%ld\n", check(c, 2 * MIB, 3, 0));
+    printf("bad_c=%ld\n", check(c, n, 3, 0));
 }
 
 /* Iterations of [op_b(T), op_a(A, LEN, B), op_b(T)]; the plan (written by the test) prefetches
@@ -811,7 +812,7 @@ static int scenario_hold(void)
     printf("d_out_after_demand=%d\n", fakeAccess(d) == -1);
     printf("a_in_after_demand=%d\n", fakeAccess(a) != -1);
     printf("peak_after_demand=%lld\n", fakeCounter("device_peak"));
-    check_abc(a, b, c);
+    check_abc(a, b, c, 2 * MIB);
     fakeAdvance(-1);
     printf("bad_d=%ld\n", check(d, 2 * MIB, 4, 0));
     fakeAdvance(-1);
@@ -889,7 +890,7 @@ static int scenario_handoff_ordered(void)
         bad += h[i] != 0x55;
     free(h);
     printf("bad_y=%ld\n", bad);
-    check_abc(a, b, c);
+    check_abc(a, b, c, 2 * MIB);
     fakeAdvance(-1);
     counters();
     return 0;
@@ -920,7 +921,7 @@ static int scenario_ownleaving(void)
     printf("b_leaving=%d\nc_leaving=%d\n", fakeAccess(b) != -1, fakeAccess(c) != -1);
     op_a(a, 0, b);
     printf("b_in=%d\n", fakeAccess(b) != -1);
-    check_abc(a, b, c);
+    check_abc(a, b, c, 2 * MIB);
     fakeAdvance(-1);
     printf("bad_d=%ld\n", check(d, 2 * MIB, 4, 0));
     fakeAdvance(-1);
@@ -957,7 +958,7 @@ static int scenario_sparewait(int full)
     op_b(a); /* a back on the spare */
     printf("a_in=%d\nb_leaving_after=%d\n", fakeAccess(a) != -1, fakeAccess(b) != -1);
     printf("peak_after_swap_in=%lld\n", fakeCounter("device_peak"));
-    check_abc(a, b, c);
+    check_abc(a, b, c, 2 * MIB);
     fakeAdvance(-1);
     counters();
     return 0;
@@ -1512,7 +1513,7 @@ static int scenario_pollfifo(void)
     q = fakeCounter("event_queries");
     op_a(x[4], 0, 0);
     printf("queries_after=%lld\n", fakeCounter("event_queries") - q);
-    check_abc(a, b, c);
+    check_abc(a, b, c, 2 * MIB);
     counters();
     return 0;
 }
@@ -1549,11 +1550,7 @@ static int scenario_outqueue(int sync)
     fakeAdvance(-1);
     op_b(t);
     printf("a_out=%d\nc_out=%d\n", fakeAccess(a) == -1, fakeAccess(c) == -1);
-    printf("bad_a=%ld\n", check(a, n, 1, 0));
-    fakeAdvance(-1);
-    printf("bad_b=%ld\n", check(b, n, 2, 0));
-    fakeAdvance(-1);
-    printf("bad_c=%ld\n", check(c, n, 3, 0));
+    check_abc(a, b, c, n);
     counters();
     return 0;
 }
@@ -1588,11 +1585,7 @@ static int scenario_syncwindow(int out)
         }
         fakeAdvance(-1);
     }
-    printf("bad_a=%ld\n", check(a, n, 1, 0));
-    fakeAdvance(-1);
-    printf("bad_b=%ld\n", check(b, n, 2, 0));
-    fakeAdvance(-1);
-    printf("bad_c=%ld\n", check(c, n, 3, 0));
+    check_abc(a, b, c, n);
     counters();
     return 0;
 }
