@@ -297,11 +297,12 @@ def _layer_drift(blocks, pid: int, op_t: np.ndarray, lo: np.ndarray, hi: np.ndar
     bytes it began with; a layer keeps what it saved for the backward pass, so the live bytes at
     its repeats' starts climb (forward) or fall (backward) at every one of at least 4 repeats, by
     more in all than one repeat's own swing, by at least a quarter of that swing at each (median),
-    and by at least 1/32 of the peak in all (a pool allocator warming up or a small leak: not). The daemon plans on what it has seen so far: in the first step of
-    GPT medium on the H200 (tests/data/gpt_medium_tensors_s10.pyobmem cut to its first 15-30%)
-    the model's iteration was a 33-op layer, 24 times, and the planner made a 40-op plan of it; at
-    40% of the peak (session 15) the daemon adopted such plans 23 times, dropped 21, and never
-    planned the step."""
+    and by at least 1/32 of the peak in all (a pool allocator warming up or a small leak: not).
+    The daemon plans on what it has seen so far: in the first step of GPT medium on the H200
+    (tests/data/gpt_medium_tensors_s10.pyobmem cut to its first 10-30%) the model's iteration was
+    a 20-op forward or 33-op backward layer, 23-24 times, and the planner made a plan of it; at 40%
+    of the peak (session 15) the daemon adopted such plans 23 times, dropped 21, and never planned
+    the step."""
     n = len(lo)
     if n < LAYER_MIN_REPEATS or not len(op_t):
         return ""
