@@ -392,6 +392,70 @@ void run_actions(int64_t pos, uint16_t kind, uint64_t stamp)
     }
 }
 
+/*
+ * Early prefetches. The plan brings each block back as late as its cost model allows, timed on
+ * the GPU clock of the iteration the daemon learned; the host-to-device engine then idles where
+ * the device has room, and a block the model thought had time comes back late. On GPT medium at
+ * 50% (H200, session 16) the copy engine idled ~280 ms of a 715 ms step while the backward pass
+ * freed memory, and then AdamW's 2.6 GiB of state was issued in a burst right before its foreach
+ * kernels: the GPU waited 43 ms there. So while the engine has nothing in flight, the next
+ * prefetches of the plan are issued early, in plan order, while the device stays EARLY_HEADROOM
+ * under the budget, up to EARLY_BATCH a call; never across one of the plan's swap-outs (there the
+ * plan needs the room: the forward pass, an optimizer's state leaving), never more than
+ * EARLY_LOOK_OPS ahead (a block out across the peak must not come back right after it), and never
+ * past the iteration's end.
+ */
+#define EARLY_HEADROOM_DEFAULT_MIB 1024
+#define EARLY_BATCH (128ull << 20)
+#define EARLY_LOOK_OPS 256 /* or P / 4, if less: a block comes back at most this many ops early */
+
+/* PYOBMEM_EARLY_PREFETCH_MIB in bytes: the headroom; 0: no early prefetches. Read once. */
+static uint64_t early_headroom(void)
+{
+    static int64_t headroom = -1;
+    int64_t h = __atomic_load_n(&headroom, __ATOMIC_RELAXED);
+    if (h < 0) {
+        const char *e = getenv(PYOBMEM_ENV_EARLY_PREFETCH);
+        char *end = NULL;
+        long v = e && *e ? strtol(e, &end, 10) : -1;
+        h = (int64_t)(end && !*end && v >= 0 && v < (1l << 24) ? v : EARLY_HEADROOM_DEFAULT_MIB) << 20;
+        __atomic_store_n(&headroom, h, __ATOMIC_RELAXED);
+    }
+    return (uint64_t)h;
+}
+
+void run_early_prefetches(int64_t pos, uint64_t stamp)
+{
+    uint64_t headroom = early_headroom();
+    uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED), issued = 0;
+    if (!headroom || !budget || pos < 0 || g_plan.confirm || !g_h2d_ev || real_cuEventQuery(g_h2d_ev) != CUDA_SUCCESS)
+        return; /* the engine still copies: the plan's own prefetches first */
+    size_t lo = 0, hi = g_plan.n_acts;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if ((int64_t)g_plan.acts[mid].at < pos)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    uint32_t look = g_plan.period / 4 < EARLY_LOOK_OPS ? g_plan.period / 4 : EARLY_LOOK_OPS;
+    /* from this op's own swap-outs (they run at its end) on; its prefetches have run */
+    for (size_t i = lo; i < g_plan.n_acts && issued < EARLY_BATCH && g_plan.acts[i].at <= pos + look; i++) {
+        const struct act *a = &g_plan.acts[i];
+        if (a->kind == PYOBMEM_ACT_SWAP_OUT)
+            break;
+        if (a->kind != PYOBMEM_ACT_PREFETCH || (int64_t)a->at == pos)
+            continue;
+        struct sblock *b = a->site >= 0 ? g_plan.sites[a->site].b : block_at(a->addr);
+        if (!b || (a->site < 0 && (b->addr != a->addr || b->site)) || b->size != a->size || b->state != SB_OUT)
+            continue;
+        if (resident_bytes() + g_leaving + b->vsize + headroom > budget || swap_in(b, 1, stamp) != CUDA_SUCCESS)
+            break; /* no room (or no memory): the plan's order is kept */
+        issued += b->size;
+        g_waits.early_ins++;
+    }
+}
+
 int64_t plan_hint_position(void)
 {
     return g_plan.following && g_plan.n_idle && g_plan.next >= 0 && !g_plan.confirm ? g_plan.next : -1;
