@@ -107,17 +107,6 @@ uint64_t cache_trim(uint64_t want, CUmemoryPool pool) { return trim(want, pool, 
 
 uint64_t cache_trim_keeping(uint64_t want, uint64_t keep) { return trim(want, NULL, keep); }
 
-uint64_t cache_idle_bytes(void)
-{
-    uint64_t n = g_spare_bytes;
-    for (size_t i = 0; i < g_ncache; i++) {
-        struct sblock *c = g_cache[i];
-        if (c->handle && (!c->free_live || real_cuEventQuery(c->free_ev) == CUDA_SUCCESS))
-            n += c->vsize;
-    }
-    return n;
-}
-
 uint64_t cache_pending_bytes(void)
 {
     uint64_t n = 0;

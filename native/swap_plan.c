@@ -428,7 +428,6 @@ void run_early_prefetches(int64_t pos, uint64_t stamp)
 {
     uint64_t headroom = early_headroom();
     uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED), issued = 0;
-    int64_t idle = -1; /* cache_idle_bytes(), once it is needed */
     if (!headroom || !budget || pos < 0 || g_plan.confirm || !g_h2d_ev || real_cuEventQuery(g_h2d_ev) != CUDA_SUCCESS)
         return; /* the engine still copies: the plan's own prefetches first */
     size_t lo = 0, hi = g_plan.n_acts;
@@ -450,14 +449,8 @@ void run_early_prefetches(int64_t pos, uint64_t stamp)
         struct sblock *b = a->site >= 0 ? g_plan.sites[a->site].b : block_at(a->addr);
         if (!b || (a->site < 0 && (b->addr != a->addr || b->site)) || b->size != a->size || b->state != SB_OUT)
             continue;
-        /* the room may be cached memory the GPU is done with (the backward pass's frees): given back */
-        uint64_t want = resident_bytes() + g_leaving + b->vsize + headroom;
-        if (want > budget && (idle < 0 ? (idle = (int64_t)cache_idle_bytes()) : idle) < (int64_t)(want - budget))
-            break; /* no room: the plan's order is kept */
-        if (want > budget)
-            idle -= (int64_t)cache_trim_keeping(want - budget, 0);
         if (resident_bytes() + g_leaving + b->vsize + headroom > budget || swap_in(b, 1, stamp) != CUDA_SUCCESS)
-            break; /* (or no memory) */
+            break; /* no room (or no memory): the plan's order is kept */
         issued += b->size;
         g_waits.early_ins++;
     }

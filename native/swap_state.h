@@ -260,8 +260,6 @@ struct sblock *cache_take(uint64_t vsize, int dev, CUmemoryPool pool, CUstream s
 uint64_t cache_trim(uint64_t want, CUmemoryPool pool);
 /* cache_trim of every pool, keeping one spare handle of `keep` bytes (see hold_budget). */
 uint64_t cache_trim_keeping(uint64_t want, uint64_t keep);
-/* Spare handles and cached memory whose free has completed: what a trim can give back now. */
-uint64_t cache_idle_bytes(void);
 /* Cached bytes whose free the GPU has not reached yet (their memory cannot be given back now). */
 uint64_t cache_pending_bytes(void);
 /* cache_trim_keeping after waiting on the host for the oldest pending frees, as many as `want`
