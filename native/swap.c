@@ -104,7 +104,7 @@ static void note_waits(void)
     ring_note("swap.app_syncs=%llu/%lluus hold=%s near_sync=%llu",
               (unsigned long long)__atomic_load_n(&g_waits.app_syncs, __ATOMIC_RELAXED),
               (unsigned long long)(__atomic_load_n(&g_waits.app_sync_ns, __ATOMIC_RELAXED) / 1000),
-              swap_sync_hold() == 2 ? "on" : swap_sync_hold() ? "sync" : "off", (unsigned long long)w.out_near_sync);
+              swap_sync_hold() ? "on" : "off", (unsigned long long)w.out_near_sync);
     ring_note("swap.early_prefetches=%llu", (unsigned long long)w.early_ins);
     ring_note("swap.host=allocs=%llu/%lluus frees=%llu/%lluus create=%llu/%lluus access=%llu/%lluus "
               "release=%llu/%lluus lock_waits=%llu/%lluus releaser=%llu/%lluus",

@@ -65,20 +65,14 @@ static uint64_t g_out_order; /* swap-outs begun: sblock.out_order */
  * state's 2.4 GB of queued swap-outs to the engine. While one is in, the queue waits (unless
  * PYOBMEM_SYNC_HOLD=0): the engine idles once what is in flight is done. */
 static int g_app_syncs;
-/* The queue also waits after a sync, until the application's next op other than a copy to the
- * host: a training loop syncs in a row (GPT medium's: torch.cuda.synchronize(), loss.item()'s
- * copy and stream sync, the next step's torch.cuda.synchronize()), and each sync waited for what
- * the release thread had issued since the one before: 12.7 ms a step at 50% on the H200 (session
- * 16), the GPU idle. The swap-outs then go to the engine with the next step's first kernel. */
-static int g_sync_tail;
-static int g_hold = -1; /* PYOBMEM_SYNC_HOLD, read once: 0 off, 1 in syncs only, 2 in syncs and after */
+static int g_hold = -1; /* PYOBMEM_SYNC_HOLD, read once */
 
 int swap_sync_hold(void)
 {
     int h = __atomic_load_n(&g_hold, __ATOMIC_RELAXED);
     if (h < 0) {
         const char *env = getenv(PYOBMEM_ENV_SYNC_HOLD);
-        h = env && strcmp(env, "0") == 0 ? 0 : env && strcmp(env, "sync") == 0 ? 1 : 2;
+        h = !(env && strcmp(env, "0") == 0);
         __atomic_store_n(&g_hold, h, __ATOMIC_RELAXED);
     }
     return h;
@@ -182,11 +176,8 @@ void swap_app_sync_end(uint64_t t_begin)
 {
     __atomic_add_fetch(&g_waits.app_sync_ns, shim_now_ns() - t_begin, __ATOMIC_RELAXED);
     __atomic_add_fetch(&g_waits.app_syncs, 1, __ATOMIC_RELAXED);
-    if (swap_sync_hold()) {
-        if (swap_sync_hold() == 2)
-            __atomic_store_n(&g_sync_tail, 1, __ATOMIC_RELEASE);
+    if (swap_sync_hold())
         __atomic_sub_fetch(&g_app_syncs, 1, __ATOMIC_ACQ_REL);
-    }
 }
 
 /* The window near the application's host sync: the sync waits for what is in flight (OUT_AHEAD
@@ -198,7 +189,7 @@ void issue_outs(int all)
 {
     if (g_nfly && (g_noutq || g_nfly > 256)) /* only what is queued needs the count now */
         retire_flights();
-    if (!all && (__atomic_load_n(&g_app_syncs, __ATOMIC_ACQUIRE) || __atomic_load_n(&g_sync_tail, __ATOMIC_ACQUIRE)))
+    if (!all && __atomic_load_n(&g_app_syncs, __ATOMIC_ACQUIRE))
         return; /* the sync waits for what is in flight (OUT_AHEAD at most), not the queue */
     all |= !releaser_running(); /* nothing would issue the rest while the application waits */
     uint64_t ahead = out_ahead();
@@ -369,8 +360,6 @@ CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int how, co
     op->pos = -1;
     op->capturing = capturing(s, &unknown);
     int paused = op->capturing || unknown;
-    if (key != SWAP_KEY_COPY(PYOBMEM_COPY_DTOH))
-        __atomic_store_n(&g_sync_tail, 0, __ATOMIC_RELEASE); /* the application works again */
     CUstreamCaptureMode old;
     int relaxed = relax(&old);
     swap_lock();

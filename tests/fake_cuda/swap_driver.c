@@ -1545,10 +1545,6 @@ static int scenario_outqueue(int sync)
     if (sync)
         printf("pieces_fed_in_sync=%lld\n", fakeCounter("ctx_sync_fed"));
     fakeAdvance(-1);
-    if (sync) {
-        usleep(20000); /* the release thread's polls, before the application's next op */
-        printf("pieces_after_sync=%lld\n", fakeCounter("dtoh_async") - d0);
-    }
     op_b(t);
     printf("pieces_after_poll=%lld\n", fakeCounter("dtoh_async") - d0);
     fakeAdvance(-1);

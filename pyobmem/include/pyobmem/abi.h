@@ -34,7 +34,7 @@
                                                * libcupti; a path: that library (pyobmem-run --cupti) */
 #define PYOBMEM_ENV_CONTROL "PYOBMEM_CONTROL" /* swap mode: path of the control file (below) */
 #define PYOBMEM_ENV_RELEASER "PYOBMEM_RELEASER" /* swap mode: "0": no release thread (releases at ops only) */
-#define PYOBMEM_ENV_SYNC_HOLD "PYOBMEM_SYNC_HOLD" /* swap mode: "0": queued swap-outs are issued while the application syncs; "sync": held while it syncs only; default: also after, until its next op other than a copy to the host */
+#define PYOBMEM_ENV_SYNC_HOLD "PYOBMEM_SYNC_HOLD" /* swap mode: "0": queued swap-outs are issued while the application syncs */
 #define PYOBMEM_ENV_OUT_AHEAD "PYOBMEM_OUT_AHEAD_MIB" /* swap mode: MiB of swap-outs issued to the copy engine and not done (512; 128 shortly before the latest host sync's plan position) */
 #define PYOBMEM_ENV_EARLY_PREFETCH "PYOBMEM_EARLY_PREFETCH_MIB" /* swap mode: MiB the device stays under the budget when the plan's next prefetches are issued early (1024); 0: none */
 #define PYOBMEM_ENV_FREE_WAIT "PYOBMEM_FREE_WAIT" /* swap mode: ms the budget waits for a pending free (500); 0: never */
