@@ -105,7 +105,6 @@ static void note_waits(void)
               (unsigned long long)__atomic_load_n(&g_waits.app_syncs, __ATOMIC_RELAXED),
               (unsigned long long)(__atomic_load_n(&g_waits.app_sync_ns, __ATOMIC_RELAXED) / 1000),
               swap_sync_hold() ? "on" : "off", (unsigned long long)w.out_near_sync);
-    ring_note("swap.early_prefetches=%llu", (unsigned long long)w.early_ins);
     ring_note("swap.host=allocs=%llu/%lluus frees=%llu/%lluus create=%llu/%lluus access=%llu/%lluus "
               "release=%llu/%lluus lock_waits=%llu/%lluus releaser=%llu/%lluus",
               (unsigned long long)w.allocs, (unsigned long long)(w.alloc_ns / 1000), (unsigned long long)w.frees,

@@ -394,10 +394,8 @@ CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int how, co
     g_inflight_all += op->all;
     /* the plan: prefetches before the op (never evicting one of its blocks) */
     op->pos = plan_step(key);
-    if (op->pos >= 0 && !paused) {
+    if (op->pos >= 0 && !paused)
         run_actions(op->pos, PYOBMEM_ACT_PREFETCH, stamp);
-        run_early_prefetches(op->pos, stamp);
-    }
     CUresult fail = CUDA_SUCCESS;
     if (!op->overflow) {
         for (uint32_t i = 0; i < op->n && fail == CUDA_SUCCESS; i++)

@@ -87,7 +87,6 @@ struct swap_waits {
     uint64_t unmap_ns, unmaps, releases;      /* unmap_block_keep; releases: a cuMemRelease */
     uint64_t evictions, planned_outs;         /* swap-outs for the budget, and the plan's */
     uint64_t handoffs;                        /* maps that took a swap-out's memory still copying */
-    uint64_t early_ins;                       /* prefetches issued ahead of their plan position (run_early_prefetches) */
     uint64_t free_wait_ns, free_waits;        /* waiting for cached blocks' frees to reclaim their memory */
     uint64_t rounds, round_pending;           /* eviction rounds still over after the trims; cached bytes then pending (sum) */
     uint64_t app_sync_ns, app_syncs;          /* the application in cuCtxSynchronize / cuStreamSynchronize (atomic, no lock) */
@@ -228,9 +227,6 @@ void make_room(uint64_t need, uint64_t stamp);
 int64_t plan_step(uint64_t key);
 void run_actions(int64_t pos, uint16_t kind, uint64_t stamp);
 /* The position IDLE hints are read at (the next op's), or -1 when there are none to follow. */
-/* Swap-ins of the plan's next prefetches issued ahead of their positions, while the host-to-device
- * engine is idle and the device has room (docs/swap.md "Early prefetches"). */
-void run_early_prefetches(int64_t pos, uint64_t stamp);
 int64_t plan_hint_position(void);
 uint32_t idle_for(const struct sblock *b, int64_t pos);
 int needed_soon(const struct sblock *b); /* by the IDLE hints, an op needs b within min(64 ops, P/4) */

@@ -935,36 +935,6 @@ def test_swap_outs_shortly_before_the_latest_host_sync_keep_little_in_flight(fak
     no_misbehaviour(run, app_syncs=2)
 
 
-@pytest.mark.parametrize("headroom, a_back, c_back", [(None, 31, 65), ("0", 50, 90), ("8000000", 50, 90)])
-def test_the_next_prefetches_come_early_while_the_engine_idles_and_the_device_has_room(fake, tmp_path, headroom,
-                                                                                    a_back, c_back):
-    """The plan brings a block back as late as its cost model allows, and on the H200 the
-    host-to-device engine then idled where the device had room, while AdamW's state came back in
-    a burst the GPU waited 43 ms for (GPT medium at 50%, session 16). With the engine idle, the
-    plan's next prefetches are issued early while the device stays 1 GiB (PYOBMEM_EARLY_PREFETCH_MIB)
-    under the budget, at most min(256, P / 4) = 25 ops ahead: a (out after op 5, prefetched at
-    50) is mapped again at op 31, the first op after c's swap-out (the look-ahead never passes
-    a swap-out of the plan), c (out after 30, at 90) at op 65. 0 turns it off, and a headroom the budget cannot give (8e6 MiB
-    against 1 TiB) issues nothing early: each comes back at its planned position. Both ways every
-    byte comes back, and the shim counts what it issued early."""
-    keys = [FUNC_A] + [KERN_B] * 99
-
-    def plan(path, pid, o):
-        acts = [(5, ActionKind.SWAP_OUT, o["a"], 16 * MIB), (30, ActionKind.SWAP_OUT, o["c"], 16 * MIB),
-                (50, ActionKind.PREFETCH, o["a"], 16 * MIB), (90, ActionKind.PREFETCH, o["c"], 16 * MIB)]
-        write_plan(path, pid, 1, keys, acts)
-
-    env = {"PYOBMEM_GPU_CLOCK_EVERY": "0", **({"PYOBMEM_EARLY_PREFETCH_MIB": headroom} if headroom else {})}
-    run = run_swap(fake, tmp_path, "early", budget=1 << 40, plans={1: plan}, env=env)
-    for it in (1, 2):
-        assert (run.out[f"a_back_{it}"], run.out[f"c_back_{it}"]) == (a_back, c_back)
-    assert (run.out["bad_a"], run.out["bad_c"]) == (0, 0)
-    assert len(run.swaps(Ev.SWAP_OUT, run.out["a"])) == 2 and len(run.swaps(Ev.SWAP_IN, run.out["a"])) == 2
-    early = next(n for n in run.notes() if n.startswith("swap.early_prefetches="))
-    assert early == f"swap.early_prefetches={4 if a_back == 31 else 0}"
-    no_misbehaviour(run)
-
-
 def test_a_handed_over_swap_out_is_released_before_an_older_one_still_copying(fake, tmp_path):
     """Swap-outs complete in the order of their last piece on the device-to-host stream, not of
     their first: a (192 MiB) has two pieces in flight when y takes b's memory, so b's whole copy

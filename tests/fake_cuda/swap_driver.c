@@ -1590,42 +1590,6 @@ static int scenario_syncwindow(int out)
     return 0;
 }
 
-/* Early prefetches: a (16 MiB) out after op 5, c after op 30, the plan's prefetches of a at 50
- * and of c at 90 (their uses at 51 and 91) of a 100-op iteration, each op run to its end. The
- * position at which each is mapped again, per iteration: with the engine idle and room, the
- * first op after c's swap-out brings both back (a's look-ahead stops at c's swap-out before). */
-static int scenario_early(void)
-{
-    size_t n = 16 * MIB;
-    CUdeviceptr a = must_alloc(n), c = must_alloc(n), t = must_alloc(2 * MIB);
-    printf("a=%" PRIu64 "\nc=%" PRIu64 "\n", (uint64_t)a, (uint64_t)c);
-    fill(a, n, 1);
-    fill(c, n, 3);
-    sync_point(1);
-    for (int it = 1; it <= 2; it++) {
-        int a_out = 0, c_out = 0, a_back = -1, c_back = -1;
-        op_a(t, 0, 0); /* position 0 */
-        fakeAdvance(-1);
-        for (int pos = 1; pos < 100; pos++) {
-            op_b(pos == 51 ? a : pos == 91 ? c : t);
-            fakeAdvance(-1);
-            int ma = fakeAccess(a) != -1, mc = fakeAccess(c) != -1;
-            if (!ma)
-                a_out = 1;
-            else if (a_out && a_back < 0)
-                a_back = pos;
-            if (!mc)
-                c_out = 1;
-            else if (c_out && c_back < 0)
-                c_back = pos;
-        }
-        printf("a_back_%d=%d\nc_back_%d=%d\n", it, a_back, it, c_back);
-    }
-    printf("bad_a=%ld\nbad_c=%ld\n", check(a, n, 1, 0), check(c, n, 3, 0));
-    counters();
-    return 0;
-}
-
 /* Swap-outs complete in the order of their last piece: a of 192 MiB and b of 2 MiB planned out
  * after op 1 (the test's plan at sync point 1): a's first two pieces go to the copy engine, b
  * waits in the queue. y (cuMemAllocAsync, 2 MiB) takes b's memory, so b's whole copy is issued
@@ -1820,8 +1784,6 @@ int main(int argc, char **argv)
         rc = scenario_syncwindow(argc > 2 ? atoi(argv[2]) : 70);
     else if (!strcmp(s, "outqueue"))
         rc = scenario_outqueue(argc < 3 ? 0 : !strcmp(argv[2], "ctxsync") ? 1 : !strcmp(argv[2], "streamsync") ? 2 : 0);
-    else if (!strcmp(s, "early"))
-        rc = scenario_early();
     else if (!strcmp(s, "handfifo"))
         rc = scenario_handfifo();
     else if (!strcmp(s, "handidle"))

@@ -36,7 +36,6 @@
 #define PYOBMEM_ENV_RELEASER "PYOBMEM_RELEASER" /* swap mode: "0": no release thread (releases at ops only) */
 #define PYOBMEM_ENV_SYNC_HOLD "PYOBMEM_SYNC_HOLD" /* swap mode: "0": queued swap-outs are issued while the application syncs */
 #define PYOBMEM_ENV_OUT_AHEAD "PYOBMEM_OUT_AHEAD_MIB" /* swap mode: MiB of swap-outs issued to the copy engine and not done (512; 128 shortly before the latest host sync's plan position) */
-#define PYOBMEM_ENV_EARLY_PREFETCH "PYOBMEM_EARLY_PREFETCH_MIB" /* swap mode: MiB the device stays under the budget when the plan's next prefetches are issued early (1024); 0: none */
 #define PYOBMEM_ENV_FREE_WAIT "PYOBMEM_FREE_WAIT" /* swap mode: ms the budget waits for a pending free (500); 0: never */
 #define PYOBMEM_ENV_GPU_CLOCK_EVERY "PYOBMEM_GPU_CLOCK_EVERY" /* GPU time sample every N ops (0: off; unset: 32-256, adaptive) */
 #define PYOBMEM_ENV_GPU_CLOCK_POOL "PYOBMEM_GPU_CLOCK_POOL"   /* timing events per context (default 256) */
