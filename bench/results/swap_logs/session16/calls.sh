@@ -1,3 +1,4 @@
+# ab.py: bench/results/swap_logs/session15/ab.py, copying the captures of the labels in KEEP to $OUT
 # call 1 (26a8e1c)
 nvidia-smi --query-gpu=name,memory.used --format=csv
 KEEP=n40,n50 python3 dev/ab.py $OUT 16 base:0:-: n40:40:-: n50:50:-: 2>&1 | tee $OUT/ab.txt
