@@ -58,11 +58,6 @@ from .learning import NEVER_FREED, LearnedIteration
 GRANULE = 2 << 20  # the shim maps whole 2 MiB granules (its vsize)
 MAP_NS, MAP_NS_PER_GIB = 39e3, 176e3  # cuMemCreate + cuMemMap + cuMemSetAccess: 39 us at 2 MiB, 215 us at 1 GiB
 UNMAP_NS, UNMAP_NS_PER_GIB = 30e3, 515e3  # cuMemUnmap + cuMemRelease: 30 us at 2 MiB, 545 us at 1 GiB
-# The H200's pinned copies (bench/results/copy_bandwidth.json): ~6.5 us a copy beyond its bytes at
-# 55.3 GB/s (4 MiB: 50.4 GB/s to the device, 52.0 from it), each direction ~8% slower while the
-# other copies too (50.8 / 51.8 GB/s at 64-512 MiB).
-COPY_NS = 6.5e3
-BOTH_SLOWDOWN = 1.08
 COUPLED_QUEUE = 0.95  # the launch queue counts as full from this share of its deepest measured fill
 ITERATIONS = 3  # unrolled; figures of the middle one
 
@@ -191,16 +186,10 @@ class _State:
         # block's own swap-in for its kept slot, the latest swap-in of all for a slot new to it.
         ready = max(self.use_end[u], self.in_end[u] if self.slot[u] else self.h2d, self.H, self.fence)
         self.slot[u] = True
-        start = max(self.d2h, ready)
-        self.d2h = self.out_end[u] = start + self.copy_ns(u, start < self.h2d)
+        self.d2h = self.out_end[u] = max(self.d2h, ready) + self.size[u] / self.bw * 1e9
         self.state[u] = OUT_PENDING
         self.leaving += self.vsize[u]
         self.pending.append(u)
-
-    def copy_ns(self, u: int, both: bool) -> float:
-        """One copy of u on its engine: its bytes at the bandwidth, slower while the other engine
-        copies too, plus the copy's own cost (bench/results/copy_bandwidth.json)."""
-        return self.size[u] / self.bw * 1e9 * (BOTH_SLOWDOWN if both else 1.0) + COPY_NS
 
     def cancel(self, u: int) -> None:
         self.state[u] = RES
@@ -332,8 +321,7 @@ class _State:
             return False
         self.hold(int(self.vsize[u]))
         after = self.map(u)
-        start = max(self.h2d, self.H, after)
-        self.h2d = self.in_end[u] = start + self.copy_ns(u, start < self.d2h)
+        self.h2d = self.in_end[u] = max(self.h2d, self.H, after) + self.size[u] / self.bw * 1e9
         self.state[u] = IN_PENDING
         return True
 
