@@ -66,8 +66,6 @@ PLAN_LIMIT_S = 12.0
 WINDOW_RECORDS = 1 << 20  # op and access records kept for learning (64 MiB)
 SHIM_WARNING = "swap.warn="  # a NOTE the shim writes for the user (native/swap.c), said on stderr
 _STATIC = (abi.Ev.PROCESS, abi.Ev.ALLOC, abi.Ev.FREE, abi.Ev.NOTE, abi.Ev.NCCL)  # NCCL: its blocks stay pinned
-if os.environ.get("PYOBMEM_DEV_TIMING"):  # EXPERIMENT: names to align the trace's clocks by
-    _STATIC = _STATIC + (abi.Ev.KERNEL_NAME,)
 # GPU_TIME: the planner times the iteration on the GPU clock when the samples are there
 _WINDOWED = (abi.Ev.LAUNCH, abi.Ev.ACCESS, abi.Ev.MEMCPY, abi.Ev.MEMSET, abi.Ev.GRAPH_LAUNCH, abi.Ev.GPU_TIME)
 
