@@ -84,43 +84,6 @@ def _same_cycle(a: np.ndarray, b: np.ndarray) -> bool:
     return False
 
 
-_DEV = {}
-
-
-def _dev_timing(L, cap, path):
-    """EXPERIMENT (not for main): L with the clocks of the unswapped trace at ``path``, aligned by
-    kernel names (the rotation whose names match), so the plan is made on unswapped timing."""
-    import dataclasses
-    from . import planner
-    from .capture import read_capture
-    if path not in _DEV:
-        tc = read_capture(path)
-        _DEV[path] = (tc, planner.learn_iteration(tc, by_site=True))
-    tc, R = _DEV[path]
-    P = L.period
-    if R.period != P:
-        _warn(f"pyobmem: dev timing: periods differ ({R.period} vs {P})")
-        return L
-    ids = {}
-    a = np.array([ids.setdefault(cap.kernel_name(int(r)), len(ids)) for r in L.op_rows])
-    b = np.array([ids.setdefault(tc.kernel_name(int(r)), len(ids)) for r in R.op_rows])
-    for r in range(P):
-        if np.array_equal(np.roll(b, -r), a):
-            break
-    else:
-        _warn("pyobmem: dev timing: no rotation matches")
-        return L
-    T = R.iteration_ns
-    def rot(x):
-        y = np.roll(x, -r).astype(np.float64)
-        y[P - r:] += T
-        return y - R.times[r]
-    times = rot(R.times)
-    issue = np.minimum(np.maximum(rot(R.issue), 0.0), times)
-    _warn(f"pyobmem: dev timing: rotation {r}, T {L.iteration_ns/1e6:.1f} -> {T/1e6:.1f} ms")
-    return dataclasses.replace(L, times=times, issue=issue, iteration_ns=T)
-
-
 class SwapAgent:
     """Learns the iteration from the drained records and writes plans into the control file.
 
@@ -274,8 +237,6 @@ class SwapAgent:
         if isinstance(learned, planner.NoPlan):
             self.last_reason = learned.reason
             return None
-        if os.environ.get("PYOBMEM_DEV_TIMING"):
-            learned = _dev_timing(learned, cap, os.environ["PYOBMEM_DEV_TIMING"])
         plan = planner.make_plan(learned, self.budget_bytes, choose=choose, limit_s=PLAN_LIMIT_S if choose else None)
         if not plan.feasible:
             self.last_reason = (
