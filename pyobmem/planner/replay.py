@@ -223,20 +223,6 @@ class _State:
             if got >= want:
                 break
 
-    def trim_waiting(self, want: float) -> None:
-        """cache_trim_waiting: the host waits for the oldest free the GPU has not passed, then
-        trims, until ``want`` bytes went back or no free is pending (before a live block goes out)."""
-        while want > 0:
-            pending = [e for ends in self.cache.values() for e in ends if e > self.H]
-            if not pending:
-                return
-            first = min(pending)
-            self.host_wait += (first - self.H) if self.counting else 0.0
-            self.H = first
-            before = self.mapped
-            self.trim(want)
-            want -= before - self.mapped
-
     def victim(self, vsize: int) -> int:
         """pick_victim: Belady's choice by the IDLE hints at the next op, else the least recently used."""
         p = self.op + 1
@@ -258,8 +244,6 @@ class _State:
         if self.resident() + need <= self.budget:
             return
         self.trim(self.resident() + need - self.budget)
-        if self.resident() + need > self.budget and self.victim(need) >= 0:
-            self.trim_waiting(self.resident() + need - self.budget)
         while self.resident() + need > self.budget:
             v = self.victim(need)
             if v < 0:
