@@ -87,6 +87,7 @@ struct swap_waits {
     uint64_t unmap_ns, unmaps, releases;      /* unmap_block_keep; releases: a cuMemRelease */
     uint64_t evictions, planned_outs;         /* swap-outs for the budget, and the plan's */
     uint64_t handoffs;                        /* maps that took a swap-out's memory still copying */
+    uint64_t cache_handles;                   /* maps that took a cached block's memory (its free reached) */
     uint64_t free_wait_ns, free_waits;        /* waiting for cached blocks' frees to reclaim their memory */
     uint64_t rounds, round_pending;           /* eviction rounds still over after the trims; cached bytes then pending (sum) */
     uint64_t app_sync_ns, app_syncs;          /* the application in cuCtxSynchronize / cuStreamSynchronize (atomic, no lock) */
@@ -256,6 +257,11 @@ struct sblock *cache_take(uint64_t vsize, int dev, CUmemoryPool pool, CUstream s
 uint64_t cache_trim(uint64_t want, CUmemoryPool pool);
 /* cache_trim of every pool, keeping one spare handle of `keep` bytes (see hold_budget). */
 uint64_t cache_trim_keeping(uint64_t want, uint64_t keep);
+/* A cached block's physical memory for a map of vsize bytes on dev (cache_take_handle: unmapped
+ * from the cached block, whose reservation stays cached; 0 for none): mapped, of exactly that
+ * size, its free reached. cache_idle_bytes_of: vsize when there is one, else 0. */
+CUmemGenericAllocationHandle cache_take_handle(uint64_t vsize, int dev);
+uint64_t cache_idle_bytes_of(uint64_t vsize, int dev);
 /* Cached bytes whose free the GPU has not reached yet (their memory cannot be given back now). */
 uint64_t cache_pending_bytes(void);
 /* cache_trim_keeping after waiting on the host for the oldest pending frees, as many as `want`

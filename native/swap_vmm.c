@@ -170,6 +170,8 @@ static CUresult map_block_timed(struct sblock *b, CUevent *after)
     if (after)
         *after = NULL;
     CUmemGenericAllocationHandle h = spare_take(b->vsize, b->device);
+    if (!h)
+        h = cache_take_handle(b->vsize, b->device); /* memory in use before: no fresh memory */
     if (!h && after && take_leaving(b, after))
         return CUDA_SUCCESS; /* g_mapped: o's bytes are now b's */
     CUresult r = CUDA_SUCCESS;

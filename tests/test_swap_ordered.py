@@ -195,6 +195,26 @@ def test_a_budget_eviction_waits_for_a_pending_free_before_a_live_block_goes_out
     no_misbehaviour(run)
 
 
+def test_a_swap_in_takes_the_memory_of_a_cached_block_whose_free_was_reached(fake, tmp_path):  # noqa: F811
+    """swap_driver.c scenario_cachehandle (budget 3 granules): y, freed on its stream and its free
+    reached, is cached with its memory; a's swap-in on demand then takes that memory instead of
+    the cache giving it back (cuMemRelease) and a cuMemCreate: a handle released just before
+    slowed the H200's copies into the device from 55 to 34 GB/s (128 MiB, session 17), and GPT
+    medium's swap-ins at 50% ran at 48 GB/s where its swap-outs ran at 54.8. Without the rule a's
+    swap-in creates new memory. c, a cuMemAlloc block, still gets new memory (its budget hold
+    names no device, so the cache gives x's memory back first)."""
+    run = run_swap(fake, tmp_path, "cachehandle", budget=3 * GRAN)
+    assert (run.out["c_creates"], run.out["a_creates"]) == (1, 0)
+    assert run.out["y_reused"] == 1
+    assert run.out["bad_a"] == 0 and run.out["bad_b"] == 0 and run.out["bad_c"] == 0
+    assert run.out["device_peak"] <= 3 * GRAN
+    ins = run.swaps(Ev.SWAP_IN)
+    assert [int(r["a"]) for r in ins] == [run.block_id(run.out["a"])]
+    note = next(n for n in run.notes() if n.startswith("swap.app_syncs="))
+    assert note.endswith(" cache_handles=1"), note
+    no_misbehaviour(run)
+
+
 def test_a_free_the_gpu_never_reaches_is_given_up(fake, tmp_path):  # noqa: F811
     """C16: the same run with the stream that freed x never advancing (a persistent kernel before
     the free) and a wait limit of 20 ms (PYOBMEM_FREE_WAIT): the shim polls, gives up, says so

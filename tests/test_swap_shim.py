@@ -904,7 +904,7 @@ def test_an_application_sync_waits_for_no_swap_out_queued_behind_it(fake, tmp_pa
     assert len(run.swaps(Ev.SWAP_OUT)) == 3
     assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"]) == (0, 0, 0)
     note = [n for n in run.notes() if n.startswith("swap.app_syncs=")]
-    assert len(note) == 1 and note[0].startswith("swap.app_syncs=1/") and note[0].endswith(f" hold={hold} near_sync=0")
+    assert len(note) == 1 and note[0].startswith("swap.app_syncs=1/") and note[0].endswith(f" hold={hold} near_sync=0 cache_handles=0")
     # the application's own sync; the shim makes none
     no_misbehaviour(run, ctx_syncs=int(sync == "ctxsync"), app_syncs=int(sync == "streamsync"))
 

@@ -1047,6 +1047,44 @@ static int scenario_ordered_budget(void)
     return 0;
 }
 
+/* A swap-in takes a cached block's memory whose free was reached instead of fresh memory (budget
+ * 3 granules): x (stream-ordered) is freed and its free reached; c (cuMemAlloc) gets new memory,
+ * x's going back; y reuses x's reservation and a's memory (a, the least recently used, goes out;
+ * the streams run before y is written); y is freed, its free reached, and a's swap-in on demand
+ * takes y's memory. */
+static int scenario_cachehandle(void)
+{
+    CUdeviceptr a = must_alloc(2 * MIB), b = must_alloc(2 * MIB);
+    printf("a=%" PRIu64 "\n", (uint64_t)a);
+    fill(a, 2 * MIB, 1);
+    fill(b, 2 * MIB, 2);
+    CUdeviceptr x = must_alloc_ordered(2 * MIB, S1);
+    fill(x, 2 * MIB, 9);
+    ((freea_fn)get("cuMemFreeAsync"))(x, S1);
+    fakeAdvance(-1);
+    long long creates = fakeCounter("create_calls");
+    CUdeviceptr c = must_alloc(2 * MIB);
+    printf("c_creates=%lld\n", fakeCounter("create_calls") - creates);
+    fill(c, 2 * MIB, 3);
+    op_a(b, 0, 0);
+    op_a(c, 0, 0);
+    CUdeviceptr y = must_alloc_ordered(2 * MIB, S1); /* a goes out, its memory y's */
+    printf("y_reused=%d\n", y == x);
+    fakeAdvance(-1);
+    fill(y, 2 * MIB, 8);
+    ((freea_fn)get("cuMemFreeAsync"))(y, S1);
+    fakeAdvance(-1);
+    creates = fakeCounter("create_calls");
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 1, 0));
+    printf("a_creates=%lld\n", fakeCounter("create_calls") - creates);
+    fakeAdvance(-1);
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
+    fakeAdvance(-1);
+    printf("bad_c=%ld\n", check(c, 2 * MIB, 3, 0));
+    counters();
+    return 0;
+}
+
 /* A budget eviction waits for a pending free before a live block goes out (budget 4 granules):
  * y (1 granule, live) and x (LEN: 3 granules, stream-ordered on S1) fill it; x is freed on S1
  * behind an event of a stream nobody advances (the host ahead of the GPU), so its cached memory
@@ -1857,6 +1895,8 @@ int main(int argc, char **argv)
         rc = scenario_trimfirst();
     else if (!strcmp(s, "ordered_budget"))
         rc = scenario_ordered_budget();
+    else if (!strcmp(s, "cachehandle"))
+        rc = scenario_cachehandle();
     else if (!strcmp(s, "slotreuse"))
         rc = scenario_slotreuse();
     else if (!strcmp(s, "nosync"))
