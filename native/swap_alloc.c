@@ -159,8 +159,9 @@ static void revive(struct sblock *b, uint64_t size, uint64_t stamp)
 }
 
 /* Serve `size` bytes (g_mu held, setup done): a cached block of its class when one is ready on
- * stream s (ordered blocks only), else a new reservation; physical memory from a spare handle or
- * cuMemCreate, under the budget. NULL: the caller uses the driver's allocator. */
+ * stream s (ordered blocks only), else a new reservation; physical memory from a spare handle,
+ * (ordered blocks) a cached block of another pool or a swap-out still copying, or cuMemCreate,
+ * under the budget. NULL: the caller uses the driver's allocator. */
 static struct sblock *serve(uint64_t size, int dev, struct pool_acct *pool, CUstream s)
 {
     size_t gran = g_gran[dev];

@@ -131,6 +131,9 @@ CUmemGenericAllocationHandle cache_take_handle(uint64_t vsize, int dev)
     if (r != CUDA_SUCCESS)
         return 0;
     CUmemGenericAllocationHandle h = c->handle;
+    /* a swap-out that gave c this memory may map it still (SBF_GIVEN): a free not ordered after
+     * its copy (a cuMemFree of a block never used) must not let the copy in overwrite it */
+    settle_handle(h);
     c->handle = 0;
     g_mapped -= vsize;
     pool_count(c->pool, 0, -(int64_t)vsize);

@@ -101,7 +101,7 @@ static uint64_t over_budget(uint64_t extra, uint64_t budget)
 /* Keep mapped bytes (less those on their way out) plus `need` under the budget by swapping out
  * the least recently used blocks: before a plan exists this is the whole policy; under a plan,
  * the safety net for a plan whose swap-outs come later than predicted. keep: the bytes of a spare
- * handle the caller maps next (counted already), never given back for it. */
+ * handle or cached block the caller maps next (counted already), never given back for it. */
 static void evict_keeping(uint64_t need, uint64_t keep, uint64_t stamp)
 {
     uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED), over;

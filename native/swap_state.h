@@ -168,8 +168,9 @@ extern uint64_t g_peers[MAX_DEVICES];
 extern uint64_t g_spare_bytes;   /* physical memory of the spare handles */
 void peers_of(int device);
 CUresult grant(const struct sblock *b);
-/* Physical memory for b (a spare handle, else with `after` the memory of a swap-out of b's size
- * still copying out, else cuMemCreate), mapped and its access granted: all or nothing. *after:
+/* Physical memory for b (a spare handle; else, with `after`, a cached block's of b's size whose
+ * free was reached or a swap-out's of b's size still copying out; else cuMemCreate), mapped and
+ * its access granted: all or nothing. *after:
  * NULL, or the event b's first use must wait for (the copy out of the memory's last owner). */
 CUresult map_block(struct sblock *b, CUevent *after);
 /* Whether map_block(after) would take a swap-out's memory for vsize bytes on device. */
@@ -219,7 +220,7 @@ void releaser_atfork_child(void);
 /* ---- swap_evict.c ---- */
 void evict_for_budget(uint64_t need, uint64_t stamp);
 /* device: where `need` bytes are mapped next when the caller can take a swap-out's memory still
- * copying (map_block with `after`), -1 when it cannot. */
+ * copying or a cached block's (map_block with `after`), -1 when it cannot. */
 void hold_budget(uint64_t need, int device, uint64_t stamp);
 void make_room(uint64_t need, uint64_t stamp);
 
@@ -255,7 +256,8 @@ void cache_drop(size_t i);
  * have completed). */
 struct sblock *cache_take(uint64_t vsize, int dev, CUmemoryPool pool, CUstream s);
 uint64_t cache_trim(uint64_t want, CUmemoryPool pool);
-/* cache_trim of every pool, keeping one spare handle of `keep` bytes (see hold_budget). */
+/* cache_trim of every pool, keeping one spare handle of `keep` bytes, or else one cached block
+ * of that size whose free was reached (see hold_budget). */
 uint64_t cache_trim_keeping(uint64_t want, uint64_t keep);
 /* A cached block's physical memory for a map of vsize bytes on dev (cache_take_handle: unmapped
  * from the cached block, whose reservation stays cached; 0 for none): mapped, of exactly that

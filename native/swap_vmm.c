@@ -1,6 +1,6 @@
 /*
  * VMM mapping for swap mode (swap_state.h): physical memory created (or taken from a spare
- * handle), mapped at a block's reservation and its access granted again to every device that had
+ * handle, a cached block whose free was reached, or a swap-out still copying), mapped at a block's reservation and its access granted again to every device that had
  * it (C17); unmapped exactly as mapped. Spare handles: the physical memory of finished swap-outs,
  * kept while the budget has room, so that swap-ins and new blocks of their size make no
  * cuMemCreate.
@@ -91,7 +91,8 @@ static void release_handle(CUmemGenericAllocationHandle h)
     }
 }
 
-/* Create (or take a spare), map and grant access: all or nothing. */
+/* Take a spare, a cached block's memory or a swap-out's (with `after`), else create; map and
+ * grant access: all or nothing. */
 static CUresult map_block_timed(struct sblock *b, CUevent *after);
 
 CUresult map_block(struct sblock *b, CUevent *after)
@@ -170,8 +171,8 @@ static CUresult map_block_timed(struct sblock *b, CUevent *after)
     if (after)
         *after = NULL;
     CUmemGenericAllocationHandle h = spare_take(b->vsize, b->device);
-    if (!h)
-        h = cache_take_handle(b->vsize, b->device); /* memory in use before: no fresh memory */
+    if (!h && after) /* hold_budget counted it for callers with `after` (device >= 0) only */
+        h = cache_take_handle(b->vsize, b->device);
     if (!h && after && take_leaving(b, after))
         return CUDA_SUCCESS; /* g_mapped: o's bytes are now b's */
     CUresult r = CUDA_SUCCESS;
@@ -185,13 +186,13 @@ static CUresult map_block_timed(struct sblock *b, CUevent *after)
         return r;
     r = real_cuMemMap(b->addr, b->vsize, 0, h, 0);
     if (r != CUDA_SUCCESS) {
-        real_cuMemRelease(h);
+        release_handle(h); /* a cached block's may still be mapped by a swap-out that gave it */
         return r;
     }
     r = grant(b);
     if (r != CUDA_SUCCESS) {
         real_cuMemUnmap(b->addr, b->vsize);
-        real_cuMemRelease(h);
+        release_handle(h);
         return r;
     }
     b->handle = h;

@@ -201,8 +201,8 @@ def test_a_swap_in_takes_the_memory_of_a_cached_block_whose_free_was_reached(fak
     the cache giving it back (cuMemRelease) and a cuMemCreate: a handle released just before
     slowed the H200's copies into the device from 55 to 34 GB/s (128 MiB, session 17), and GPT
     medium's swap-ins at 50% ran at 48 GB/s where its swap-outs ran at 54.8. Without the rule a's
-    swap-in creates new memory. c, a cuMemAlloc block, still gets new memory (its budget hold
-    names no device, so the cache gives x's memory back first)."""
+    swap-in creates new memory. c, a cuMemAlloc block, gets new memory: its map takes no cached
+    memory (its budget hold names no device to count it for)."""
     run = run_swap(fake, tmp_path, "cachehandle", budget=3 * GRAN)
     assert (run.out["c_creates"], run.out["a_creates"]) == (1, 0)
     assert run.out["y_reused"] == 1
@@ -212,6 +212,13 @@ def test_a_swap_in_takes_the_memory_of_a_cached_block_whose_free_was_reached(fak
     assert [int(r["a"]) for r in ins] == [run.block_id(run.out["a"])]
     note = next(n for n in run.notes() if n.startswith("swap.app_syncs="))
     assert note.endswith(" cache_handles=1"), note
+    no_misbehaviour(run)
+    # With room for c (budget 4 granules) x's cached memory stays in the cache: c's map takes it
+    # neither (y then reuses x whole, nothing goes out).
+    run = run_swap(fake, tmp_path, "cachehandle", budget=4 * GRAN)
+    assert run.out["c_creates"] == 1 and run.out["bad_a"] == 0 and run.out["bad_c"] == 0
+    note = next(n for n in run.notes() if n.startswith("swap.app_syncs="))
+    assert note.endswith(" cache_handles=0"), note
     no_misbehaviour(run)
 
 
