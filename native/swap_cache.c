@@ -95,8 +95,9 @@ static int cache_handles_on(void)
     return on;
 }
 
-/* The oldest mapped cached block of vsize on dev whose free has completed (none under a budget
- * of 0 or with the rule off), or NULL. */
+/* The oldest mapped cached block of vsize on dev whose free has completed, or NULL; none without
+ * a budget (nothing is swapped then, and the cache is for its own class's allocations) or with
+ * the rule off. */
 static struct sblock *idle_mapped(uint64_t vsize, int dev)
 {
     if (dev < 0 || !__atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED) || !cache_handles_on())
@@ -113,14 +114,13 @@ static struct sblock *idle_mapped(uint64_t vsize, int dev)
 
 uint64_t cache_idle_bytes_of(uint64_t vsize, int dev) { return idle_mapped(vsize, dev) ? vsize : 0; }
 
-/* A swap-in (or a new block) takes cached memory the application freed instead of the cache
+/* A swap-in (or a new stream-ordered block) takes cached memory the application freed instead of the cache
  * giving it back and cuMemCreate making more: on the H200 (session 17) a 128 MiB copy into the
  * device ran at 34 GB/s right after 1 GiB of other handles was released (55 otherwise, into
  * fresh memory or not), and GPT medium's swap-ins at 50% of its peak ran at 48 GB/s while its
  * swap-outs ran at 54.8. */
 CUmemGenericAllocationHandle cache_take_handle(uint64_t vsize, int dev)
 {
-    /* without a budget nothing is swapped, and the cache is for its own class's allocations */
     struct sblock *c = idle_mapped(vsize, dev);
     if (!c)
         return 0;

@@ -1,7 +1,7 @@
 /*
  * VMM mapping for swap mode (swap_state.h): physical memory created (or taken from a spare
- * handle, a cached block whose free was reached, or a swap-out still copying), mapped at a block's reservation and its access granted again to every device that had
- * it (C17); unmapped exactly as mapped. Spare handles: the physical memory of finished swap-outs,
+ * handle, a cached block whose free was reached, or a swap-out still copying), mapped at a
+ * block's reservation and its access granted again to every device that had it (C17); unmapped exactly as mapped. Spare handles: the physical memory of finished swap-outs,
  * kept while the budget has room, so that swap-ins and new blocks of their size make no
  * cuMemCreate.
  */
