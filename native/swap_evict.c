@@ -143,6 +143,13 @@ void evict_for_budget(uint64_t need, uint64_t stamp) { evict_keeping(need, 0, st
  * in flight would put the device over it, take one of their memory or wait for them (their
  * copy events only: they wait for their blocks' last uses, never for unrelated work). Physical
  * memory then stays under the budget, not only the bytes the executor counts. */
+/* `need` when the memory a map of that size takes next is counted already (a spare handle, or a
+ * cached block's whose free was reached: map_block takes it), else 0. */
+static uint64_t counted_of(uint64_t need, int device)
+{
+    return spare_bytes_of(need) || cache_idle_bytes_of(need, device) ? need : 0;
+}
+
 void hold_budget(uint64_t need, int device, uint64_t stamp)
 {
     /* A spare of `need` bytes (or a cached block's, its free reached: map_block takes its memory)
@@ -150,7 +157,7 @@ void hold_budget(uint64_t need, int device, uint64_t stamp)
      * of a swap-out still copying is taken as is (map_block): no wait for either. Else spare
      * handles and cached memory whose free has completed go back, then the oldest swap-outs in
      * flight are waited for, as many as the budget needs. */
-    uint64_t keep = spare_bytes_of(need) || cache_idle_bytes_of(need, device) ? need : 0;
+    uint64_t keep = counted_of(need, device);
     pools_refresh();
     evict_keeping(need - keep, keep, stamp);
     uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED);
@@ -165,7 +172,7 @@ void hold_budget(uint64_t need, int device, uint64_t stamp)
             drain_until(need - keep, budget);
     }
     /* spares the drained swap-outs kept: one of `need` bytes is the memory the caller maps next */
-    keep = spare_bytes_of(need) || cache_idle_bytes_of(need, device) ? need : 0;
+    keep = counted_of(need, device);
     if (budget && (over = over_budget(need - keep, budget)))
         cache_trim_keeping(over, keep);
 }

@@ -1,5 +1,6 @@
 """Where a step goes on the GPU, from torch.profiler chrome traces (prof.py): usage prof_an.py BASE.json.gz SWAP.json.gz.
-The second step between the loss.item() copies; compute-stream idle gaps by the copy that ended just before (h2d/d2h) or none (host)."""
+The second step between the loss.item() copies; compute-stream idle gaps by the copy that ended just before (h2d/d2h) or none (host);
+the shim's copy rates by size (call7_profile_copies.txt is its HtoD / DtoH part for the swap trace)."""
 import json, gzip, collections, sys, numpy as np
 def load(f):
     d=json.load(gzip.open(f)); ev=d['traceEvents']
@@ -60,6 +61,21 @@ def analyse(f, label):
     if tl:
         print("  D2H busy/span fwd: %.1f / %.1f ms"%engine(d2h,t0,tl), " bwd+opt: %.1f / %.1f"%engine(d2h,tl,t1))
         print("  H2D busy/span fwd: %.1f / %.1f ms"%engine(h2d,t0,tl), " bwd+opt: %.1f / %.1f"%engine(h2d,tl,t1))
+    for name, v in (("HtoD", h2d), ("DtoH", d2h)):  # copy rates by size, and with the other engine busy or not
+        if not v:
+            continue
+        print(" ", name)
+        by = collections.defaultdict(lambda: [0, 0, 0.0])
+        for e in v:
+            b = e['args']['bytes']; k = by[b >> 20]
+            k[0] += 1; k[1] += b; k[2] += e['dur']
+        for k in sorted(by):
+            n, b, du = by[k]; print(f"   {k:6d} MiB n {n:4d} {b/du/1e3:6.1f} GB/s  total {du/1e3:6.1f} ms")
+        oiv = np.array([(e['ts'], e['ts'] + e['dur']) for e in (d2h if name == "HtoD" else h2d)])
+        both = [e for e in v if len(oiv) and np.clip(np.minimum(oiv[:, 1], e['ts'] + e['dur']) - np.maximum(oiv[:, 0], e['ts']), 0, None).sum() > 0.5 * e['dur']]
+        alone = [e for e in v if e not in both]
+        for lab, x in (('alone', alone), ('both', both)):
+            if x: print(f"   {lab}: n {len(x)} {sum(e['args']['bytes'] for e in x)/sum(e['dur'] for e in x)/1e3:.1f} GB/s")
     return s
 analyse(sys.argv[1], 'base')
 analyse(sys.argv[2], 's50')
