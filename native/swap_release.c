@@ -21,7 +21,7 @@ static int given_out(struct sblock *b)
 {
     if (real_cuMemUnmap(b->addr, b->vsize) != CUDA_SUCCESS)
         return 0;
-    b->handle = 0;
+    b->mem = NULL;
     b->flags &= ~SBF_GIVEN;
     b->state = SB_OUT;
     g_out_pending--;
@@ -44,13 +44,13 @@ int given_freed(struct sblock *b)
     return 1;
 }
 
-void settle_handle(CUmemGenericAllocationHandle h)
+void settle_mem(const struct phys *p)
 {
     for (size_t i = 0; g_out_pending && i < g_tab.n; i++)
-        if ((block_of(i)->flags & SBF_GIVEN) && block_of(i)->handle == h)
+        if ((block_of(i)->flags & SBF_GIVEN) && block_of(i)->mem == p)
             settle_out(block_of(i));
     for (size_t i = 0; g_out_pending && i < g_nfreed; i++)
-        if ((g_freed[i]->flags & SBF_GIVEN) && g_freed[i]->handle == h)
+        if ((g_freed[i]->flags & SBF_GIVEN) && g_freed[i]->mem == p)
             settle_out(g_freed[i]); /* finished at the next poll */
 }
 
