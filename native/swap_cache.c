@@ -119,9 +119,9 @@ static int helps(const struct phys *p, uint64_t piece, uint64_t tail, int want_f
     return 0;
 }
 
-void cache_idle_pieces(int dev, uint64_t piece, uint64_t tail, uint64_t *full, int *tail_ok)
+void cache_idle_pieces(int dev, uint64_t vsize, uint64_t piece, uint64_t tail, uint64_t *full, int *tail_ok)
 {
-    for (size_t i = 0; takes_cached(dev) && i < g_ncache; i++) {
+    for (size_t i = 0; takes_cached(dev) && i < g_ncache && g_cache[i]->vsize <= vsize; i++) {
         struct sblock *c = g_cache[i];
         if (!idle_on(c, dev))
             continue;
@@ -136,8 +136,9 @@ void cache_idle_pieces(int dev, uint64_t piece, uint64_t tail, uint64_t *full, i
  * the cache giving it back and cuMemCreate making more: on the H200 (session 17) a 128 MiB copy
  * into the device ran at 34 GB/s right after 1 GiB of other handles was released (55 otherwise,
  * into fresh memory or not), and GPT medium's swap-ins at 50% of its peak ran at 48 GB/s while
- * its swap-outs ran at 54.8. The smallest idle block of at least vsize goes first (the fewest
- * bytes leave the cache), else the largest. */
+ * its swap-outs ran at 54.8. The largest idle block no larger than what is missing goes first:
+ * none is broken up for a smaller block (its pieces left over would be spares the budget gives
+ * back, and its next allocation would miss the cache). */
 void cache_give_idle(int dev, uint64_t vsize)
 {
     uint64_t piece = piece_bytes(dev), tail = piece ? vsize % piece : vsize;
@@ -148,10 +149,7 @@ void cache_give_idle(int dev, uint64_t vsize)
         int tail_have = tail && piece && have % piece == tail; /* no pieces: have is 0 or vsize */
         int want_tail = tail && !tail_have, want_full = piece && have - (tail_have ? tail : 0) < vsize - tail;
         struct sblock *c = NULL;
-        for (size_t i = cache_lower(vsize); !c && i < g_ncache; i++)
-            if (idle_on(g_cache[i], dev) && helps(g_cache[i]->mem, piece, tail, want_full, want_tail))
-                c = g_cache[i];
-        for (size_t i = g_ncache; !c && i-- > 0;)
+        for (size_t i = cache_lower(vsize - have + 1); !c && i-- > 0;)
             if (idle_on(g_cache[i], dev) && helps(g_cache[i]->mem, piece, tail, want_full, want_tail))
                 c = g_cache[i];
         if (!c)

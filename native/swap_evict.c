@@ -78,10 +78,11 @@ static struct sblock *pick_victim(uint64_t stamp, uint64_t round, uint64_t vsize
  * flight, then evict idle blocks and wait for their copies (on the device-to-host stream). */
 void make_room(uint64_t need, uint64_t stamp)
 {
-    uint64_t before = g_mapped + g_spare_bytes, round = ++g_tick;
+    /* spare pieces count as room: finished swap-outs keep theirs, and the map retried takes them */
+    uint64_t before = g_mapped, round = ++g_tick;
     cache_trim(need, NULL);
     drain_outs();
-    while (before - g_mapped - g_spare_bytes + g_leaving < need) {
+    while (before - g_mapped + g_leaving < need) {
         struct sblock *v = pick_victim(stamp, round, need);
         if (!v)
             break;

@@ -193,11 +193,12 @@ CUresult map_block(struct sblock *b, CUevent *after);
 uint64_t counted_bytes(uint64_t vsize, int device, int takes);
 /* Whether map_block(after) would take a swap-out's memory for vsize bytes on device. */
 int handoff_ready(uint64_t vsize, int device);
-/* Unmap and release (keep: or keep the pieces as spares while the budget has room). */
+/* Unmap and release (keep: or keep the pieces as spares, as phys_put). */
 CUresult unmap_block_keep(struct sblock *b, int keep);
 CUresult unmap_block(struct sblock *b);
-/* Pieces of unmapped memory (settled first: settle_mem) kept as spares (keep, while the budget
- * has room) or released; p is freed. */
+/* Pieces of unmapped memory (settled first: settle_mem) kept as spares (keep: while the budget
+ * has room; KEEP_ALWAYS: under any budget) or released; p is freed. */
+#define KEEP_ALWAYS 2
 void phys_put(struct phys *p, int keep);
 /* Release spare pieces until `want` bytes are given back or `keep` bytes of spares are left;
  * returns the bytes released. */
@@ -278,11 +279,13 @@ uint64_t cache_trim(uint64_t want, CUmemoryPool pool);
 /* cache_trim of every pool, keeping `keep` bytes of spares and of cached blocks whose free was
  * reached (the memory the caller maps next, see hold_budget). */
 uint64_t cache_trim_keeping(uint64_t want, uint64_t keep);
-/* The pieces of mapped cached blocks on dev whose free was reached, added to *full (pieces of
- * `piece` bytes) and *tail_ok (one of `tail` bytes, tail > 0); nothing without a budget. */
-void cache_idle_pieces(int dev, uint64_t piece, uint64_t tail, uint64_t *full, int *tail_ok);
-/* Unmap such cached blocks (their reservations stay cached) and make their pieces spares, until
- * the spares cover a map of vsize bytes on dev or none is left. */
+/* The pieces of mapped cached blocks of at most vsize bytes on dev whose free was reached, added
+ * to *full (pieces of `piece` bytes) and *tail_ok (one of `tail` bytes, tail > 0); nothing
+ * without a budget. */
+void cache_idle_pieces(int dev, uint64_t vsize, uint64_t piece, uint64_t tail, uint64_t *full, int *tail_ok);
+/* Unmap such cached blocks, no larger than what the spares miss (their reservations stay cached),
+ * and make their pieces spares, until the spares cover a map of vsize bytes on dev or none
+ * is left. */
 void cache_give_idle(int dev, uint64_t vsize);
 /* Cached bytes whose free the GPU has not reached yet (their memory cannot be given back now). */
 uint64_t cache_pending_bytes(void);
