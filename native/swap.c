@@ -327,7 +327,7 @@ void bring_back(struct sblock *b)
     int pushed = ctx_enter();
     settle_out(b); /* its memory another block's: out once its copy ends, then like any block out */
     if (b->state == SB_OUT)
-        hold_budget(b->vsize, b->device, 1, stamp); /* the budget holds for it too */
+        hold_budget(b->vsize, b->device, stamp); /* the budget holds for it too */
     make_usable(b, &now, stamp);
     ctx_leave(pushed);
 }

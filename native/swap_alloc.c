@@ -149,7 +149,7 @@ static void revive(struct sblock *b, uint64_t size, uint64_t stamp)
         b->free_ev = e;
         b->free_live = 0;
     }
-    if (b->mem && (b->rw != rw || b->ro)) {
+    if (b->handle && (b->rw != rw || b->ro)) {
         b->rw = rw;
         b->ro = 0;
         grant(b);
@@ -170,7 +170,7 @@ static struct sblock *serve(uint64_t size, int dev, struct pool_acct *pool, CUst
     uint64_t vsize = (size + gran - 1) / gran * gran, stamp = ++g_tick;
     peers_of(dev);
     struct sblock *b = pool ? cache_take(vsize, dev, pool->pool, s) : NULL;
-    if (b && b->mem) { /* already mapped and counted: the steady state */
+    if (b && b->handle) { /* already mapped and counted: the steady state */
         revive(b, size, stamp);
         if (!table_add(b)) {
             cache_put(b);
@@ -180,7 +180,7 @@ static struct sblock *serve(uint64_t size, int dev, struct pool_acct *pool, CUst
         return b;
     }
     /* a stream-ordered block may take a swap-out's memory still copying: s waits for the copy */
-    hold_budget(vsize, dev, pool != NULL, stamp);
+    hold_budget(vsize, pool ? dev : -1, stamp);
     CUdeviceptr va = b ? b->addr : 0;
     if (!b) {
         if (!(b = calloc(1, sizeof *b)))
@@ -281,7 +281,7 @@ void swap_bind_id(uint64_t addr, uint32_t id)
  * its memory cannot be unmapped. */
 static int release_block(struct sblock *b, CUresult *rc)
 {
-    if (b->mem && (*rc = unmap_block(b)) != CUDA_SUCCESS) /* a cached reservation has none */
+    if (b->handle && (*rc = unmap_block(b)) != CUDA_SUCCESS) /* a cached reservation has none */
         return 0;
     *rc = real_cuMemAddressFree(b->addr, b->vsize);
     destroy_block(b);
@@ -520,7 +520,7 @@ void swap_pool_trim(CUmemoryPool pool, size_t keep)
     struct pool_acct *p = pool_find(pool);
     uint64_t cached = 0;
     for (size_t i = 0; p && i < g_ncache; i++)
-        if (g_cache[i]->pool == pool && g_cache[i]->mem)
+        if (g_cache[i]->pool == pool && g_cache[i]->handle)
             cached += g_cache[i]->vsize;
     if (p && p->reserved > keep && cached) {
         int pushed = ctx_enter();

@@ -70,7 +70,7 @@ struct sblock *cache_take(uint64_t vsize, int dev, CUmemoryPool pool, CUstream s
         struct sblock *c = g_cache[i];
         if (c->device != dev || c->pool != pool || !cache_ready(c, s))
             continue;
-        if (c->mem) {
+        if (c->handle) {
             cache_drop(i);
             return c;
         }
@@ -84,7 +84,7 @@ struct sblock *cache_take(uint64_t vsize, int dev, CUmemoryPool pool, CUstream s
     return c;
 }
 
-/* PYOBMEM_CACHE_HANDLES=0 turns cache_give_idle off (an A/B); read once. */
+/* PYOBMEM_CACHE_HANDLES=0 turns cache_take_handle off (an A/B); read once. */
 static int cache_handles_on(void)
 {
     static int on = -1;
@@ -95,95 +95,67 @@ static int cache_handles_on(void)
     return on;
 }
 
-/* c is mapped on dev and its free was reached; never without a budget (nothing is swapped then,
- * and the cache is for its own class's allocations) or with the rule off. */
-static int idle_on(struct sblock *c, int dev)
+/* The oldest mapped cached block of vsize on dev whose free has completed, or NULL; none without
+ * a budget (nothing is swapped then, and the cache is for its own class's allocations) or with
+ * the rule off. */
+static struct sblock *idle_mapped(uint64_t vsize, int dev)
 {
-    if (!c->mem || c->device != dev || (c->free_live && real_cuEventQuery(c->free_ev) != CUDA_SUCCESS))
-        return 0;
-    c->free_live = 0;
-    return 1;
-}
-
-static int takes_cached(int dev)
-{
-    return dev >= 0 && __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED) && cache_handles_on();
-}
-
-/* p has a piece a map still lacks: a full one (want_full) or its tail (want_tail). */
-static int helps(const struct phys *p, uint64_t piece, uint64_t tail, int want_full, int want_tail)
-{
-    for (uint32_t k = 0; k < p->n; k++)
-        if ((want_full && piece && p->p[k].size == piece) || (want_tail && p->p[k].size == tail))
-            return 1;
-    return 0;
-}
-
-void cache_idle_pieces(int dev, uint64_t vsize, uint64_t piece, uint64_t tail, uint64_t *full, int *tail_ok)
-{
-    for (size_t i = 0; takes_cached(dev) && i < g_ncache && g_cache[i]->vsize <= vsize; i++) {
+    if (dev < 0 || !__atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED) || !cache_handles_on())
+        return NULL;
+    for (size_t i = cache_lower(vsize); i < g_ncache && g_cache[i]->vsize == vsize; i++) {
         struct sblock *c = g_cache[i];
-        if (!idle_on(c, dev))
+        if (!c->handle || c->device != dev || (c->free_live && real_cuEventQuery(c->free_ev) != CUDA_SUCCESS))
             continue;
-        for (uint32_t k = 0; k < c->mem->n; k++) {
-            *full += piece && c->mem->p[k].size == piece;
-            *tail_ok |= tail && c->mem->p[k].size == tail;
-        }
+        c->free_live = 0;
+        return c;
     }
+    return NULL;
 }
 
-/* A swap-in (or a new stream-ordered block) takes cached memory the application freed instead of
- * the cache giving it back and cuMemCreate making more: on the H200 (session 17) a 128 MiB copy
- * into the device ran at 34 GB/s right after 1 GiB of other handles was released (55 otherwise,
- * into fresh memory or not), and GPT medium's swap-ins at 50% of its peak ran at 48 GB/s while
- * its swap-outs ran at 54.8. The largest idle block no larger than what is missing goes first:
- * none is broken up for a smaller block (its pieces left over would be spares the budget gives
- * back, and its next allocation would miss the cache). */
-void cache_give_idle(int dev, uint64_t vsize)
+uint64_t cache_idle_bytes_of(uint64_t vsize, int dev) { return idle_mapped(vsize, dev) ? vsize : 0; }
+
+/* A swap-in (or a new stream-ordered block) takes cached memory the application freed instead of the cache
+ * giving it back and cuMemCreate making more: on the H200 (session 17) a 128 MiB copy into the
+ * device ran at 34 GB/s right after 1 GiB of other handles was released (55 otherwise, into
+ * fresh memory or not), and GPT medium's swap-ins at 50% of its peak ran at 48 GB/s while its
+ * swap-outs ran at 54.8. */
+CUmemGenericAllocationHandle cache_take_handle(uint64_t vsize, int dev)
 {
-    uint64_t piece = piece_bytes(dev), tail = piece ? vsize % piece : vsize;
-    while (takes_cached(dev)) {
-        uint64_t have = counted_bytes(vsize, dev, 0); /* whole pieces, then the tail: see covered() */
-        if (have >= vsize)
-            return;
-        int tail_have = tail && piece && have % piece == tail; /* no pieces: have is 0 or vsize */
-        int want_tail = tail && !tail_have, want_full = piece && have - (tail_have ? tail : 0) < vsize - tail;
-        struct sblock *c = NULL;
-        for (size_t i = cache_lower(vsize - have + 1); !c && i-- > 0;)
-            if (idle_on(g_cache[i], dev) && helps(g_cache[i]->mem, piece, tail, want_full, want_tail))
-                c = g_cache[i];
-        if (!c)
-            return;
-        uint64_t t0 = shim_now_ns();
-        CUresult r = real_cuMemUnmap(c->addr, c->vsize);
-        g_waits.unmaps++;
-        g_waits.unmap_ns += shim_now_ns() - t0;
-        if (r != CUDA_SUCCESS)
-            return;
-        struct phys *p = c->mem;
-        c->mem = NULL;
-        g_mapped -= c->vsize;
-        pool_count(c->pool, 0, -(int64_t)c->vsize);
-        g_waits.cache_handles++;
-        phys_put(p, 1); /* counted already: the budget has room for them as spares */
-    }
+    struct sblock *c = idle_mapped(vsize, dev);
+    if (!c)
+        return 0;
+    uint64_t t0 = shim_now_ns();
+    CUresult r = real_cuMemUnmap(c->addr, c->vsize);
+    g_waits.unmaps++;
+    g_waits.unmap_ns += shim_now_ns() - t0;
+    if (r != CUDA_SUCCESS)
+        return 0;
+    CUmemGenericAllocationHandle h = c->handle;
+    /* a swap-out that gave c this memory may map it still (SBF_GIVEN): a free not ordered after
+     * its copy (a cuMemFree of a block never used) must not let the copy in overwrite it */
+    settle_handle(h);
+    c->handle = 0;
+    g_mapped -= vsize;
+    pool_count(c->pool, 0, -(int64_t)vsize);
+    g_waits.cache_handles++;
+    return h;
 }
 
-/* Give back cached physical memory until `want` bytes are released or none is idle: spare pieces
+/* Give back cached physical memory until `want` bytes are released or none is idle: spare handles
  * first, then cached blocks whose free has completed (their reservations stay cached). `pool`
- * non-NULL: only that pool's blocks; keep: bytes of the memory the caller maps next that stay,
- * spares first, then cached blocks. Returns the bytes released. */
+ * non-NULL: only that pool's blocks; keep: the memory of that size the caller maps next stays,
+ * one spare handle or else one such cached block. Returns the bytes released. */
 static uint64_t trim(uint64_t want, CUmemoryPool pool, uint64_t keep)
 {
     uint64_t got = pool ? 0 : spares_trim(want, keep);
-    uint64_t keep_cached = keep > g_spare_bytes ? keep - g_spare_bytes : 0;
+    int kept = !keep || spare_bytes_of(keep);
     for (size_t i = g_ncache; got < want && i-- > 0;) {
         struct sblock *c = g_cache[i];
-        if (!c->mem || (pool && c->pool != pool) || (c->free_live && real_cuEventQuery(c->free_ev) != CUDA_SUCCESS))
+        if (!c->handle || (pool && c->pool != pool) || (c->free_live && real_cuEventQuery(c->free_ev) != CUDA_SUCCESS))
             continue;
         c->free_live = 0;
-        if (keep_cached) {
-            keep_cached -= keep_cached < c->vsize ? keep_cached : c->vsize;
+        if (!kept && c->vsize == keep) {
+            kept = 1;
             continue;
         }
         if (unmap_block(c) == CUDA_SUCCESS) {
@@ -203,7 +175,7 @@ uint64_t cache_pending_bytes(void)
     uint64_t n = 0;
     for (size_t i = 0; i < g_ncache; i++) {
         struct sblock *c = g_cache[i];
-        if (!c->mem || !c->free_live)
+        if (!c->handle || !c->free_live)
             continue;
         CUresult q = real_cuEventQuery(c->free_ev);
         if (q == CUDA_ERROR_NOT_READY)
@@ -258,7 +230,7 @@ uint64_t cache_trim_waiting(uint64_t want, uint64_t keep)
         struct sblock *oldest = NULL;
         for (size_t i = 0; i < g_ncache; i++) {
             struct sblock *c = g_cache[i];
-            if (c->mem && c->free_live && (!oldest || c->freed_at < oldest->freed_at))
+            if (c->handle && c->free_live && (!oldest || c->freed_at < oldest->freed_at))
                 oldest = c;
         }
         if (!oldest)

@@ -319,7 +319,7 @@ CUresult make_usable(struct sblock *b, const struct swap_op *op, uint64_t stamp)
         /* fallthrough */
     case SB_OUT: {
         if (!op || !op->capturing)
-            hold_budget(b->vsize, b->device, 1, stamp); /* a demand swap-in keeps the budget too */
+            hold_budget(b->vsize, b->device, stamp); /* a demand swap-in keeps the budget too */
         CUresult r = swap_in(b, 0, stamp);
         if (r != CUDA_SUCCESS) {
             if (!g_noted_swapin) {

@@ -78,11 +78,10 @@ static struct sblock *pick_victim(uint64_t stamp, uint64_t round, uint64_t vsize
  * flight, then evict idle blocks and wait for their copies (on the device-to-host stream). */
 void make_room(uint64_t need, uint64_t stamp)
 {
-    /* spare pieces count as room: finished swap-outs keep theirs, and the map retried takes them */
-    uint64_t before = g_mapped, round = ++g_tick;
+    uint64_t before = g_mapped + g_spare_bytes, round = ++g_tick;
     cache_trim(need, NULL);
     drain_outs();
-    while (before - g_mapped + g_leaving < need) {
+    while (before - g_mapped - g_spare_bytes + g_leaving < need) {
         struct sblock *v = pick_victim(stamp, round, need);
         if (!v)
             break;
@@ -101,8 +100,8 @@ static uint64_t over_budget(uint64_t extra, uint64_t budget)
 
 /* Keep mapped bytes (less those on their way out) plus `need` under the budget by swapping out
  * the least recently used blocks: before a plan exists this is the whole policy; under a plan,
- * the safety net for a plan whose swap-outs come later than predicted. keep: the bytes of spare
- * pieces or cached blocks the caller maps next (counted already), never given back for it. */
+ * the safety net for a plan whose swap-outs come later than predicted. keep: the bytes of a spare
+ * handle or cached block the caller maps next (counted already), never given back for it. */
 static void evict_keeping(uint64_t need, uint64_t keep, uint64_t stamp)
 {
     uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED), over;
@@ -144,20 +143,26 @@ void evict_for_budget(uint64_t need, uint64_t stamp) { evict_keeping(need, 0, st
  * in flight would put the device over it, take one of their memory or wait for them (their
  * copy events only: they wait for their blocks' last uses, never for unrelated work). Physical
  * memory then stays under the budget, not only the bytes the executor counts. */
-void hold_budget(uint64_t need, int device, int takes, uint64_t stamp)
+/* `need` when the memory a map of that size takes next is counted already (a spare handle, or a
+ * cached block's whose free was reached: map_block takes it), else 0. */
+static uint64_t counted_of(uint64_t need, int device)
 {
-    /* Spare pieces (and, where the rest would pass the budget, cached blocks' whose free was
-     * reached: map_block takes them) are memory the caller maps next (counted already), the
-     * memory of a swap-out still copying is taken as is (map_block): no wait for either. Else
-     * spare pieces and cached memory whose free has completed go back, then the oldest
-     * swap-outs in flight are waited for, as many as the budget needs. */
-    uint64_t keep = counted_bytes(need, device, takes);
+    return spare_bytes_of(need) || cache_idle_bytes_of(need, device) ? need : 0;
+}
+
+void hold_budget(uint64_t need, int device, uint64_t stamp)
+{
+    /* A spare of `need` bytes (or a cached block's, its free reached: map_block takes its memory)
+     * is the memory the caller maps next (counted already), the memory
+     * of a swap-out still copying is taken as is (map_block): no wait for either. Else spare
+     * handles and cached memory whose free has completed go back, then the oldest swap-outs in
+     * flight are waited for, as many as the budget needs. */
+    uint64_t keep = counted_of(need, device);
     pools_refresh();
     evict_keeping(need - keep, keep, stamp);
     uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED);
     uint64_t over;
-    if (budget && g_out_pending && (over = over_budget(g_leaving + need - keep, budget)) &&
-        !(takes && handoff_ready(need, device))) {
+    if (budget && g_out_pending && (over = over_budget(g_leaving + need - keep, budget)) && !handoff_ready(need, device)) {
         /* Cached memory the GPU is done with (and spare handles) goes back before the host
          * waits for copies: GPT medium at 75% on the H200 waited 48 ms at one 128 MiB
          * allocation for 2.5 GiB of swap-outs while the application held 14.3 of the 25.9 GiB
@@ -166,8 +171,8 @@ void hold_budget(uint64_t need, int device, int takes, uint64_t stamp)
         if (over_budget(g_leaving + need - keep, budget))
             drain_until(need - keep, budget);
     }
-    /* spares the drained swap-outs kept are memory the caller maps next */
-    keep = counted_bytes(need, device, takes);
+    /* spares the drained swap-outs kept: one of `need` bytes is the memory the caller maps next */
+    keep = counted_of(need, device);
     if (budget && (over = over_budget(need - keep, budget)))
         cache_trim_keeping(over, keep);
 }

@@ -380,7 +380,7 @@ void run_actions(int64_t pos, uint16_t kind, uint64_t stamp)
         if (kind == PYOBMEM_ACT_PREFETCH) {
             settle_out(b); /* still copying out, its memory another block's: wait for the copy */
             if (b->state == SB_OUT) {
-                hold_budget(b->vsize, b->device, 1, stamp);
+                hold_budget(b->vsize, b->device, stamp);
                 swap_in(b, 1, stamp); /* a failure leaves it out: the consumer brings it back */
             } else if (b->state == SB_OUT_PENDING && !(b->flags & SBF_GIVEN))
                 cancel_out(b); /* needed before its copy out ended: it stays */

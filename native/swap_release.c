@@ -21,7 +21,7 @@ static int given_out(struct sblock *b)
 {
     if (real_cuMemUnmap(b->addr, b->vsize) != CUDA_SUCCESS)
         return 0;
-    b->mem = NULL;
+    b->handle = 0;
     b->flags &= ~SBF_GIVEN;
     b->state = SB_OUT;
     g_out_pending--;
@@ -44,13 +44,13 @@ int given_freed(struct sblock *b)
     return 1;
 }
 
-void settle_mem(const struct phys *p)
+void settle_handle(CUmemGenericAllocationHandle h)
 {
     for (size_t i = 0; g_out_pending && i < g_tab.n; i++)
-        if ((block_of(i)->flags & SBF_GIVEN) && block_of(i)->mem == p)
+        if ((block_of(i)->flags & SBF_GIVEN) && block_of(i)->handle == h)
             settle_out(block_of(i));
     for (size_t i = 0; g_out_pending && i < g_nfreed; i++)
-        if ((g_freed[i]->flags & SBF_GIVEN) && g_freed[i]->mem == p)
+        if ((g_freed[i]->flags & SBF_GIVEN) && g_freed[i]->handle == h)
             settle_out(g_freed[i]); /* finished at the next poll */
 }
 
@@ -117,11 +117,9 @@ void poll_releases(void)
             given_out(b);
             continue;
         }
-        /* its pieces stay as spares even over the budget: keeping them does not grow the
-         * device's memory, and the next map takes them before hold_budget gives back the rest
-         * (released here, a block's memory was created again at once by the allocation waiting
-         * for it: GPT medium at 50% released and created ~700 a step, session 18) */
-        CUresult u = q == CUDA_SUCCESS ? unmap_block_keep(b, KEEP_ALWAYS) : q;
+        g_leaving -= b->vsize; /* unmap_block_keep weighs the spare against the budget without it */
+        CUresult u = q == CUDA_SUCCESS ? unmap_block_keep(b, 1) : q;
+        g_leaving += b->vsize;
         if (u != CUDA_SUCCESS) {
             cancel_out(b); /* keep it resident; the host copy is dropped */
             continue;

@@ -7,7 +7,7 @@
  *   swap_alloc.c    the allocator: cuMemAlloc_v2 and stream-ordered blocks, the pools the shim
  *                   serves and their queries
  *   swap_cache.c    the size-class cache of freed stream-ordered blocks, trimmed for the budget
- *   swap_vmm.c      VMM mapping: physical memory in pieces, access grants, spare pieces
+ *   swap_vmm.c      VMM mapping: reserve-free physical memory, access grants, spare handles
  *   swap_copy.c     the executor: swap-outs and swap-ins on the two copy streams, ops begun
  *                   and ended (swap_op_begin / swap_op_end)
  *   swap_release.c  the release thread: physical memory of finished swap-outs given back
@@ -32,7 +32,7 @@ enum { SB_RESIDENT, SB_OUT_PENDING, SB_OUT, SB_IN_PENDING };
 #define SBF_LOST 4u       /* its uses could not be tracked: never swapped */
 #define SBF_PREFETCHED 8u /* IN_PENDING because of a planned prefetch */
 #define SBF_GIVEN 16u     /* OUT_PENDING, its physical memory handed to another block (map_block):
-                           * its range stays mapped to it (mem: that block's) until the copy
+                           * its range stays mapped to it (handle: that block's) until the copy
                            * out ends, then unmapped */
 
 #define MAX_USES 8        /* streams tracked per block between two swaps */
@@ -45,24 +45,13 @@ struct use {
     int live;
 };
 
-/* A mapped block's physical memory: pieces mapped in order at its reservation (swap_vmm.c). */
-struct piece {
-    CUmemGenericAllocationHandle h;
-    uint64_t size;
-};
-struct phys {
-    int device;
-    uint32_t n;
-    struct piece p[];
-};
-
 struct sblock {
     uint64_t addr, size, vsize; /* address given to the app, bytes asked, bytes reserved/mapped */
     uint32_t id;                /* block id of the trace (ALLOC record) */
     int device;
     unsigned flags;
     int state;
-    struct phys *mem;           /* while mapped */
+    CUmemGenericAllocationHandle handle; /* while mapped */
     uint64_t rw, ro;            /* devices with read-write / read-only access (bit = ordinal) */
     struct use uses[MAX_USES];
     CUevent copy_ev;            /* last copy of this block (on g_d2h or g_h2d) */
@@ -94,11 +83,11 @@ struct sblock {
 struct swap_waits {
     uint64_t op_ns, ops;                      /* swap_op_begin + swap_op_end, whole */
     uint64_t drain_ns, drains;                /* waiting for every swap-out in flight (drain_outs) */
-    uint64_t map_ns, maps, creates;           /* map_block; creates: cuMemCreate calls (pieces with no spare) */
-    uint64_t unmap_ns, unmaps, releases;      /* unmap_block_keep; releases: pieces it released */
+    uint64_t map_ns, maps, creates;           /* map_block; creates: a cuMemCreate, no spare */
+    uint64_t unmap_ns, unmaps, releases;      /* unmap_block_keep; releases: a cuMemRelease */
     uint64_t evictions, planned_outs;         /* swap-outs for the budget, and the plan's */
     uint64_t handoffs;                        /* maps that took a swap-out's memory still copying */
-    uint64_t cache_handles;                   /* cached blocks whose memory a map took (their free reached) */
+    uint64_t cache_handles;                   /* maps that took a cached block's memory (its free reached) */
     uint64_t free_wait_ns, free_waits;        /* waiting for cached blocks' frees to reclaim their memory */
     uint64_t rounds, round_pending;           /* eviction rounds still over after the trims; cached bytes then pending (sum) */
     uint64_t app_sync_ns, app_syncs;          /* the application in cuCtxSynchronize / cuStreamSynchronize (atomic, no lock) */
@@ -176,33 +165,24 @@ void *host_slot(struct sblock *b);
 
 /* ---- swap_vmm.c ---- */
 extern uint64_t g_peers[MAX_DEVICES];
-extern uint64_t g_spare_bytes;   /* physical memory of the spare pieces */
-#define PIECE_MIB_DEFAULT 32     /* PYOBMEM_PIECE_MIB */
-/* The piece size on device (bytes, a multiple of its granularity; 0: one piece per block). */
-uint64_t piece_bytes(int device);
+extern uint64_t g_spare_bytes;   /* physical memory of the spare handles */
 void peers_of(int device);
 CUresult grant(const struct sblock *b);
-/* Physical memory for b (spare pieces; else, with `after`, a swap-out's of b's size still
- * copying, or, where creating the rest would pass the budget, the pieces of cached blocks whose
- * free was reached; the rest from cuMemCreate), mapped and its access granted: all or nothing.
- * *after: NULL, or the event b's first use must wait for (the copy out of the memory's last
- * owner). */
+/* Physical memory for b (a spare handle; else, with `after`, a cached block's of b's size whose
+ * free was reached or a swap-out's of b's size still copying out; else cuMemCreate), mapped and
+ * its access granted: all or nothing. *after:
+ * NULL, or the event b's first use must wait for (the copy out of the memory's last owner). */
 CUresult map_block(struct sblock *b, CUevent *after);
-/* Bytes of a map of vsize on device that memory counted already would give: spare pieces, and
- * (takes: a map with `after`) cached blocks' pieces where the rest would pass the budget. */
-uint64_t counted_bytes(uint64_t vsize, int device, int takes);
 /* Whether map_block(after) would take a swap-out's memory for vsize bytes on device. */
 int handoff_ready(uint64_t vsize, int device);
-/* Unmap and release (keep: or keep the pieces as spares, as phys_put). */
+/* Unmap and release (keep: or keep the handle as a spare while the budget has room). */
 CUresult unmap_block_keep(struct sblock *b, int keep);
 CUresult unmap_block(struct sblock *b);
-/* Pieces of unmapped memory (settled first: settle_mem) kept as spares (keep: while the budget
- * has room; KEEP_ALWAYS: under any budget) or released; p is freed. */
-#define KEEP_ALWAYS 2
-void phys_put(struct phys *p, int keep);
-/* Release spare pieces until `want` bytes are given back or `keep` bytes of spares are left;
+/* Release spare handles until `want` bytes are given back, keeping one of `keep` bytes (0: none);
  * returns the bytes released. */
 uint64_t spares_trim(uint64_t want, uint64_t keep);
+/* vsize when a spare handle of vsize bytes exists, else 0. */
+uint64_t spare_bytes_of(uint64_t vsize);
 
 /* ---- swap_copy.c ---- */
 void cancel_out(struct sblock *b);
@@ -230,8 +210,8 @@ void drain_outs(void);
 void drain_until(uint64_t need, uint64_t budget);
 /* A swap-out whose memory was handed over: wait for its copy, then it is OUT. */
 void settle_out(struct sblock *b);
-/* settle_out of every block whose range still maps p (memory it handed over). */
-void settle_mem(const struct phys *p);
+/* settle_out of every block whose range still maps h (memory it handed over). */
+void settle_handle(CUmemGenericAllocationHandle h);
 /* b, freed (out of the table) while SBF_GIVEN: free_finish(b) once its range is unmapped.
  * Returns 0 when it cannot be deferred. */
 int given_freed(struct sblock *b);
@@ -239,9 +219,9 @@ void releaser_atfork_child(void);
 
 /* ---- swap_evict.c ---- */
 void evict_for_budget(uint64_t need, uint64_t stamp);
-/* `need` bytes are mapped next on device; takes: the caller can take a swap-out's memory still
- * copying or a cached block's (map_block with `after`). */
-void hold_budget(uint64_t need, int device, int takes, uint64_t stamp);
+/* device: where `need` bytes are mapped next when the caller can take a swap-out's memory still
+ * copying or a cached block's (map_block with `after`), -1 when it cannot. */
+void hold_budget(uint64_t need, int device, uint64_t stamp);
 void make_room(uint64_t need, uint64_t stamp);
 
 /* ---- swap_plan.c ---- */
@@ -276,17 +256,14 @@ void cache_drop(size_t i);
  * have completed). */
 struct sblock *cache_take(uint64_t vsize, int dev, CUmemoryPool pool, CUstream s);
 uint64_t cache_trim(uint64_t want, CUmemoryPool pool);
-/* cache_trim of every pool, keeping `keep` bytes of spares and of cached blocks whose free was
- * reached (the memory the caller maps next, see hold_budget). */
+/* cache_trim of every pool, keeping one spare handle of `keep` bytes, or else one cached block
+ * of that size whose free was reached (see hold_budget). */
 uint64_t cache_trim_keeping(uint64_t want, uint64_t keep);
-/* The pieces of mapped cached blocks of at most vsize bytes on dev whose free was reached, added
- * to *full (pieces of `piece` bytes) and *tail_ok (one of `tail` bytes, tail > 0); nothing
- * without a budget. */
-void cache_idle_pieces(int dev, uint64_t vsize, uint64_t piece, uint64_t tail, uint64_t *full, int *tail_ok);
-/* Unmap such cached blocks, no larger than what the spares miss (their reservations stay cached),
- * and make their pieces spares, until the spares cover a map of vsize bytes on dev or none
- * is left. */
-void cache_give_idle(int dev, uint64_t vsize);
+/* A cached block's physical memory for a map of vsize bytes on dev (cache_take_handle: unmapped
+ * from the cached block, whose reservation stays cached; 0 for none): mapped, of exactly that
+ * size, its free reached. cache_idle_bytes_of: vsize when there is one, else 0. */
+CUmemGenericAllocationHandle cache_take_handle(uint64_t vsize, int dev);
+uint64_t cache_idle_bytes_of(uint64_t vsize, int dev);
 /* Cached bytes whose free the GPU has not reached yet (their memory cannot be given back now). */
 uint64_t cache_pending_bytes(void);
 /* cache_trim_keeping after waiting on the host for the oldest pending frees, as many as `want`

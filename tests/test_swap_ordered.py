@@ -222,22 +222,6 @@ def test_a_swap_in_takes_the_memory_of_a_cached_block_whose_free_was_reached(fak
     no_misbehaviour(run)
 
 
-def test_pieces_of_a_swapped_out_block_serve_blocks_of_another_size(fake, tmp_path):  # noqa: F811
-    """swap_driver.c scenario_pieces (budget 4 granules, pieces of one granule): a (2 granules)
-    goes out for c, and c and d (1 granule each) map its two pieces, kept as spares: no cuMemCreate
-    and no cuMemRelease, where one handle per block (PYOBMEM_PIECE_MIB=0) releases a's and
-    creates two. On the H200 a cuMemRelease slowed the copies into the device issued after it
-    from 55 to 34 GB/s (session 18), and GPT medium at 50% made ~700 of each a step. Every byte
-    stays right and the device stays under the budget both ways."""
-    for mib, creates, releases in (("2", 0, 0), ("0", 2, 1)):
-        run = run_swap(fake, tmp_path, "pieces", budget=4 * GRAN, env={"PYOBMEM_PIECE_MIB": mib})
-        assert (run.out["cd_creates"], run.out["cd_releases"]) == (creates, releases), mib
-        assert run.out["a_in"] == 0
-        assert [run.out[f"bad_{k}"] for k in "abcd"] == [0, 0, 0, 0]
-        assert run.out["device_peak"] <= 4 * GRAN
-        no_misbehaviour(run)
-
-
 def test_a_free_the_gpu_never_reaches_is_given_up(fake, tmp_path):  # noqa: F811
     """C16: the same run with the stream that freed x never advancing (a persistent kernel before
     the free) and a wait limit of 20 ms (PYOBMEM_FREE_WAIT): the shim polls, gives up, says so

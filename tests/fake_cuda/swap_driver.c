@@ -1081,30 +1081,6 @@ static int scenario_cachehandle(void)
     return 0;
 }
 
-/* Pieces serve blocks of any size (budget 4 granules, pieces of 1 granule: PYOBMEM_PIECE_MIB=2):
- * a and b (2 granules each) fill it; c (1 granule) makes a, the least recently used, go out; c
- * and then d (1 granule each) map a's two pieces, kept as spares: no cuMemCreate and no
- * cuMemRelease. With one piece per block (PYOBMEM_PIECE_MIB=0) a's memory serves neither. */
-static int scenario_pieces(void)
-{
-    CUdeviceptr a = must_alloc(4 * MIB), b = must_alloc(4 * MIB);
-    fill(a, 4 * MIB, 1);
-    fill(b, 4 * MIB, 2);
-    long long creates = fakeCounter("create_calls"), releases = fakeCounter("release_calls");
-    CUdeviceptr c = must_alloc(2 * MIB);
-    fill(c, 2 * MIB, 3);
-    CUdeviceptr d = must_alloc(2 * MIB);
-    fill(d, 2 * MIB, 4);
-    printf("cd_creates=%lld\ncd_releases=%lld\n", fakeCounter("create_calls") - creates,
-           fakeCounter("release_calls") - releases);
-    printf("a_in=%d\n", fakeAccess(a) != -1);
-    printf("bad_b=%ld\nbad_c=%ld\nbad_d=%ld\n", check(b, 4 * MIB, 2, 0), check(c, 2 * MIB, 3, 0),
-           check(d, 2 * MIB, 4, 0));
-    printf("bad_a=%ld\n", check(a, 4 * MIB, 1, 0)); /* back on demand, in pieces of what goes out */
-    counters();
-    return 0;
-}
-
 /* A budget eviction waits for a pending free before a live block goes out (budget 4 granules):
  * y (1 granule, live) and x (LEN: 3 granules, stream-ordered on S1) fill it; x is freed on S1
  * behind an event of a stream nobody advances (the host ahead of the GPU), so its cached memory
@@ -1917,8 +1893,6 @@ int main(int argc, char **argv)
         rc = scenario_ordered_budget();
     else if (!strcmp(s, "cachehandle"))
         rc = scenario_cachehandle();
-    else if (!strcmp(s, "pieces"))
-        rc = scenario_pieces();
     else if (!strcmp(s, "slotreuse"))
         rc = scenario_slotreuse();
     else if (!strcmp(s, "nosync"))

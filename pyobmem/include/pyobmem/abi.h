@@ -38,7 +38,6 @@
 #define PYOBMEM_ENV_OUT_AHEAD "PYOBMEM_OUT_AHEAD_MIB" /* swap mode: MiB of swap-outs issued to the copy engine and not done (512; 128 shortly before the latest host sync's plan position) */
 #define PYOBMEM_ENV_FREE_WAIT "PYOBMEM_FREE_WAIT" /* swap mode: ms the budget waits for a pending free (500); 0: never */
 #define PYOBMEM_ENV_CACHE_HANDLES "PYOBMEM_CACHE_HANDLES" /* swap mode: "0": a map never takes a cached block's memory (for an A/B) */
-#define PYOBMEM_ENV_PIECE_MIB "PYOBMEM_PIECE_MIB" /* swap mode: MiB of a piece of physical memory (32); "0": one piece per block (for an A/B) */
 #define PYOBMEM_ENV_GPU_CLOCK_EVERY "PYOBMEM_GPU_CLOCK_EVERY" /* GPU time sample every N ops (0: off; unset: 32-256, adaptive) */
 #define PYOBMEM_ENV_GPU_CLOCK_POOL "PYOBMEM_GPU_CLOCK_POOL"   /* timing events per context (default 256) */
 #define PYOBMEM_ENV_GPU_CLOCK_POLL_US "PYOBMEM_GPU_CLOCK_POLL_US" /* fixed poll period in µs, at most 16000 (default: adaptive, 1-16 ms) */
