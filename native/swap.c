@@ -26,9 +26,10 @@
  *     an op that may touch blocks it does not name (opaque, or more blocks than tracked)
  *     records a process-wide fence every swap-out also waits on, and first brings every block
  *     back;
- *   - one copy stream per direction, each in issue order; a host slot is written by a swap-out
- *     only after the last copy that reads it (the block's own swap-in, or for a slot new to the
- *     block the latest swap-in: g_h2d_ev);
+ *   - one copy stream per direction, each in issue order, and one for swap-ins that wait for a
+ *     handoff's copy out; a host slot is written by a swap-out only after the last copy that
+ *     reads it (the block's own swap-in, or for a slot new to the block the latest swap-in on
+ *     each stream: g_h2d_ev, g_handoff_ev);
  *   - the application thread waits only in cuMemFree of a swap block (for that block's own
  *     last-use events, as the real cuMemFree would wait for the device), while a capture is
  *     active on the op's stream and when mapping more would put the device over the budget
@@ -67,8 +68,8 @@
 pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 struct pyobmem_control *g_ctl;
 CUcontext g_ctx;
-CUstream g_d2h, g_h2d;
-CUevent g_h2d_ev;
+CUstream g_d2h, g_h2d, g_h2d_handoff;
+CUevent g_h2d_ev, g_handoff_ev;
 struct itable g_tab = ITABLE_OF(struct span);
 uint64_t g_tick;
 struct swap_waits g_waits;
@@ -181,7 +182,7 @@ int swappable(const struct sblock *b)
 
 void emit_swap(uint16_t type, uint16_t cause, const struct sblock *b, uint64_t dur)
 {
-    CUstream s = type == PYOBMEM_EV_SWAP_OUT ? g_d2h : g_h2d;
+    CUstream s = type == PYOBMEM_EV_SWAP_OUT ? g_d2h : b->in_stream;
     /* SWAP_OUT and SWAP_IN share their payload struct: .swap_out names both. */
     ring_write(&(struct pyobmem_record){.type = type, .flags = cause,
                                         .swap_out = {.block_id = b->id, .bytes = b->size, .duration_ns = dur,

@@ -121,9 +121,13 @@ static int alloc_setup(CUdevice *dev)
         g_d2h = NULL;
     if (!g_h2d && real_cuStreamCreate(&g_h2d, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
         g_h2d = NULL;
+    if (!g_h2d_handoff && real_cuStreamCreate(&g_h2d_handoff, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+        g_h2d_handoff = NULL;
     if (!g_h2d_ev)
         g_h2d_ev = ev_new();
-    if (!g_d2h || !g_h2d || !g_h2d_ev)
+    if (!g_handoff_ev)
+        g_handoff_ev = ev_new();
+    if (!g_d2h || !g_h2d || !g_h2d_handoff || !g_h2d_ev || !g_handoff_ev)
         return 0;
     g_ctx = ctx;
     return 1;

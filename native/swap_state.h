@@ -56,6 +56,7 @@ struct sblock {
     struct use uses[MAX_USES];
     CUevent copy_ev;            /* last copy of this block (on g_d2h or g_h2d) */
     int copy_h2d;               /* that copy is a swap-in (it reads the host slot) */
+    CUstream in_stream;         /* the stream of its latest swap-in (g_h2d or g_h2d_handoff) */
     int queued;                 /* OUT_PENDING, in the queue of swap-outs: not all issued yet (swap_copy.c) */
     int slot_new;               /* its host slot is new to it: the copy out waits for the latest swap-in */
     uint64_t out_off;           /* bytes of its swap-out issued so far */
@@ -108,11 +109,14 @@ extern pthread_mutex_t g_mu;
 void swap_lock(void);
 extern struct pyobmem_control *g_ctl;
 extern CUcontext g_ctx;   /* the context of the swap blocks */
-/* The shim's copy streams in it (non-blocking), one per copy engine: swap-outs on g_d2h,
- * swap-ins and prefetches on g_h2d, so both directions run at once. g_h2d_ev: recorded after
- * every swap-in, so that a swap-out into a host slot another copy may still read waits for it. */
-extern CUstream g_d2h, g_h2d;
-extern CUevent g_h2d_ev;
+/* The shim's copy streams in it (non-blocking): swap-outs on g_d2h, swap-ins and prefetches on
+ * g_h2d, so both directions run at once; a swap-in that must wait for a swap-out's copy (it took
+ * that swap-out's memory: a handoff) on g_h2d_handoff, so that the swap-ins behind it do not
+ * wait for that copy too (both share the host-to-device engine). g_h2d_ev / g_handoff_ev:
+ * recorded after every swap-in on each, so that a swap-out into a host slot another copy may
+ * still read waits for it. */
+extern CUstream g_d2h, g_h2d, g_h2d_handoff;
+extern CUevent g_h2d_ev, g_handoff_ev;
 /* The live swap blocks: struct span elements, by address. */
 struct span {
     uint64_t start, end; /* [addr, addr + vsize) */
