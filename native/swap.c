@@ -115,6 +115,8 @@ static void note_waits(void)
               (unsigned long long)(w.release_ns / 1000), (unsigned long long)w.lock_waits,
               (unsigned long long)(w.lock_ns / 1000), (unsigned long long)w.releaser_polls,
               (unsigned long long)(w.releaser_ns / 1000));
+    ring_note("swap.releases=bytes=%lluMiB h2d_busy=%llu/%lluMiB", (unsigned long long)(w.release_bytes >> 20),
+              (unsigned long long)w.busy_releases, (unsigned long long)(w.busy_release_bytes >> 20));
     swap_pools_note();
 }
 uint64_t g_mapped;

@@ -96,6 +96,10 @@ struct swap_waits {
     uint64_t alloc_ns, allocs, free_ns, frees; /* swap_alloc / swap_free with the lock held, whole */
     uint64_t create_ns, access_ns, accesses;   /* cuMemCreate (count: creates), cuMemSetAccess (grant) */
     uint64_t release_ns, release_calls;        /* cuMemRelease of a handle (release_handle) */
+    /* NOTE swap.releases: the bytes released, and those released while a copy into the device was
+     * in flight: on the H200 each GiB released costs the host-to-device engine ~2 ms right after
+     * (session 20's probe), which slows the swap-ins of those in flight */
+    uint64_t release_bytes, busy_releases, busy_release_bytes;
     uint64_t lock_ns, lock_waits;              /* application threads waiting for g_mu in allocs, frees and ops (swap_lock) */
     uint64_t releaser_ns, releaser_polls;      /* the release thread's polls, the lock held */
     uint64_t out_near_sync;                    /* issue_outs calls with the window near a host sync (NOTE swap.app_syncs) */

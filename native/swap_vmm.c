@@ -78,13 +78,20 @@ static CUmemGenericAllocationHandle spare_take(uint64_t vsize, int device)
 /* The memory of h goes once it is mapped nowhere: a swap-out that handed it over (SBF_GIVEN) and
  * still maps it at its range is unmapped first (after its copy out: normally ended, the memory's
  * new owner ordered after it), or the device would keep the memory the budget counts as gone. */
-static void release_handle(CUmemGenericAllocationHandle h)
+static void release_handle(CUmemGenericAllocationHandle h, uint64_t bytes)
 {
     settle_handle(h);
     uint64_t t0 = shim_now_ns();
     CUresult r = real_cuMemRelease(h);
     g_waits.release_ns += shim_now_ns() - t0;
     g_waits.release_calls++;
+    if (r == CUDA_SUCCESS) {
+        g_waits.release_bytes += bytes;
+        if (real_cuEventQuery(g_h2d_ev) == CUDA_ERROR_NOT_READY || real_cuEventQuery(g_handoff_ev) == CUDA_ERROR_NOT_READY) {
+            g_waits.busy_releases++;
+            g_waits.busy_release_bytes += bytes;
+        }
+    }
     if (r != CUDA_SUCCESS && !g_noted_nomem) {
         g_noted_nomem = 1;
         ring_note("swap: cuMemRelease failed; device memory leaked");
@@ -186,13 +193,13 @@ static CUresult map_block_timed(struct sblock *b, CUevent *after)
         return r;
     r = real_cuMemMap(b->addr, b->vsize, 0, h, 0);
     if (r != CUDA_SUCCESS) {
-        release_handle(h); /* a cached block's may still be mapped by a swap-out that gave it */
+        release_handle(h, b->vsize); /* a cached block's may still be mapped by a swap-out that gave it */
         return r;
     }
     r = grant(b);
     if (r != CUDA_SUCCESS) {
         real_cuMemUnmap(b->addr, b->vsize);
-        release_handle(h);
+        release_handle(h, b->vsize);
         return r;
     }
     b->handle = h;
@@ -218,7 +225,7 @@ CUresult unmap_block_keep(struct sblock *b, int keep)
         g_spares[g_nspares++] = (struct spare){b->handle, b->vsize, b->device};
         g_spare_bytes += b->vsize;
     } else {
-        release_handle(b->handle);
+        release_handle(b->handle, b->vsize);
         g_waits.releases++;
     }
     b->handle = 0;
@@ -236,7 +243,7 @@ uint64_t spares_trim(uint64_t want, uint64_t keep)
             keep = 0; /* the one spare of that size stays */
             continue;
         }
-        release_handle(g_spares[i].h);
+        release_handle(g_spares[i].h, g_spares[i].vsize);
         g_spare_bytes -= g_spares[i].vsize;
         got += g_spares[i].vsize;
         g_spares[i] = g_spares[--g_nspares];

@@ -232,6 +232,12 @@ def test_block_swapped_out_and_in_20_times_keeps_every_byte(fake, tmp_path, cupt
     assert host["allocs"].split("/")[0] == "3" and host["frees"].split("/")[0] == "3"
     calls = {k: int(host[k].split("/")[0]) for k in ("create", "access", "release")}
     assert calls == {"create": 23, "access": 23, "release": 23}, host  # every map creates; 20 outs + 3 frees release
+    # the bytes released (NOTE swap.releases): 20 swap-outs of a (6 MiB mapped) and the frees of a,
+    # b (6 MiB) and t (2 MiB) at the end; those three while the last swap-in's event is still
+    # queued (the read-back ran the host-to-device stream only up to the block's own copy event):
+    # released while a copy into the device was in flight, as the shim sees it
+    rel = [n for n in run.notes() if n.startswith("swap.releases=")]
+    assert rel == ["swap.releases=bytes=134MiB h2d_busy=3/14MiB"], rel
 
 
 def test_c16_no_synchronising_calls(fake, tmp_path):
