@@ -45,7 +45,7 @@
  *     made the host keep step with the GPU through the backward pass (H200, GPT medium at 60%:
  *     842 ms a step with the waits, 736 without).
  *
- * Swap blocks live in the first context that allocates one (one pair of copy streams);
+ * Swap blocks live in the first context that allocates one (one set of copy streams);
  * allocations in other contexts are served by the real allocator. One mutex guards everything;
  * the driver calls made under it are real functions (never our hooks), made with this thread's
  * capture mode set to RELAXED so that they cannot invalidate another thread's capture.

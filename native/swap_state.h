@@ -54,7 +54,7 @@ struct sblock {
     CUmemGenericAllocationHandle handle; /* while mapped */
     uint64_t rw, ro;            /* devices with read-write / read-only access (bit = ordinal) */
     struct use uses[MAX_USES];
-    CUevent copy_ev;            /* last copy of this block (on g_d2h or g_h2d) */
+    CUevent copy_ev;            /* last copy of this block (on g_d2h, g_h2d or g_h2d_handoff) */
     int copy_h2d;               /* that copy is a swap-in (it reads the host slot) */
     CUstream in_stream;         /* the stream of its latest swap-in (g_h2d or g_h2d_handoff) */
     int queued;                 /* OUT_PENDING, in the queue of swap-outs: not all issued yet (swap_copy.c) */
@@ -96,9 +96,9 @@ struct swap_waits {
     uint64_t alloc_ns, allocs, free_ns, frees; /* swap_alloc / swap_free with the lock held, whole */
     uint64_t create_ns, access_ns, accesses;   /* cuMemCreate (count: creates), cuMemSetAccess (grant) */
     uint64_t release_ns, release_calls;        /* cuMemRelease of a handle (release_handle) */
-    /* NOTE swap.releases: the bytes released, and those released while a copy into the device was
-     * in flight: on the H200 each GiB released costs the host-to-device engine ~2 ms right after
-     * (session 20's probe), which slows the swap-ins of those in flight */
+    /* NOTE swap.releases: the bytes released, and those released while a swap-in was not yet
+     * complete (copying, or queued behind a wait): on the H200 each GiB released costs the
+     * host-to-device engine ~2 ms right after (session 20's probe), which slows swap-ins then */
     uint64_t release_bytes, busy_releases, busy_release_bytes;
     uint64_t lock_ns, lock_waits;              /* application threads waiting for g_mu in allocs, frees and ops (swap_lock) */
     uint64_t releaser_ns, releaser_polls;      /* the release thread's polls, the lock held */

@@ -156,6 +156,27 @@ def test_a_host_slot_is_written_only_after_the_copy_that_reads_it(fake, tmp_path
     no_misbehaviour(run)
 
 
+@pytest.mark.parametrize("order", ["d2h_first", "h2d_first"])
+def test_a_host_slot_read_by_a_handoff_swap_in_is_written_only_after_it(fake, tmp_path, order):  # noqa: F811
+    """swap_driver.c scenario_slothandoff: a comes back into b's memory while b's copy out is
+    queued (a handoff), so a's swap-in reads its slot on the handoff stream; c's swap-out then
+    takes that slot (the pool full). It waits for the latest swap-in on each host-to-device
+    stream: without the wait on the handoff stream's, a would come back with c's bytes."""
+    env = {"FAKE_HOST_BYTES": str(4 * MIB), **({"FAKE_ADVANCE_REVERSE": "1"} if order == "h2d_first" else {})}
+    run = run_swap(fake, tmp_path, "slothandoff", budget=2 * GRAN, env=env)
+    assert run.out["a_out"] == 1 and run.out["b_leaving"] == 1
+    ida, idb, idc = (run.block_id(run.out[k]) for k in "abc")
+    seq = [(int(r["type"]), int(r["a"]), int(r["d"])) for r in run.records if int(r["type"]) in (Ev.SWAP_OUT, Ev.SWAP_IN)]
+    # the fake numbers the shim's streams in the order it makes them: 0x5010 device-to-host,
+    # 0x5020 host-to-device, 0x5030 the handoff swap-ins'
+    assert seq[:4] == [(Ev.SWAP_OUT, ida, 0x5010), (Ev.SWAP_OUT, idb, 0x5010), (Ev.SWAP_IN, ida, 0x5030),
+                       (Ev.SWAP_OUT, idc, 0x5010)], seq
+    assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"], run.out["bad_d"]) == (0, 0, 0, 0)
+    assert run.out["pinned_bytes"] == 4 * MIB
+    assert run.out["htod_streams"] == 1 << 3 | 1 << 2  # a's copy on 0x5030, the read-backs' on 0x5020
+    no_misbehaviour(run)
+
+
 def test_cached_memory_counts_against_the_budget_and_goes_first(fake, tmp_path):  # noqa: F811
     """Budget 4 granules: x's 3 cached granules and a new 2-granule cuMemAlloc block do not fit
     together, so the cache gives x's memory back (not a live block) before y is mapped; z then

@@ -207,6 +207,7 @@ def test_block_swapped_out_and_in_20_times_keeps_every_byte(fake, tmp_path, cupt
     # here: the fake numbers the shim's streams 0x5010, 0x5020, 0x5030 in the order it makes them,
     # the swap-outs', the swap-ins', the handoff swap-ins')
     assert set(outs["d"].tolist()) == {0x5010} and set(ins["d"].tolist()) == {0x5020}
+    assert run.out["htod_streams"] == 1 << 2  # the copies themselves: on 0x5020 only
     assert outs["d"][0] != 0 and ins["d"][0] != 0 and outs["d"][0] != ins["d"][0]
     no_misbehaviour(run)
     # plan adopted once (gen 1, 2 actions); the final read-back copies leave the template: one drop
@@ -233,9 +234,10 @@ def test_block_swapped_out_and_in_20_times_keeps_every_byte(fake, tmp_path, cupt
     calls = {k: int(host[k].split("/")[0]) for k in ("create", "access", "release")}
     assert calls == {"create": 23, "access": 23, "release": 23}, host  # every map creates; 20 outs + 3 frees release
     # the bytes released (NOTE swap.releases): 20 swap-outs of a (6 MiB mapped) and the frees of a,
-    # b (6 MiB) and t (2 MiB) at the end; those three while the last swap-in's event is still
-    # queued (the read-back ran the host-to-device stream only up to the block's own copy event):
-    # released while a copy into the device was in flight, as the shim sees it
+    # b (6 MiB) and t (2 MiB) at the end. Those three count as made while a swap-in was not
+    # complete: the read-back ran the fake's host-to-device stream only up to the block's own copy
+    # event, and the latest swap-in's event (recorded after it) is still queued: what the shim
+    # sees; on a GPU that record completes right after the copy
     rel = [n for n in run.notes() if n.startswith("swap.releases=")]
     assert rel == ["swap.releases=bytes=134MiB h2d_busy=3/14MiB"], rel
 
@@ -775,6 +777,7 @@ def test_allocation_and_demand_swap_in_wait_for_swap_outs_in_flight(fake, tmp_pa
     # both swap-ins wait for a copy out on their own stream, so that swap-ins queued behind them
     # do not (the roundtrip test's swap-ins, none a handoff, run on 0x5020)
     assert set(run.swaps(Ev.SWAP_IN)["d"].tolist()) == {0x5030}
+    assert run.out["htod_streams"] == 1 << 3  # the copies themselves: on 0x5030 only
     assert set(run.swaps(Ev.SWAP_OUT)["d"].tolist()) == {0x5010}
     no_misbehaviour(run)
 

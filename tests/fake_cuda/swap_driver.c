@@ -153,7 +153,7 @@ static void counters(void)
 {
     const char *names[] = {"faults", "unsafe_unmaps", "app_syncs", "ctx_syncs", "legacy_async", "capture_violations",
                            "handles", "mappings", "reservations", "pinned_bytes", "blocked_waits", "create_calls",
-                           "map_calls", "device_peak"};
+                           "map_calls", "device_peak", "htod_streams"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         printf("%s=%lld\n", names[i], fakeCounter(names[i]));
 }
@@ -1174,6 +1174,34 @@ static int scenario_room(void)
     return 0;
 }
 
+/* A handoff swap-in's host slot taken by a later swap-out (FAKE_HOST_BYTES: two 2 MiB slots;
+ * budget two blocks). c's allocation evicts a into slot 1; the op on a evicts b (slot 2) and a
+ * takes b's memory while b's copy out is queued: a's swap-in, reading slot 1, waits for that copy
+ * on the handoff stream. d's allocation evicts c, which, the pool being full, takes a's slot: its
+ * swap-out must wait for a's swap-in on that stream too (g_handoff_ev), not only on the first. */
+static int scenario_slothandoff(void)
+{
+    CUdeviceptr a = must_alloc(2 * MIB);
+    fill(a, 2 * MIB, 1);
+    CUdeviceptr b = must_alloc(2 * MIB);
+    fill(b, 2 * MIB, 2);
+    CUdeviceptr c = must_alloc(2 * MIB);
+    fill(c, 2 * MIB, 3);
+    printf("a=%" PRIu64 "\nb=%" PRIu64 "\nc=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b, (uint64_t)c);
+    printf("a_out=%d\n", fakeAccess(a) == -1);
+    op_a(a, 0, 0);
+    printf("b_leaving=%d\n", fakeAccess(b) != -1);
+    CUdeviceptr d = must_alloc(2 * MIB);
+    fill(d, 2 * MIB, 4);
+    fakeAdvance(-1);
+    printf("bad_a=%ld\n", check(a, 2 * MIB, 1, 0));
+    printf("bad_b=%ld\n", check(b, 2 * MIB, 2, 0));
+    printf("bad_c=%ld\n", check(c, 2 * MIB, 3, 0));
+    printf("bad_d=%ld\n", check(d, 2 * MIB, 4, 0));
+    counters();
+    return 0;
+}
+
 /* A host slot reused across the two copy streams (FAKE_HOST_BYTES: one 2 MiB slot; budget one
  * block). b's allocation evicts a into the slot. The op on a brings it back: its swap-in copy
  * reads the slot on the host-to-device stream (queued, not run: manual streams); then b is
@@ -1893,6 +1921,8 @@ int main(int argc, char **argv)
         rc = scenario_ordered_budget();
     else if (!strcmp(s, "cachehandle"))
         rc = scenario_cachehandle();
+    else if (!strcmp(s, "slothandoff"))
+        rc = scenario_slothandoff();
     else if (!strcmp(s, "slotreuse"))
         rc = scenario_slotreuse();
     else if (!strcmp(s, "nosync"))
