@@ -1,15 +1,7 @@
 """H2D copy rate into VMM memory: warm mapping, fresh cuMemCreate per copy (released after / kept), reused handle remapped."""
-import ctypes as C, json, torch
-torch.cuda.init(); torch.empty(1, device="cuda")
-cu = C.CDLL("libcuda.so.1")
-def ck(r, what):
-    if r: raise RuntimeError(f"{what}: CUresult {r}")
-class Loc(C.Structure): _fields_ = [("type", C.c_int), ("id", C.c_int)]
-class AllocFlags(C.Structure): _fields_ = [("compressionType", C.c_ubyte), ("gpuDirectRDMACapable", C.c_ubyte), ("usage", C.c_ushort), ("reserved", C.c_ubyte * 4)]
-class Prop(C.Structure): _fields_ = [("type", C.c_int), ("requestedHandleTypes", C.c_int), ("location", Loc), ("win32HandleMetaData", C.c_void_p), ("allocFlags", AllocFlags)]
-class Access(C.Structure): _fields_ = [("location", Loc), ("flags", C.c_int)]
-prop = Prop(); prop.type = 1; prop.location = Loc(1, 0)  # PINNED, DEVICE 0
-acc = Access(Loc(1, 0), 3)  # READWRITE
+import ctypes as C, os, sys, json
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from vmm_ctypes import Access, Loc, Prop, acc, ck, cu, prop  # noqa: E402,F401
 stream = C.c_void_p(); ck(cu.cuStreamCreate(C.byref(stream), 1), "stream")
 def ev():
     e = C.c_void_p(); ck(cu.cuEventCreate(C.byref(e), 0), "event"); return e

@@ -10,7 +10,7 @@ make native WERROR= >/dev/null 2>&1 || { echo BUILD FAILED; exit 1; }
 for t in dev/e1 dev/e2; do
     [ -d $t ] && { make -C $t native WERROR= >/dev/null 2>&1 || { echo $t BUILD FAILED; exit 1; }; }
 done
-[ "${PROBE:-0}" = 1 ] && { timeout 60 python3 dev/release_probe.py > $OUT/release_probe.json 2>$OUT/release_probe.err; cat $OUT/release_probe.json; }
+[ "${PROBE:-0}" = 1 ] && { timeout 60 python3 bench/results/swap_logs/session20/release_probe.py > $OUT/release_probe.json 2>$OUT/release_probe.err; cat $OUT/release_probe.json; }
 python3 dev/ab.py $OUT 16 "$@"
 python3 - <<'P'
 import json,os

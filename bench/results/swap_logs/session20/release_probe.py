@@ -1,16 +1,8 @@
 """What a cuMemRelease does to copies into the device that follow it (H200), by ctypes.
 Is the slowdown transient (a scrub after the release, on a copy engine) and does a second stream escape it?"""
-import ctypes as C, json, time, torch
-torch.cuda.init(); torch.empty(1, device="cuda")
-cu = C.CDLL("libcuda.so.1")
-def ck(r, what):
-    if r: raise RuntimeError(f"{what}: CUresult {r}")
-class Loc(C.Structure): _fields_ = [("type", C.c_int), ("id", C.c_int)]
-class AllocFlags(C.Structure): _fields_ = [("compressionType", C.c_ubyte), ("gpuDirectRDMACapable", C.c_ubyte), ("usage", C.c_ushort), ("reserved", C.c_ubyte * 4)]
-class Prop(C.Structure): _fields_ = [("type", C.c_int), ("requestedHandleTypes", C.c_int), ("location", Loc), ("win32HandleMetaData", C.c_void_p), ("allocFlags", AllocFlags)]
-class Access(C.Structure): _fields_ = [("location", Loc), ("flags", C.c_int)]
-prop = Prop(); prop.type = 1; prop.location = Loc(1, 0)
-acc = Access(Loc(1, 0), 3)
+import ctypes as C, os, sys, json, time
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from vmm_ctypes import Access, Loc, Prop, acc, ck, cu, prop  # noqa: E402,F401
 def mkstream():
     s = C.c_void_p(); ck(cu.cuStreamCreate(C.byref(s), 1), "stream"); return s
 s1, s2 = mkstream(), mkstream()
