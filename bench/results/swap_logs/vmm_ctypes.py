@@ -13,3 +13,12 @@ class Prop(C.Structure): _fields_ = [("type", C.c_int), ("requestedHandleTypes",
 class Access(C.Structure): _fields_ = [("location", Loc), ("flags", C.c_int)]
 prop = Prop(); prop.type = 1; prop.location = Loc(1, 0)  # PINNED, DEVICE 0
 acc = Access(Loc(1, 0), 3)  # READWRITE
+def create(n):
+    h = C.c_ulonglong(); ck(cu.cuMemCreate(C.byref(h), C.c_size_t(n), C.byref(prop), C.c_ulonglong(0)), "create"); return h
+def mapped(h, n):
+    """h mapped at a new reservation of n bytes, read-write: its address."""
+    p = C.c_ulonglong(); ck(cu.cuMemAddressReserve(C.byref(p), C.c_size_t(n), C.c_size_t(0), C.c_ulonglong(0), C.c_ulonglong(0)), "reserve")
+    ck(cu.cuMemMap(p, C.c_size_t(n), C.c_size_t(0), h, C.c_ulonglong(0)), "map")
+    ck(cu.cuMemSetAccess(p, C.c_size_t(n), C.byref(acc), C.c_size_t(1)), "access"); return p
+def unmap(p, n):
+    ck(cu.cuMemUnmap(p, C.c_size_t(n)), "unmap"); ck(cu.cuMemAddressFree(p, C.c_size_t(n)), "free")

@@ -1,21 +1,13 @@
 """H2D copy rate into VMM memory: warm mapping, fresh cuMemCreate per copy (released after / kept), reused handle remapped."""
 import ctypes as C, os, sys, json
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from vmm_ctypes import Access, Loc, Prop, acc, ck, cu, prop  # noqa: E402,F401
+from vmm_ctypes import ck, create, cu, mapped, unmap  # noqa: E402
 stream = C.c_void_p(); ck(cu.cuStreamCreate(C.byref(stream), 1), "stream")
 def ev():
     e = C.c_void_p(); ck(cu.cuEventCreate(C.byref(e), 0), "event"); return e
 host = C.c_void_p(); S_MAX = 128 << 20
 ck(cu.cuMemHostAlloc(C.byref(host), C.c_size_t(S_MAX), 0), "hostalloc")
 C.memset(host, 1, S_MAX)
-def create(S):
-    h = C.c_ulonglong(); ck(cu.cuMemCreate(C.byref(h), C.c_size_t(S), C.byref(prop), C.c_ulonglong(0)), "create"); return h
-def mapped(h, S):
-    p = C.c_ulonglong(); ck(cu.cuMemAddressReserve(C.byref(p), C.c_size_t(S), C.c_size_t(0), C.c_ulonglong(0), C.c_ulonglong(0)), "reserve")
-    ck(cu.cuMemMap(p, C.c_size_t(S), C.c_size_t(0), h, C.c_ulonglong(0)), "map")
-    ck(cu.cuMemSetAccess(p, C.c_size_t(S), C.byref(acc), C.c_size_t(1)), "access"); return p
-def unmap(p, S):
-    ck(cu.cuMemUnmap(p, C.c_size_t(S)), "unmap"); ck(cu.cuMemAddressFree(p, C.c_size_t(S)), "free")
 def copy_rate(p, S):
     a, b = ev(), ev()
     cu.cuEventRecord(a, stream); ck(cu.cuMemcpyHtoDAsync_v2(p, host, C.c_size_t(S), stream), "copy"); cu.cuEventRecord(b, stream)

@@ -2,7 +2,7 @@
 Is the slowdown transient (a scrub after the release, on a copy engine) and does a second stream escape it?"""
 import ctypes as C, os, sys, json, time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from vmm_ctypes import Access, Loc, Prop, acc, ck, cu, prop  # noqa: E402,F401
+from vmm_ctypes import ck, create, cu, mapped, unmap  # noqa: E402
 def mkstream():
     s = C.c_void_p(); ck(cu.cuStreamCreate(C.byref(s), 1), "stream"); return s
 s1, s2 = mkstream(), mkstream()
@@ -10,14 +10,6 @@ def ev():
     e = C.c_void_p(); ck(cu.cuEventCreate(C.byref(e), 0), "event"); return e
 S = 128 << 20; G = 1 << 30
 host = C.c_void_p(); ck(cu.cuMemHostAlloc(C.byref(host), C.c_size_t(S), 0), "hostalloc"); C.memset(host, 1, S)
-def create(n):
-    h = C.c_ulonglong(); ck(cu.cuMemCreate(C.byref(h), C.c_size_t(n), C.byref(prop), C.c_ulonglong(0)), "create"); return h
-def mapped(h, n):
-    p = C.c_ulonglong(); ck(cu.cuMemAddressReserve(C.byref(p), C.c_size_t(n), C.c_size_t(0), C.c_ulonglong(0), C.c_ulonglong(0)), "reserve")
-    ck(cu.cuMemMap(p, C.c_size_t(n), C.c_size_t(0), h, C.c_ulonglong(0)), "map")
-    ck(cu.cuMemSetAccess(p, C.c_size_t(n), C.byref(acc), C.c_size_t(1)), "access"); return p
-def unmap(p, n):
-    ck(cu.cuMemUnmap(p, C.c_size_t(n)), "unmap"); ck(cu.cuMemAddressFree(p, C.c_size_t(n)), "free")
 dst = mapped(create(8 * S), 8 * S)
 def elapsed(a, b):
     ms = C.c_float(); ck(cu.cuEventElapsedTime(C.byref(ms), a, b), "elapsed"); return ms.value
