@@ -177,6 +177,24 @@ def test_a_host_slot_read_by_a_handoff_swap_in_is_written_only_after_it(fake, tm
     no_misbehaviour(run)
 
 
+def test_a_handoff_whose_copy_out_has_ended_keeps_its_swap_in_on_the_first_stream(fake, tmp_path):  # noqa: F811
+    """scenario_slothandoff with every stream run at once (FAKE_AUTO_ADVANCE): b's copy out has
+    ended when a takes its memory, so a's swap-in has nothing to wait for and goes on the first
+    host-to-device stream, in issue order with the others (GPT medium on the H200, session 21:
+    1.172 / 1.190 against 1.252 / 1.206 at 60%, 1.359 against 1.404 at 50%)."""
+    env = {"FAKE_HOST_BYTES": str(4 * MIB), "FAKE_AUTO_ADVANCE": "1"}
+    run = run_swap(fake, tmp_path, "slothandoff", budget=2 * GRAN, env=env)
+    assert run.out["a_out"] == 1 and run.out["b_leaving"] == 1
+    ida, idb, idc = (run.block_id(run.out[k]) for k in "abc")
+    seq = [(int(r["type"]), int(r["a"]), int(r["d"])) for r in run.records if int(r["type"]) in (Ev.SWAP_OUT, Ev.SWAP_IN)]
+    assert seq[:4] == [(Ev.SWAP_OUT, ida, 0x5010), (Ev.SWAP_OUT, idb, 0x5010), (Ev.SWAP_IN, ida, 0x5020),
+                       (Ev.SWAP_OUT, idc, 0x5010)], seq
+    assert "handoffs=1 " in _waits(run)
+    assert run.out["htod_streams"] == 1 << 2  # no copy on the handoff stream
+    assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"], run.out["bad_d"]) == (0, 0, 0, 0)
+    no_misbehaviour(run)
+
+
 def test_cached_memory_counts_against_the_budget_and_goes_first(fake, tmp_path):  # noqa: F811
     """Budget 4 granules: x's 3 cached granules and a new 2-granule cuMemAlloc block do not fit
     together, so the cache gives x's memory back (not a live block) before y is mapped; z then
