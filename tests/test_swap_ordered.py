@@ -156,42 +156,35 @@ def test_a_host_slot_is_written_only_after_the_copy_that_reads_it(fake, tmp_path
     no_misbehaviour(run)
 
 
-@pytest.mark.parametrize("order", ["d2h_first", "h2d_first"])
+# How the fake runs the shim's streams: FAKE_ADVANCE_REVERSE steps host-to-device before
+# device-to-host; FAKE_AUTO_ADVANCE runs every copy as it is queued (b's copy out has ended by a's map).
+STREAM_ORDERS = {"d2h_first": {}, "h2d_first": {"FAKE_ADVANCE_REVERSE": "1"}, "copies_ended": {"FAKE_AUTO_ADVANCE": "1"}}
+
+
+@pytest.mark.parametrize("order", list(STREAM_ORDERS))
 def test_a_host_slot_read_by_a_handoff_swap_in_is_written_only_after_it(fake, tmp_path, order):  # noqa: F811
     """swap_driver.c scenario_slothandoff: a comes back into b's memory while b's copy out is
     queued (a handoff), so a's swap-in reads its slot on the handoff stream; c's swap-out then
     takes that slot (the pool full). It waits for the latest swap-in on each host-to-device
-    stream: without the wait on the handoff stream's, a would come back with c's bytes."""
-    env = {"FAKE_HOST_BYTES": str(4 * MIB), **({"FAKE_ADVANCE_REVERSE": "1"} if order == "h2d_first" else {})}
-    run = run_swap(fake, tmp_path, "slothandoff", budget=2 * GRAN, env=env)
+    stream: without the wait on the handoff stream's, a would come back with c's bytes. When
+    b's copy out has already ended, a's swap-in has nothing to wait for and stays on the first
+    host-to-device stream, in issue order with the others (GPT medium on the H200, session 21:
+    1.172 / 1.190 against 1.252 / 1.206 at 60%, 1.359 against 1.404 at 50%)."""
+    run = run_swap(fake, tmp_path, "slothandoff", budget=2 * GRAN, env={"FAKE_HOST_BYTES": str(4 * MIB), **STREAM_ORDERS[order]})
     assert run.out["a_out"] == 1 and run.out["b_leaving"] == 1
     ida, idb, idc = (run.block_id(run.out[k]) for k in "abc")
     seq = [(int(r["type"]), int(r["a"]), int(r["d"])) for r in run.records if int(r["type"]) in (Ev.SWAP_OUT, Ev.SWAP_IN)]
     # the fake numbers the shim's streams in the order it makes them: 0x5010 device-to-host,
     # 0x5020 host-to-device, 0x5030 the handoff swap-ins'
-    assert seq[:4] == [(Ev.SWAP_OUT, ida, 0x5010), (Ev.SWAP_OUT, idb, 0x5010), (Ev.SWAP_IN, ida, 0x5030),
+    a_in = 0x5020 if order == "copies_ended" else 0x5030
+    assert seq[:4] == [(Ev.SWAP_OUT, ida, 0x5010), (Ev.SWAP_OUT, idb, 0x5010), (Ev.SWAP_IN, ida, a_in),
                        (Ev.SWAP_OUT, idc, 0x5010)], seq
+    if order == "copies_ended":
+        assert "handoffs=1 " in _waits(run)  # a still took b's memory
     assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"], run.out["bad_d"]) == (0, 0, 0, 0)
     assert run.out["pinned_bytes"] == 4 * MIB
-    assert run.out["htod_streams"] == 1 << 3 | 1 << 2  # a's copy on 0x5030, the read-backs' on 0x5020
-    no_misbehaviour(run)
-
-
-def test_a_handoff_whose_copy_out_has_ended_keeps_its_swap_in_on_the_first_stream(fake, tmp_path):  # noqa: F811
-    """scenario_slothandoff with every stream run at once (FAKE_AUTO_ADVANCE): b's copy out has
-    ended when a takes its memory, so a's swap-in has nothing to wait for and goes on the first
-    host-to-device stream, in issue order with the others (GPT medium on the H200, session 21:
-    1.172 / 1.190 against 1.252 / 1.206 at 60%, 1.359 against 1.404 at 50%)."""
-    env = {"FAKE_HOST_BYTES": str(4 * MIB), "FAKE_AUTO_ADVANCE": "1"}
-    run = run_swap(fake, tmp_path, "slothandoff", budget=2 * GRAN, env=env)
-    assert run.out["a_out"] == 1 and run.out["b_leaving"] == 1
-    ida, idb, idc = (run.block_id(run.out[k]) for k in "abc")
-    seq = [(int(r["type"]), int(r["a"]), int(r["d"])) for r in run.records if int(r["type"]) in (Ev.SWAP_OUT, Ev.SWAP_IN)]
-    assert seq[:4] == [(Ev.SWAP_OUT, ida, 0x5010), (Ev.SWAP_OUT, idb, 0x5010), (Ev.SWAP_IN, ida, 0x5020),
-                       (Ev.SWAP_OUT, idc, 0x5010)], seq
-    assert "handoffs=1 " in _waits(run)
-    assert run.out["htod_streams"] == 1 << 2  # no copy on the handoff stream
-    assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"], run.out["bad_d"]) == (0, 0, 0, 0)
+    # a's copy on its stream (bit 3: 0x5030, bit 2: 0x5020), the read-backs' on 0x5020
+    assert run.out["htod_streams"] == (1 << 2 if order == "copies_ended" else 1 << 3 | 1 << 2)
     no_misbehaviour(run)
 
 
