@@ -157,8 +157,10 @@ def test_a_host_slot_is_written_only_after_the_copy_that_reads_it(fake, tmp_path
 
 
 # How the fake runs the shim's streams: FAKE_ADVANCE_REVERSE steps host-to-device before
-# device-to-host; FAKE_AUTO_ADVANCE runs every copy as it is queued (b's copy out has ended by a's map).
-STREAM_ORDERS = {"d2h_first": {}, "h2d_first": {"FAKE_ADVANCE_REVERSE": "1"}, "copies_ended": {"FAKE_AUTO_ADVANCE": "1"}}
+# device-to-host; FAKE_AUTO_ADVANCE runs every copy as it is queued (b's copy out has ended by a's
+# map; no release thread, which could otherwise give b's memory back before a takes it).
+STREAM_ORDERS = {"d2h_first": {}, "h2d_first": {"FAKE_ADVANCE_REVERSE": "1"},
+                 "copies_ended": {"FAKE_AUTO_ADVANCE": "1", "PYOBMEM_RELEASER": "0"}}
 
 
 @pytest.mark.parametrize("order", list(STREAM_ORDERS))
@@ -185,6 +187,18 @@ def test_a_host_slot_read_by_a_handoff_swap_in_is_written_only_after_it(fake, tm
     assert run.out["pinned_bytes"] == 4 * MIB
     # a's copy on its stream (bit 3: 0x5030, bit 2: 0x5020), the read-backs' on 0x5020
     assert run.out["htod_streams"] == (1 << 2 if order == "copies_ended" else 1 << 3 | 1 << 2)
+    no_misbehaviour(run)
+
+
+def test_the_copy_streams_are_made_in_one_context_across_a_failed_setup(fake, tmp_path):  # noqa: F811
+    """swap_driver.c scenario_ctxsetup: the shim's second cuStreamCreate fails
+    (FAKE_FAIL_STREAM_CREATE), so x, the first stream-ordered block, goes to the driver's pool; y,
+    allocated with another context current, is not served either (the streams left to make would
+    be that context's, the first one's own: a copy between the two would fail); z, back in the
+    first context, completes the setup and is served, its bytes intact."""
+    run = run_swap(fake, tmp_path, "ctxsetup", budget=64 * GRAN, env={"FAKE_FAIL_STREAM_CREATE": "2"})
+    assert (run.out["x_served"], run.out["y_served"], run.out["z_served"]) == (0, 0, 1)
+    assert run.out["stream_ctxs"] == 1 and run.out["bad_z"] == 0
     no_misbehaviour(run)
 
 
