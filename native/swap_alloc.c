@@ -116,7 +116,9 @@ static int alloc_setup(CUdevice *dev)
             return 0;
         g_gran[*dev] = g;
     }
-    /* the copy streams and the swap-in event, made once (kept across a failure to retry) */
+    /* the copy streams and the swap-in events, made once in this context (kept across a failure
+     * to retry, in this context only: a stream is its context's) */
+    g_ctx = ctx;
     if (!g_d2h && real_cuStreamCreate(&g_d2h, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
         g_d2h = NULL;
     if (!g_h2d && real_cuStreamCreate(&g_h2d, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
@@ -127,10 +129,7 @@ static int alloc_setup(CUdevice *dev)
         g_h2d_ev = ev_new();
     if (!g_handoff_ev)
         g_handoff_ev = ev_new();
-    if (!g_d2h || !g_h2d || !g_h2d_handoff || !g_h2d_ev || !g_handoff_ev)
-        return 0;
-    g_ctx = ctx;
-    return 1;
+    return g_d2h && g_h2d && g_h2d_handoff && g_h2d_ev && g_handoff_ev;
 }
 
 /* A cached block made live again for `size` bytes (g_mu held). Its access is the default again;

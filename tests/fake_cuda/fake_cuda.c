@@ -135,7 +135,9 @@ API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute a, CUdevice d)
 }
 API CUresult cuCtxGetDevice(CUdevice *d) { *d = 0; return CUDA_SUCCESS; }
 #define FAKE_CTX ((CUcontext)0xC7C0)
-API CUresult cuCtxGetCurrent(CUcontext *c) { *c = FAKE_CTX; return CUDA_SUCCESS; }
+static CUcontext cur_ctx = FAKE_CTX; /* fakeSetContext: another context made current */
+API void fakeSetContext(CUcontext c) { cur_ctx = c; }
+API CUresult cuCtxGetCurrent(CUcontext *c) { *c = cur_ctx; return CUDA_SUCCESS; }
 API CUresult cuCtxPushCurrent_v2(CUcontext c) { return c ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
 API CUresult cuCtxPopCurrent_v2(CUcontext *c) { if (c) *c = FAKE_CTX; return CUDA_SUCCESS; }
 API CUresult cuDeviceCanAccessPeer(int *can, CUdevice d, CUdevice p) { (void)d; (void)p; *can = 0; return CUDA_SUCCESS; }

@@ -1081,6 +1081,28 @@ static int scenario_cachehandle(void)
     return 0;
 }
 
+/* The shim's copy streams are all made in one context (FAKE_FAIL_STREAM_CREATE=2: the second
+ * fails): x, the first stream-ordered block, finds the setup failed and goes to the driver's pool;
+ * y, allocated with another context current, is not served either (its streams would be made in
+ * that context); z, back in the first, completes the setup and is served. */
+static int scenario_ctxsetup(void)
+{
+    void (*set_ctx)(CUcontext) = (void (*)(CUcontext))dlsym(lib, "fakeSetContext");
+    CUcontext first = NULL;
+    ((CUresult(*)(CUcontext *))dlsym(lib, "cuCtxGetCurrent"))(&first);
+    CUdeviceptr x = must_alloc_ordered(4 * MIB, S1);
+    set_ctx((CUcontext)0xB0B0);
+    CUdeviceptr y = must_alloc_ordered(4 * MIB, S1);
+    set_ctx(first);
+    CUdeviceptr z = must_alloc_ordered(4 * MIB, S1);
+    printf("x_served=%d\ny_served=%d\nz_served=%d\n", x >= 0x20000000000ull, y >= 0x20000000000ull, z >= 0x20000000000ull);
+    printf("stream_ctxs=%lld\n", fakeCounter("stream_ctxs"));
+    fill(z, 4 * MIB, 3);
+    printf("bad_z=%ld\n", check(z, 4 * MIB, 3, 0));
+    counters();
+    return 0;
+}
+
 /* A budget eviction waits for a pending free before a live block goes out (budget 4 granules):
  * y (1 granule, live) and x (LEN: 3 granules, stream-ordered on S1) fill it; x is freed on S1
  * behind an event of a stream nobody advances (the host ahead of the GPU), so its cached memory
@@ -1921,6 +1943,8 @@ int main(int argc, char **argv)
         rc = scenario_ordered_budget();
     else if (!strcmp(s, "cachehandle"))
         rc = scenario_cachehandle();
+    else if (!strcmp(s, "ctxsetup"))
+        rc = scenario_ctxsetup();
     else if (!strcmp(s, "slothandoff"))
         rc = scenario_slothandoff();
     else if (!strcmp(s, "slotreuse"))
