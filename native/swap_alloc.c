@@ -98,7 +98,8 @@ static void destroy_block(struct sblock *b)
 }
 
 /* The device and granularity of the current context, the copy streams made: 0 when the shim
- * cannot serve blocks here (another context than the swap blocks', or a query failed). */
+ * cannot serve blocks here (another context than the one its streams were first made in, or a
+ * query failed). */
 static int alloc_setup(CUdevice *dev)
 {
     CUcontext ctx = NULL;
@@ -116,9 +117,8 @@ static int alloc_setup(CUdevice *dev)
             return 0;
         g_gran[*dev] = g;
     }
-    /* the copy streams and the swap-in events, made once in this context (kept across a failure
-     * to retry, in this context only: a stream is its context's) */
-    g_ctx = ctx;
+    /* the copy streams and the swap-in events, made once (kept across a failure to retry, in the
+     * same context only: a stream is its context's) */
     if (!g_d2h && real_cuStreamCreate(&g_d2h, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
         g_d2h = NULL;
     if (!g_h2d && real_cuStreamCreate(&g_h2d, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
@@ -129,6 +129,8 @@ static int alloc_setup(CUdevice *dev)
         g_h2d_ev = ev_new();
     if (!g_handoff_ev)
         g_handoff_ev = ev_new();
+    if (g_d2h || g_h2d || g_h2d_handoff || g_h2d_ev || g_handoff_ev)
+        g_ctx = ctx;
     return g_d2h && g_h2d && g_h2d_handoff && g_h2d_ev && g_handoff_ev;
 }
 
