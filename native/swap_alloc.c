@@ -146,7 +146,7 @@ static void revive(struct sblock *b, uint64_t size, uint64_t stamp)
     b->lru = stamp;
     b->stamp = b->tried = 0;
     b->inflight = 0;
-    b->site = b->out_act = 0;
+    b->site = 0;
     forget_uses(b);
     if (b->free_live) {
         CUevent e = b->uses[0].ev;

@@ -109,7 +109,6 @@ void cancel_out(struct sblock *b)
     if (b->queued)
         dequeue(b);
     b->state = SB_RESIDENT;
-    b->out_act = 0;
     g_out_pending--;
     g_leaving -= b->vsize;
 }
@@ -284,7 +283,6 @@ CUresult swap_in(struct sblock *b, int planned, uint64_t stamp)
     }
     b->copy_h2d = 1;
     b->state = SB_IN_PENDING;
-    b->out_act = 0;
     b->flags = planned ? (b->flags | SBF_PREFETCHED) : (b->flags & ~SBF_PREFETCHED);
     b->t_issue = shim_now_ns();
     forget_uses(b);
@@ -350,14 +348,6 @@ CUresult make_usable(struct sblock *b, const struct swap_op *op, uint64_t stamp)
     }
 }
 
-/* Make b, which the op names, usable; a touch inside a planned window moves its swap-out. */
-static CUresult make_named_usable(struct sblock *b, const struct swap_op *op, uint64_t stamp, int paused)
-{
-    if (b->out_act && (b->state == SB_OUT_PENDING || b->state == SB_OUT) && !paused)
-        plan_touched_out(b, op->pos);
-    return make_usable(b, op, stamp);
-}
-
 /* The op has been issued (or refused): its blocks may go out again (g_mu held). */
 static void inflight_done(const struct swap_op *op)
 {
@@ -420,11 +410,11 @@ CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int how, co
     CUresult fail = CUDA_SUCCESS;
     if (!op->overflow) {
         for (uint32_t i = 0; i < op->n && fail == CUDA_SUCCESS; i++)
-            fail = make_named_usable(block_at(op->addrs[i]), op, stamp, paused);
+            fail = make_usable(block_at(op->addrs[i]), op, stamp);
     } else {
         for (size_t i = 0; i < g_tab.n && fail == CUDA_SUCCESS; i++)
             if (block_of(i)->stamp == stamp)
-                fail = make_named_usable(block_of(i), op, stamp, paused);
+                fail = make_usable(block_of(i), op, stamp);
     }
     if (how) { /* it may touch anything: everything comes back first, nothing is evicted for it */
         for (size_t i = 0; i < g_tab.n; i++)

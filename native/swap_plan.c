@@ -23,11 +23,7 @@ struct act {
     uint16_t kind, until;
     uint64_t addr, size;
     int32_t site;
-    uint32_t after; /* SWAP_OUT: the position it runs after, `at` unless a touch moved it */
 };
-
-/* Planned swap-outs moved after a touch inside their window (plan_touched_out), at most. */
-#define MAX_DEFERRED 256
 
 /* An allocation site of the followed plan and the live block bound to it (NULL: none now). */
 struct site {
@@ -53,8 +49,6 @@ static struct {
     uint32_t n_sites;
     int64_t alloc_at;   /* position of the last op followed (the site of allocations now); -1: none */
     uint32_t alloc_ord; /* counted allocations since that op */
-    uint32_t deferred[MAX_DEFERRED]; /* indices of acts whose `after` is not their `at` */
-    uint32_t n_deferred;
 } g_plan = {.alloc_at = -1};
 static uint64_t g_adopted;
 /* The followed plan's position of the application's latest host sync (cuCtxSynchronize,
@@ -242,7 +236,7 @@ static void maybe_adopt(void)
     if (__atomic_load_n(&p->generation, __ATOMIC_ACQUIRE) != gen) /* rewritten meanwhile */
         goto fail;
     for (uint32_t i = 0; i < na; i++)
-        acts[i] = (struct act){src[i].at, src[i].kind, src[i].until, src[i].addr, src[i].size, -1, src[i].at};
+        acts[i] = (struct act){src[i].at, src[i].kind, src[i].until, src[i].addr, src[i].size, -1};
     sites = collect_sites(acts, na, src, &n_sites);
     if (!sites)
         goto fail;
@@ -262,9 +256,8 @@ static void maybe_adopt(void)
     free(g_plan.acts);
     free(g_plan.idle);
     free(g_plan.sites);
-    for (size_t i = 0; i < g_tab.n; i++) /* bindings to the old plan's sites and actions end */
-        block_of(i)->site = block_of(i)->out_act = 0;
-    g_plan.n_deferred = 0;
+    for (size_t i = 0; i < g_tab.n; i++) /* bindings to the old plan's sites end */
+        block_of(i)->site = 0;
     g_plan.keys = keys;
     g_plan.acts = acts;
     g_plan.n_acts = k;
@@ -362,35 +355,6 @@ void plan_unbind(struct sblock *b)
     b->site = 0;
 }
 
-/* Action i of kind `kind` (g_mu held). */
-static void run_action(size_t i, uint16_t kind, uint64_t stamp)
-{
-    const struct act *a = &g_plan.acts[i];
-    struct sblock *b = a->site >= 0 ? g_plan.sites[a->site].b : block_at(a->addr);
-    if (!b || (a->site < 0 && (b->addr != a->addr || b->site)) || b->size != a->size)
-        return;
-    /* Bringing a block back is always safe; only what goes out must be swappable. A prefetch
-     * at its consumer (a host running far ahead leaves no earlier op) finds the block in flight
-     * for this very op: skipping it made every such swap-in a demand one. */
-    if (kind != PYOBMEM_ACT_PREFETCH && !swappable(b))
-        return;
-    if (kind == PYOBMEM_ACT_PREFETCH) {
-        settle_out(b); /* still copying out, its memory another block's: wait for the copy */
-        if (b->state == SB_OUT) {
-            hold_budget(b->vsize, b->device, stamp);
-            swap_in(b, 1, stamp); /* a failure leaves it out: the consumer brings it back */
-        } else if (b->state == SB_OUT_PENDING && !(b->flags & SBF_GIVEN))
-            cancel_out(b); /* needed before its copy out ended: it stays */
-    } else {
-        if (b->state == SB_IN_PENDING)
-            finish_in(b, NULL, 0);
-        int out = swap_out(b, PYOBMEM_SWAP_OUT_PLANNED);
-        g_waits.planned_outs += out;
-        if (out)
-            b->out_act = (int32_t)i + 1;
-    }
-}
-
 void run_actions(int64_t pos, uint16_t kind, uint64_t stamp)
 {
     size_t lo = 0, hi = g_plan.n_acts;
@@ -401,59 +365,31 @@ void run_actions(int64_t pos, uint16_t kind, uint64_t stamp)
         else
             hi = mid;
     }
-    for (size_t i = lo; i < g_plan.n_acts && (int64_t)g_plan.acts[i].at == pos; i++)
-        if (g_plan.acts[i].kind == kind && (kind != PYOBMEM_ACT_SWAP_OUT || g_plan.acts[i].after == g_plan.acts[i].at))
-            run_action(i, kind, stamp);
-    for (uint32_t k = 0; kind == PYOBMEM_ACT_SWAP_OUT && k < g_plan.n_deferred; k++)
-        if ((int64_t)g_plan.acts[g_plan.deferred[k]].after == pos)
-            run_action(g_plan.deferred[k], kind, stamp);
-}
-
-/* The position of the prefetch that ends the window of SWAP_OUT a (the first PREFETCH of its
- * block after a->at, cyclically), or -1. */
-static int64_t window_end(const struct act *a)
-{
-    int64_t best = -1;
-    uint32_t P = g_plan.period, dist = P + 1;
-    for (uint32_t i = 0; i < g_plan.n_acts; i++) {
-        const struct act *q = &g_plan.acts[i];
-        if (q->kind != PYOBMEM_ACT_PREFETCH || q->site != a->site || (a->site < 0 && q->addr != a->addr))
+    for (size_t i = lo; i < g_plan.n_acts && (int64_t)g_plan.acts[i].at == pos; i++) {
+        const struct act *a = &g_plan.acts[i];
+        if (a->kind != kind)
             continue;
-        uint32_t d = (q->at + P - a->at) % P;
-        if (d && d < dist) {
-            dist = d;
-            best = q->at;
+        struct sblock *b = a->site >= 0 ? g_plan.sites[a->site].b : block_at(a->addr);
+        if (!b || (a->site < 0 && (b->addr != a->addr || b->site)) || b->size != a->size)
+            continue;
+        /* Bringing a block back is always safe; only what goes out must be swappable. A prefetch
+         * at its consumer (a host running far ahead leaves no earlier op) finds the block in flight
+         * for this very op: skipping it made every such swap-in a demand one. */
+        if (kind != PYOBMEM_ACT_PREFETCH && !swappable(b))
+            continue;
+        if (kind == PYOBMEM_ACT_PREFETCH) {
+            settle_out(b); /* still copying out, its memory another block's: wait for the copy */
+            if (b->state == SB_OUT) {
+                hold_budget(b->vsize, b->device, stamp);
+                swap_in(b, 1, stamp); /* a failure leaves it out: the consumer brings it back */
+            } else if (b->state == SB_OUT_PENDING && !(b->flags & SBF_GIVEN))
+                cancel_out(b); /* needed before its copy out ended: it stays */
+        } else {
+            if (b->state == SB_IN_PENDING)
+                finish_in(b, NULL, 0);
+            g_waits.planned_outs += swap_out(b, PYOBMEM_SWAP_OUT_PLANNED);
         }
     }
-    return best;
-}
-
-/* An op at pos names b while b is out (or going out) by a planned swap-out that ran after an
- * earlier position of this iteration, before the prefetch that ends its window: a launch the plan did not
- * see there (a parameter word left over from an earlier launch points into b: GPT medium under
- * the tensor preset, 2-18 a step, session 22) or a plan that no longer fits the job. The block
- * comes back on demand now, at the cost of the host's lead (~11 ms at 50% of the peak); from the
- * next iteration on the swap-out runs after pos instead, the latest such touch seen. */
-void plan_touched_out(struct sblock *b, int64_t pos)
-{
-    int32_t i = b->out_act - 1;
-    b->out_act = 0;
-    if (i < 0 || (uint32_t)i >= g_plan.n_acts || pos < 0 || !g_plan.following)
-        return;
-    struct act *a = &g_plan.acts[i];
-    uint32_t P = g_plan.period;
-    if (pos <= (int64_t)a->after || pos >= P)
-        return; /* not later in this iteration than where it went out */
-    int64_t q = window_end(a);
-    if (q < 0 || (pos - a->at) >= (int64_t)((q + P - a->at) % P))
-        return; /* at or past its prefetch, or none: the window's own end (it comes back on demand) */
-    if (a->after == a->at) {
-        if (g_plan.n_deferred == MAX_DEFERRED)
-            return;
-        g_plan.deferred[g_plan.n_deferred++] = (uint32_t)i;
-    }
-    a->after = (uint32_t)pos;
-    g_waits.defers++;
 }
 
 int64_t plan_hint_position(void)

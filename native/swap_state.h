@@ -77,8 +77,6 @@ struct sblock {
     int free_live;
     uint64_t freed_at;          /* cached: g_tick at its free (the oldest pending free is waited for first) */
     int32_t site;               /* 1 + index of the followed plan's site bound to it; 0: none */
-    int32_t out_act;            /* 1 + index of the followed plan's SWAP_OUT that sent it out, until
-                                 * it is back or touched (plan_touched_out); 0: none */
 };
 
 /* Where the application's threads spend time in the executor (ns, counts; g_mu held), written
@@ -105,7 +103,6 @@ struct swap_waits {
     uint64_t lock_ns, lock_waits;              /* application threads waiting for g_mu in allocs, frees and ops (swap_lock) */
     uint64_t releaser_ns, releaser_polls;      /* the release thread's polls, the lock held */
     uint64_t out_near_sync;                    /* issue_outs calls with the window near a host sync (NOTE swap.app_syncs) */
-    uint64_t defers;                           /* planned swap-outs moved after a touch in their window (plan_touched_out) */
 };
 extern struct swap_waits g_waits;
 
@@ -239,8 +236,6 @@ void make_room(uint64_t need, uint64_t stamp);
 /* The position of the op with `key` in the followed plan, or -1. */
 int64_t plan_step(uint64_t key);
 void run_actions(int64_t pos, uint16_t kind, uint64_t stamp);
-/* An op at position pos (in step) names b, which a planned swap-out sent out (g_mu held). */
-void plan_touched_out(struct sblock *b, int64_t pos);
 /* The position IDLE hints are read at (the next op's), or -1 when there are none to follow. */
 int64_t plan_hint_position(void);
 uint32_t idle_for(const struct sblock *b, int64_t pos);

@@ -1810,34 +1810,6 @@ static int scenario_sites(int iters)
     return 0;
 }
 
-/* Iterations of [op_b(t), op_a(a), op_b(t), op_b(t | a), op_a(a), memset(t)]; the plan (sync 1)
- * swaps a out after op 1 and prefetches it at op 4. Odd iterations name a at op 3 through op_b (a
- * parameter word the plan did not see): the first such touch brings a back on demand and moves
- * its swap-out after op 3. */
-static int scenario_defer(int iters)
-{
-    CUdeviceptr a = must_alloc(2 * MIB), t = must_alloc(2 * MIB);
-    printf("a=%" PRIu64 "\nt=%" PRIu64 "\n", (uint64_t)a, (uint64_t)t);
-    fill(a, 2 * MIB, 6);
-    sync_point(1);
-    for (int i = 0; i < iters; i++) {
-        op_b(t);
-        op_a(a, 0, 0);
-        fakeAdvance(-1);
-        op_b(t);
-        fakeAdvance(-1);
-        op_b(i % 2 ? a : t);
-        fakeAdvance(-1);
-        op_a(a, 0, 0);
-        fakeAdvance(-1);
-        p_memset(t, 0, 16, S1);
-        fakeAdvance(-1);
-    }
-    printf("bad_a=%ld\n", check(a, 2 * MIB, 6, 0));
-    counters();
-    return 0;
-}
-
 /* A template whose first key recurs with two ops in common: [op_b(t), op_a(a), op_b(t), op_a(t),
  * memset(t)] (kernel_b, kernel_a at 0 and at 2). The plan (sync 1) swaps a out after op 1. The host
  * joins mid-iteration at the second op_b (op_b, op_a, then a memset where op_b was expected): a
@@ -1892,8 +1864,6 @@ int main(int argc, char **argv)
         rc = scenario_roundtrip(argc > 2 ? atoi(argv[2]) : 20, argc > 3 && !strcmp(argv[3], "ordered"));
     else if (!strcmp(s, "cancelfree"))
         rc = scenario_cancelfree();
-    else if (!strcmp(s, "defer"))
-        rc = scenario_defer(argc > 2 ? atoi(argv[2]) : 8);
     else if (!strcmp(s, "syncwindow"))
         rc = scenario_syncwindow(argc > 2 ? atoi(argv[2]) : 70);
     else if (!strcmp(s, "outqueue"))
