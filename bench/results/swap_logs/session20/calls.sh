@@ -3,7 +3,7 @@
 # Call 2: base:0:-: f50:50:$E2: e50:50:$E1: o50:50:-: f50b:50:$E2: e50b:50:$E1:
 # with E1=dev/e1/pyobmem/libpyobmem.so (e1_alternate_streams.patch on b680344) and E2=dev/e2/...
 # (f254f4f's change on b680344), each a worktree under dev/. TREES: the worktrees to build
-# (session 21: TREES=dev/g).
+# (session 21: TREES=dev/g; session 22: TREES="dev/p dev/q").
 set -x
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
@@ -18,6 +18,6 @@ import json,os
 d=json.load(open(os.environ["OUT"]+"/ab.json"))
 for k,r in d.items():
     n=r.get("notes",{})
-    for a in ("swap.waits","swap.host","swap.releases"):
+    for a in ("swap.waits","swap.app_syncs","swap.host","swap.releases"):
         if a in n: print(k, a, n[a])
 P
