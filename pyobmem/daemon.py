@@ -21,7 +21,10 @@ iteration on that window and, once it repeats with high confidence, writes a pla
 file (pyobmem.control's double-buffer protocol). A dropped plan (a PLAN event with flags 1, or
 control.plan_drops going up) makes it forget the ops before the drop and learn again. A budget
 given as a fraction of the card is resolved here, from the shim's NOTE device0.total_bytes, and
-stored in control.budget_bytes (until then the shim has no budget). See docs/swap.md.
+stored in control.budget_bytes (until then the shim has no budget). Every plan written is also
+kept beside the capture, in ``plans_path(out)`` (``train.pyobmem`` -> ``train.plans.json``: each
+plan's generation, when it was written, whether the replay chose it, and ``Plan.to_json()``),
+rewritten whole at each plan. See docs/swap.md.
 
 If the capture cannot be written (disk full) the daemon says so in one line and keeps draining,
 so the traced application never finds the ring full because of it; the capture then ends at its
@@ -84,16 +87,27 @@ def _same_cycle(a: np.ndarray, b: np.ndarray) -> bool:
     return False
 
 
+def plans_path(capture_path: str) -> str:
+    """Where a swap run's plans are kept beside its capture: ``train.pyobmem`` ->
+    ``train.plans.json``."""
+    root, ext = os.path.splitext(capture_path)
+    return (root if ext == ".pyobmem" else capture_path) + ".plans.json"
+
+
 class SwapAgent:
     """Learns the iteration from the drained records and writes plans into the control file.
 
     ``feed(recs)`` takes every drained batch; ``tick(now)`` plans when it is time. ``budget`` is
     a pyobmem.planner.Budget (a fraction resolves from device0.total_bytes). ``plans_written``,
-    ``last_plan`` (Plan) and ``last_reason`` (why no plan, one line) say what happened."""
+    ``last_plan`` (Plan) and ``last_reason`` (why no plan, one line) say what happened.
+    ``keep_plans_in(path)`` keeps every plan written there as JSON (the module's docstring)."""
 
     def __init__(self, control, budget, meta: dict | None = None, tick_s: float = TICK_S,
                  window_records: int = WINDOW_RECORDS, warn=None):
         self.control = control
+        self.plans_file = None
+        self.kept: list = []  # what plans_file holds
+        self.t0 = time.monotonic()
         self.budget = budget
         self.meta = meta or {}
         self.tick_s = tick_s
@@ -264,7 +278,43 @@ class SwapAgent:
         self.refined = refined
         self.plans_written += 1
         self.last_reason = f"plan {gen} written" + (" (refined by the host-clock replay)" if refined else "")
+        self._keep(gen, plan, refined)
         return True
+
+    def keep_plans_in(self, path: str) -> None:
+        """Keep every plan written from now on in ``path``; a file there (an earlier capture's of the
+        same name) is removed. A write that fails is said once, and the run goes on."""
+        self.plans_file = path
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            self._keep_failed(e.strerror)
+
+    def _keep_failed(self, why: str) -> None:
+        self._warn(f"pyobmem: swap: cannot write {self.plans_file} ({why}); the plans are not kept there")
+        self.plans_file = None
+
+    def _keep(self, gen: int, plan, refined: bool) -> None:
+        """Rewrite plans_file with this plan added (a temporary file renamed over it: a reader
+        never sees half of one)."""
+        if self.plans_file is None:
+            return
+        tmp = self.plans_file + ".tmp"
+        try:
+            self.kept.append({"generation": gen, "written_s": round(time.monotonic() - self.t0, 3),
+                              "chosen_by_replay": refined, "plan": plan.to_json()})
+            text = json.dumps({"plans": self.kept}, indent=1)
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, self.plans_file)
+        except Exception as e:  # noqa: BLE001 (a full disk, or a bug of ours: never the planning's end)
+            self._keep_failed(e.strerror if isinstance(e, OSError) else f"{type(e).__name__}: {e}")
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
 class Daemon:
@@ -440,6 +490,8 @@ def main(argv=None) -> int:
         return _fail(f"{e.filename or args.out}: {e.strerror}")
     except (ValueError, PyobmemError) as e:
         return _fail(str(e).splitlines()[0])
+    if swap is not None:
+        swap.keep_plans_in(plans_path(args.out))
     print("ready", flush=True)
     daemon = Daemon(ring, writer, control, parent_pid=parent, pending=pending, swap=swap)
     if not daemon.run():

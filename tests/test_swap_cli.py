@@ -144,6 +144,12 @@ def test_daemon_writes_a_plan(tmp_path):
                                                 (0, int(abi.ActionKind.SWAP_OUT), 0, addr_a, 64 * MiB, N, 0),
                                                 (10, int(abi.ActionKind.IDLE), 10, addr_o, 8 * MiB, N, 0),
                                                 (87, int(abi.ActionKind.PREFETCH), 0, addr_a, 64 * MiB, N, 0)]
+        # the plan as written, beside the capture (live.pyobmem -> live.plans.json)
+        kept = json.loads((tmp_path / "live.plans.json").read_text())["plans"]
+        assert [(k["generation"], k["chosen_by_replay"]) for k in kept] == [(1, False)]
+        assert [(s["block"], s["addr"], s["out_after"], s["prefetch_before"]) for s in kept[0]["plan"]["swaps"]] == [
+            (f"100:{ids['A']}", hex(addr_a), 0, 87)]
+        assert kept[0]["plan"]["budget_bytes"] == 160 * MiB and kept[0]["plan"]["actions"] == 2
         # A drop makes the daemon forget the ops before it; with no new iterations, no new plan.
         ctl.ctl["plan_drops"] = 1
         prod.put(recs[-1], wait=True)
@@ -216,6 +222,37 @@ def test_agent_writes_no_swap_that_lowers_nothing(tmp_path):
     assert len(said) == 1 and said[0].startswith("pyobmem: swap: no plan fits the budget 900.00 MiB")
     assert said[0].endswith("the shim keeps the budget by evicting on its own beyond it (slower)")
     ctl.close(unlink=True)
+
+
+def test_agent_keeps_its_plans_beside_the_capture_and_says_once_when_it_cannot(tmp_path):
+    """Every plan written is kept in <capture>.plans.json (an earlier run's file of that name is
+    removed when the run starts); a file that cannot be written is one line, and the plans still
+    reach the control file."""
+    from pyobmem.daemon import SwapAgent, plans_path
+    from pyobmem.planner import parse_budget
+
+    assert plans_path("/x/train.pyobmem") == "/x/train.plans.json" and plans_path("run.cap") == "run.cap.plans.json"
+    meta, recs = read_records(str(DATA / "gpt_tiny.pyobmem"))
+    recs = recs[recs["type"] != abi.Ev.CAPTURE_END]
+    old = tmp_path / "t.plans.json"
+    old.write_text("an earlier run's")
+    for path, kept in ((str(old), True), (str(tmp_path / "missing" / "t.plans.json"), False)):
+        ctl = Control.create(str(tmp_path / "c.ctl"), 900 * MiB, 4 * MiB)
+        said = []
+        agent = SwapAgent(ctl, parse_budget("900MiB"), meta=meta, warn=said.append)
+        agent.keep_plans_in(path)
+        assert old.exists() != kept  # the earlier run's is gone; then this run's is there
+        agent.feed(recs)
+        assert agent.tick(now=1e9) is True and ctl.generation == 1
+        if kept:
+            plans = json.loads(old.read_text())["plans"]
+            assert [p["generation"] for p in plans] == [1]
+            assert plans[0]["plan"]["idle_hints"] == agent.last_plan.n_hints > 0
+        else:
+            assert said[-1] == (f"pyobmem: swap: cannot write {path} (No such file or directory); "
+                                "the plans are not kept there")
+            assert agent.plans_file is None
+        ctl.close(unlink=True)
 
 
 def test_agent_says_the_shims_warnings_once_each(tmp_path):
@@ -413,3 +450,20 @@ def test_agent_refine_that_fails_keeps_the_first_plan_and_is_not_tried_again(tmp
     assert agent.tick(now=1e10) is False and ctl.generation == 1
     assert chose == [False, True, False]
     ctl.close(unlink=True)
+
+
+def test_run_names_the_plans_file_after_the_capture(tmp_path, capfd):
+    """After a swap run the launcher names the plans file beside the capture, when there is one."""
+    import shutil
+
+    from pyobmem.commands import run
+
+    cap = tmp_path / "gpt_tiny.pyobmem"
+    shutil.copy(DATA / "gpt_tiny.pyobmem", cap)
+    run._report(str(cap))
+    assert "swap plans" not in capfd.readouterr().err
+    (tmp_path / "gpt_tiny.plans.json").write_text('{"plans": []}')
+    run._report(str(cap))
+    lines = capfd.readouterr().err.splitlines()
+    at = lines.index(f"pyobmem: capture written to {cap}")
+    assert lines[at + 1] == f"pyobmem: swap plans written to {tmp_path / 'gpt_tiny.plans.json'}"

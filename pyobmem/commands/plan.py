@@ -72,12 +72,9 @@ def useful(plan):
 
 
 def plan_json(plan, cap, best=None) -> dict:
-    """``Plan.to_json`` with each swap's block as every verb names it (``"block": "pid:id"``, beside
-    ``"row"``, the capture's block row) and, when the best plan found saved nothing, what it was
-    (``"rejected"``: its blocks, saving and time ratio)."""
+    """``Plan.to_json`` and, when the best plan found saved nothing, what it was (``"rejected"``:
+    its blocks, saving and time ratio)."""
     d = plan.to_json()
-    for s in d["swaps"]:
-        s["block"] = cap.block_label(s["row"])
     if best is not None and best is not plan:
         d["rejected"] = {"blocks": _swapped(best, cap), "saved_bytes": best.saved_bytes,
                          "time_ratio": round(best.time_ratio, 6), "why": "saves nothing: worse than no plan"}

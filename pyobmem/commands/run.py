@@ -10,6 +10,7 @@ import sys
 
 from .. import launcher
 from ..capture import read_capture
+from ..daemon import plans_path
 from ..errors import PyobmemError
 from . import live, summary
 from .common import budget_arg
@@ -195,6 +196,8 @@ def _report(path: str, rank_paths: list[str] = ()) -> None:
     for line in text.splitlines():
         _say(line)
     _say(f"capture written to {path}")
+    if os.path.exists(plans_path(path)):
+        _say(f"swap plans written to {plans_path(path)}")
     if not active:
         if not _driver_present():
             _say("no CUDA driver here (libcuda.so.1 cannot be loaded): the command could not use the GPU")

@@ -31,7 +31,9 @@ class Swap:
     when the host runs ahead: docs/swap.md "Cost model"); ``absent`` positions per iteration;
     ``stall_ns`` predicted;
     ``site``: the allocation site that names a tensor of the iteration in the shim (abi.h,
-    struct pyobmem_action), None for a block named by its address."""
+    struct pyobmem_action), None for a block named by its address; ``label``: the block as every
+    verb names it (``Capture.block_label``, "pid:id": unlike the row, the same in any capture of
+    the run)."""
 
     block: int
     addr: int
@@ -43,6 +45,7 @@ class Swap:
     stall_ns: float
     mark_at: int = -1
     site: tuple | None = None  # (position, ordinal) of a tensor of the iteration; None: named by address
+    label: str = ""
 
 
 @dataclass(frozen=True)
@@ -144,7 +147,7 @@ class Plan:
             "excluded": {why: {"blocks": n, "bytes": b} for why, (n, b) in self.excluded.items()},
             "swapped_blocks": len({s.block for s in self.swaps}), "swapped_bytes": self.swapped_bytes,
             "swaps": [
-                {"row": s.block, "addr": hex(s.addr), "size": s.size, "site": list(s.site) if s.site else None,
+                {"row": s.block, "block": s.label, "addr": hex(s.addr), "size": s.size, "site": list(s.site) if s.site else None,
                  "out_after": s.out_at,
                  "prefetch_before": s.prefetch_at, "mark_after": s.mark_at, "next_access": s.next_at, "absent_ops": s.absent,
                  "stall_ns": round(s.stall_ns)}
@@ -213,7 +216,8 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
         name = named(c)
         swaps.append(Swap(block=int(L.cand_block[c]), addr=int(L.cand_addr[c]), size=int(L.cand_size[c]), out_at=out_at,
                           prefetch_at=q, next_at=nxt, absent=int(sim.absent[j]), stall_ns=float(sim.stall[j]),
-                          mark_at=int(sim.mark[j]) % P, site=None if name[0] else name[2:]))
+                          mark_at=int(sim.mark[j]) % P, site=None if name[0] else name[2:],
+                          label=L.capture.block_label(int(L.cand_block[c])) if L.capture is not None else ""))
         act.append((out_at, int(abi.ActionKind.SWAP_OUT), 0, *name))
         act.append((q, int(abi.ActionKind.PREFETCH), 0, *name))
     # Every candidate's idle windows, as hints: beyond the plan the shim evicts the block whose
