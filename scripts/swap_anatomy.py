@@ -1,6 +1,6 @@
 """Where a swap-mode run's time goes, against an unswapped trace of the same workload.
 
-    python3 scripts/swap_anatomy.py TRACE SWAP [--iteration K] [--section gpu,gaps,handoffs,engine,buckets,host]
+    python3 scripts/swap_anatomy.py TRACE SWAP [--iteration K] [--section gpu,gaps,handoffs,touches,engine,buckets,host]
                                     [--from POS] [--to POS] [--json]
 
 TRACE is a capture of the job without swapping (``pyobmem run --tensor-blocks``), SWAP one of the
@@ -36,6 +36,11 @@ Method (the one that found the handoff bug of session 11):
   start of the next (its end minus bytes / bandwidth). Swap-ins, by their consumer's position
   (per ``--bucket`` ops): count, GiB, causes, and the end of a FIFO copy queue at the bandwidth
   against the consumer's GPU time (negative: the copy was done before the consumer ran).
+- touches: ops of iteration K that name more blocks than the same position does in the iterations
+  before and after it (those that exist): a launch whose parameters hold a word left over from an
+  earlier launch pointing into a live block (PyTorch's OffsetCalculator leaves its unused
+  dimensions uninitialised; session 22). The shim brings such a block back if it is out: the
+  demand swap-ins of iteration K are counted by whether their consumer is such an op.
 - buckets: swap events per ``--bucket`` (50) ops of host position: swap-outs and swap-ins (count,
   GiB) and the swap-ins' causes.
 - host: the whole run's host time in the executor from the shim's exit notes (NOTE swap.waits and
@@ -73,7 +78,7 @@ from pyobmem.model import detect_iterations
 from pyobmem.model.queries import live_bytes
 
 PROG = "swap_anatomy"
-SECTIONS = ("gpu", "gaps", "handoffs", "engine", "buckets", "host")
+SECTIONS = ("gpu", "gaps", "handoffs", "touches", "engine", "buckets", "host")
 HANDOFF_NS = 50_000  # a SWAP_OUT this close before an allocation of its size is a handoff
 VMM_GRANULE = 2 << 20  # the H200's VMM granularity: a handoff maps memory of one rounded size
 LOOKBACK_NS = 50_000_000  # copies recorded this long before the iteration still occupy its engine
@@ -432,6 +437,59 @@ def handoffs(run: Run, k: int, lo: int = 0, hi: int | None = None, soon: int = 6
             "run_count": len(outs), "shim_count": shim_handoffs(run)}
 
 
+def _touches(run: Run, k: int) -> set:
+    """{(position, block identity)} of the ops of iteration ``k`` and the blocks they name (ACCESS
+    records): a block allocated in the iteration is (its allocation's position, its size), the
+    same tensor in every iteration; one from before is its capture row."""
+    a, b = run.window(k)
+    cap = run.capture
+    acc = cap.accesses
+    pos = run.pos_of_row[acc["op"]]
+    m = (pos >= a) & (pos < b)
+    rows = acc["block"][m]
+    t = cap.blocks["t_alloc"][rows].astype(np.int64)
+    made = (t >= run.ts[a]) & (t < run.ts[b])
+    at = np.searchsorted(run.ts[a:b], t)
+    ident = [(int(x), int(z)) if y else (-1, int(r))
+             for r, x, y, z in zip(rows.tolist(), at.tolist(), made.tolist(), cap.blocks["size"][rows].tolist())]
+    return set(zip((pos[m] - a).tolist(), ident))
+
+
+def stray_touches(run: Run, k: int, lo: int = 0, hi: int | None = None) -> dict:
+    """The blocks ops of iteration ``k`` at positions [lo, hi) name that the same position names in
+    no neighbouring iteration of its length (module docstring, touches), and its demand swap-ins by
+    whether their block is one of those at their consumer (the first op issued after the record).
+
+    Returns {"neighbours" (iterations compared), "touches" (such (op, block) pairs), "ops" (their
+    positions, ascending, each once), "demand_ins", "demand_at_stray", "demand": [{pos, block,
+    bytes, op}] for those}. Raises AnatomyError when no neighbouring iteration has ``k``'s
+    length."""
+    a, b = run.window(k)
+    lo, hi = _bounds(run, k, lo, hi)
+    near = [j for j in (k - 1, k + 1) if 0 <= j < run.n_iterations and np.diff(run.window(j))[0] == b - a]
+    if not near:
+        raise AnatomyError(f"touches: no iteration next to {k} of {run.path} holds its {b - a} ops")
+    seen = set().union(*(_touches(run, j) for j in near))
+    stray = {(p, i) for p, i in _touches(run, k) - seen if lo <= p < hi}
+    cap = run.capture
+    _, s = _mine(run)
+    ins = s[(s["direction"] == SWAP_IN) & (s["cause"] == int(abi.SwapInCause.DEMAND))]
+    ins = ins[(ins["ts_ns"] >= run.ts[a]) & (ins["ts_ns"] < run.ts[b])]
+    found, counted = [], 0
+    for x in ins:
+        pos = int(np.searchsorted(run.ts[a:b], int(x["ts_ns"])))
+        if not lo <= pos < hi:
+            continue
+        counted += 1
+        r = int(x["block"])
+        t = int(cap.blocks["t_alloc"][r])
+        ident = (int(np.searchsorted(run.ts[a:b], t)), int(cap.blocks["size"][r])) if run.ts[a] <= t < run.ts[b] else (-1, r)
+        if (pos, ident) in stray:
+            found.append({"pos": pos, "block": cap.block_label(r), "bytes": int(x["bytes"]), "op": run.op_name(a + pos)})
+    return {"neighbours": near, "touches": len(stray), "ops": sorted({p for p, _ in stray}), "demand_ins": counted,
+            "demand_at_stray": len(found), "demand": found}
+
+
 def forward_end(trace: Run, ref: int) -> int:
     """Position in iteration ``ref`` of ``trace`` of the first op issued at its peak of live bytes
     (the main process's device blocks): where the forward pass ends."""
@@ -632,6 +690,17 @@ def format_handoffs(h: dict) -> list:
     return lines
 
 
+def format_touches(t: dict) -> list:
+    """Lines of the touches section (``stray_touches``' dict)."""
+    lines = [f"{t['touches']} blocks named at {len(t['ops'])} ops that iterations {', '.join(map(str, t['neighbours']))} "
+             f"do not name there (stale parameter words?); {t['demand_at_stray']} of {t['demand_ins']} demand "
+             "swap-ins are of such a block"]
+    if t["demand"]:
+        lines.append("      pos    MiB  block         op")
+        lines += [f"    {d['pos']:>5} {d['bytes'] / MIB:>6.0f}  {d['block']:<13} {_name(d['op'])}" for d in t["demand"]]
+    return lines
+
+
 def format_engine(e: dict, bandwidth: float) -> list:
     """Lines of the engine section (``copy_engine``'s dict)."""
     o, i = e["out"], e["in"]
@@ -744,6 +813,8 @@ def analyse(args) -> dict:
             out[name] = host_gaps(swap, k, min_gap_ms=args.min_gap_ms, **rng)
         elif name == "handoffs":
             out[name] = handoffs(swap, k, soon=args.soon, **rng)
+        elif name == "touches":
+            out[name] = stray_touches(swap, k, **rng)
         elif name == "engine":
             fwd = forward_end(trace, ref) if args.forward_end is None else args.forward_end
             out[name] = copy_engine(swap, k, args.bandwidth, fwd, args.bucket, **rng)
@@ -762,7 +833,8 @@ def format_text(res: dict, args) -> str:
              f"({res['ops']} ops; positions {res['from']}-{to})"]
     render = {"gpu": lambda d: format_gpu(d, args.min_segment_ms),
               "gaps": lambda d: format_gaps(d, args.min_gap_ms, args.top),
-              "handoffs": format_handoffs, "engine": lambda d: format_engine(d, args.bandwidth),
+              "handoffs": format_handoffs, "touches": format_touches,
+              "engine": lambda d: format_engine(d, args.bandwidth),
               "buckets": lambda d: format_buckets(d, args.bucket), "host": format_host}
     for name in args.section:
         lines += ["", f"== {name}"] + render[name](res[name])
