@@ -144,7 +144,9 @@ def test_daemon_writes_a_plan(tmp_path):
                                                 (0, int(abi.ActionKind.SWAP_OUT), 0, addr_a, 64 * MiB, N, 0),
                                                 (10, int(abi.ActionKind.IDLE), 10, addr_o, 8 * MiB, N, 0),
                                                 (87, int(abi.ActionKind.PREFETCH), 0, addr_a, 64 * MiB, N, 0)]
-        # the plan as written, beside the capture (live.pyobmem -> live.plans.json)
+        # the plan as written, beside the capture (live.pyobmem -> live.plans.json), right after the
+        # control file (renamed into place: whole once there)
+        wait_until(lambda: (tmp_path / "live.plans.json").exists(), timeout_s=20)
         kept = json.loads((tmp_path / "live.plans.json").read_text())["plans"]
         assert [(k["generation"], k["chosen_by_replay"]) for k in kept] == [(1, False)]
         assert [(s["block"], s["addr"], s["out_after"], s["prefetch_before"]) for s in kept[0]["plan"]["swaps"]] == [
