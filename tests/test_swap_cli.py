@@ -66,6 +66,20 @@ def test_plan_on_committed_captures(capfd):
     assert j["budget_bytes"] == 150109880320 // 2 and j["feasible"]
 
 
+def test_plan_over_the_budget_by_itself_that_swap_mode_keeps_by_eviction(capfd):
+    """GPT medium at 50% of its driver peak (the bench's 17.0 GiB): the best plan reaches 19.7 GiB
+    by itself, but no op needs more than 7.1 GiB, and the replay counts the shim's evictions beyond
+    the plan (the H200 runs stayed under this budget, session 21): a plan and a warning, not an
+    error."""
+    assert main(["plan", str(DATA / "gpt_medium_tensors.pyobmem"), "--budget", "18286116864", "--json"]) == 0
+    out, err = capfd.readouterr()
+    j = json.loads(out)
+    assert not j["feasible"] and (j["predicted_peak_bytes"], j["needed_bytes"]) == (21140060620, 7608572364)
+    assert j["predicted_time_ratio"] == 1.377893
+    assert err == ("pyobmem: warning: no plan fits the budget 17.0 GiB by itself (the best reaches 19.7 GiB); swap "
+                   "mode keeps the budget by evicting beyond it, at 1.378x by the replay, which counts those evictions\n")
+
+
 def test_plan_errors(capfd):
     assert main(["plan", str(DATA / "cupy.pyobmem"), "--budget", "x"]) == 2
     assert main(["plan", str(DATA / "cupy.pyobmem"), "--budget", "1G", "--bandwidth", "0"]) == 2
