@@ -80,6 +80,16 @@ def test_plan_over_the_budget_by_itself_that_swap_mode_keeps_by_eviction(capfd):
                    "mode keeps the budget by evicting beyond it, at 1.378x by the replay, which counts those evictions\n")
 
 
+def test_plan_that_fits_says_the_least_budget_swap_mode_can_keep(capfd):
+    """Above the peak, plan names a budget that makes the job swap and the floor no budget goes
+    under: what one op needs at once (not the cost model's bound, which the plans found stop far
+    above: 7.3 GiB against 19.7 GiB at 50%, a new user's trial of session 22)."""
+    assert main(["plan", str(DATA / "gpt_medium_tensors.pyobmem"), "--budget", "75%"]) == 0
+    out = capfd.readouterr().out
+    assert ("              a budget under 32.8 GiB makes it swap, e.g. --budget 30233MiB (90% of the peak); "
+            "none under 7.1 GiB can be kept (what op 494 needs at once)\n") in out
+
+
 def test_plan_errors(capfd):
     assert main(["plan", str(DATA / "cupy.pyobmem"), "--budget", "x"]) == 2
     assert main(["plan", str(DATA / "cupy.pyobmem"), "--budget", "1G", "--bandwidth", "0"]) == 2

@@ -168,7 +168,8 @@ def _predicted(plan, best, cap) -> list[str]:
         lines = [f"already fits (peak {peak}): nothing to swap"]
         if plan.reach_bytes < plan.peak_bytes:
             lines.append(f"a budget under {peak} makes it swap, e.g. --budget {_mib(0.9 * plan.peak_bytes)} "
-                         f"(90% of the peak); no plan gets under {format_bytes(plan.reach_bytes)}")
+                         f"(90% of the peak); none under {format_bytes(plan.needed_bytes)} can be kept (what op "
+                         f"{plan.needed_at} needs at once)")
         else:
             lines.append(f"a budget under {peak} makes it swap, but {_reach_text(plan, cap)}")
         return lines
