@@ -94,13 +94,28 @@ def plans_path(capture_path: str) -> str:
     return (root if ext == ".pyobmem" else capture_path) + ".plans.json"
 
 
+def remove_plans(path: str) -> bool:
+    """Remove a plans file and its temporary (a capture's, written anew or never); False when one
+    could not be removed (the error is its caller's to say)."""
+    ok = True
+    for p in (path, path + ".tmp"):
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            ok = False
+    return ok
+
+
 class SwapAgent:
     """Learns the iteration from the drained records and writes plans into the control file.
 
     ``feed(recs)`` takes every drained batch; ``tick(now)`` plans when it is time. ``budget`` is
     a pyobmem.planner.Budget (a fraction resolves from device0.total_bytes). ``plans_written``,
     ``last_plan`` (Plan) and ``last_reason`` (why no plan, one line) say what happened.
-    ``keep_plans_in(path)`` keeps every plan written there as JSON (the module's docstring)."""
+    ``plans_file``: where every plan written is kept as JSON (the module's docstring), None for
+    nowhere; a write that fails removes the file, is said once, and planning goes on."""
 
     def __init__(self, control, budget, meta: dict | None = None, tick_s: float = TICK_S,
                  window_records: int = WINDOW_RECORDS, warn=None):
@@ -281,17 +296,6 @@ class SwapAgent:
         self._keep(gen, plan, refined)
         return True
 
-    def keep_plans_in(self, path: str) -> None:
-        """Keep every plan written from now on in ``path``; a file there (an earlier capture's of the
-        same name) is removed. A write that fails is said once, and the run goes on."""
-        self.plans_file = path
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            self._keep_failed(e.strerror)
-
     def _keep_failed(self, why: str) -> None:
         self._warn(f"pyobmem: swap: cannot write {self.plans_file} ({why}); the plans are not kept there")
         self.plans_file = None
@@ -310,11 +314,8 @@ class SwapAgent:
                 f.write(text)
             os.replace(tmp, self.plans_file)
         except Exception as e:  # noqa: BLE001 (a full disk, or a bug of ours: never the planning's end)
+            remove_plans(self.plans_file)  # not a file that holds some of the plans only
             self._keep_failed(e.strerror if isinstance(e, OSError) else f"{type(e).__name__}: {e}")
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
 
 
 class Daemon:
@@ -490,8 +491,13 @@ def main(argv=None) -> int:
         return _fail(f"{e.filename or args.out}: {e.strerror}")
     except (ValueError, PyobmemError) as e:
         return _fail(str(e).splitlines()[0])
+    # The capture is new (or overwritten with -f): a plans file beside it is an earlier run's.
+    cleared = remove_plans(plans_path(args.out))
     if swap is not None:
-        swap.keep_plans_in(plans_path(args.out))
+        if cleared:
+            swap.plans_file = plans_path(args.out)
+        else:
+            _warn(f"pyobmem: swap: cannot replace {plans_path(args.out)}; the plans are not kept there")
     print("ready", flush=True)
     daemon = Daemon(ring, writer, control, parent_pid=parent, pending=pending, swap=swap)
     if not daemon.run():

@@ -74,7 +74,8 @@ def test_plan_over_the_budget_by_itself_that_swap_mode_keeps_by_eviction(capfd):
     assert main(["plan", str(DATA / "gpt_medium_tensors.pyobmem"), "--budget", "18286116864", "--json"]) == 0
     out, err = capfd.readouterr()
     j = json.loads(out)
-    assert not j["feasible"] and (j["predicted_peak_bytes"], j["needed_bytes"]) == (21140060620, 7608572364)
+    assert not j["feasible"] and j["kept_by_eviction"]
+    assert (j["predicted_peak_bytes"], j["needed_bytes"]) == (21140060620, 7608572364)
     assert j["predicted_time_ratio"] == 1.377893
     assert err == ("pyobmem: warning: no plan fits the budget 17.0 GiB by itself (the best reaches 19.7 GiB); swap "
                    "mode keeps the budget by evicting beyond it, at 1.378x by the replay, which counts those evictions\n")
@@ -251,23 +252,24 @@ def test_agent_writes_no_swap_that_lowers_nothing(tmp_path):
 
 
 def test_agent_keeps_its_plans_beside_the_capture_and_says_once_when_it_cannot(tmp_path):
-    """Every plan written is kept in <capture>.plans.json (an earlier run's file of that name is
-    removed when the run starts); a file that cannot be written is one line, and the plans still
-    reach the control file."""
-    from pyobmem.daemon import SwapAgent, plans_path
+    """Every plan written is kept in <capture>.plans.json; a file that cannot be written is one line,
+    no file holding part of the plans is left, and the plans still reach the control file. An
+    earlier capture's file of that name (and its temporary) goes when the run starts."""
+    from pyobmem.daemon import SwapAgent, plans_path, remove_plans
     from pyobmem.planner import parse_budget
 
     assert plans_path("/x/train.pyobmem") == "/x/train.plans.json" and plans_path("run.cap") == "run.cap.plans.json"
-    meta, recs = read_records(str(DATA / "gpt_tiny.pyobmem"))
-    recs = recs[recs["type"] != abi.Ev.CAPTURE_END]
     old = tmp_path / "t.plans.json"
     old.write_text("an earlier run's")
+    (tmp_path / "t.plans.json.tmp").write_text("a killed run's")
+    assert remove_plans(str(old)) and os.listdir(tmp_path) == []
+    meta, recs = read_records(str(DATA / "gpt_tiny.pyobmem"))
+    recs = recs[recs["type"] != abi.Ev.CAPTURE_END]
     for path, kept in ((str(old), True), (str(tmp_path / "missing" / "t.plans.json"), False)):
         ctl = Control.create(str(tmp_path / "c.ctl"), 900 * MiB, 4 * MiB)
         said = []
         agent = SwapAgent(ctl, parse_budget("900MiB"), meta=meta, warn=said.append)
-        agent.keep_plans_in(path)
-        assert old.exists() != kept  # the earlier run's is gone; then this run's is there
+        agent.plans_file = path
         agent.feed(recs)
         assert agent.tick(now=1e9) is True and ctl.generation == 1
         if kept:
@@ -279,6 +281,13 @@ def test_agent_keeps_its_plans_beside_the_capture_and_says_once_when_it_cannot(t
                                 "the plans are not kept there")
             assert agent.plans_file is None
         ctl.close(unlink=True)
+    # a write that fails after one that did (its temporary cannot be made): the file holding the
+    # first plan only is removed
+    agent.plans_file = str(old)
+    (tmp_path / "t.plans.json.tmp").mkdir()
+    agent._keep(2, agent.last_plan, False)
+    assert agent.plans_file is None and not old.exists()
+    assert said[-1] == f"pyobmem: swap: cannot write {old} (Is a directory); the plans are not kept there"
 
 
 def test_agent_says_the_shims_warnings_once_each(tmp_path):
@@ -479,7 +488,8 @@ def test_agent_refine_that_fails_keeps_the_first_plan_and_is_not_tried_again(tmp
 
 
 def test_run_names_the_plans_file_after_the_capture(tmp_path, capfd):
-    """After a swap run the launcher names the plans file beside the capture, when there is one."""
+    """After a swap run the launcher names the plans file beside the capture, when there is one;
+    after a trace it does not (an earlier swap run's file: the daemon removes it at the start)."""
     import shutil
 
     from pyobmem.commands import run
@@ -490,6 +500,8 @@ def test_run_names_the_plans_file_after_the_capture(tmp_path, capfd):
     assert "swap plans" not in capfd.readouterr().err
     (tmp_path / "gpt_tiny.plans.json").write_text('{"plans": []}')
     run._report(str(cap))
+    assert "swap plans" not in capfd.readouterr().err
+    run._report(str(cap), swap=True)
     lines = capfd.readouterr().err.splitlines()
     at = lines.index(f"pyobmem: capture written to {cap}")
     assert lines[at + 1] == f"pyobmem: swap plans written to {tmp_path / 'gpt_tiny.plans.json'}"

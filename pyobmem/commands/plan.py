@@ -60,22 +60,24 @@ def run(args) -> int:
         print(json.dumps(plan_json(shown, cap, plan), indent=2, sort_keys=True))
     else:
         print(format_plan(shown, cap, args.capture, budget, best=plan, limit=args.limit))
-    if kept_by_eviction(shown):
+    if kept_by_eviction(shown, cap):
         warn(f"no plan fits the budget {format_bytes(plan.budget_bytes)} by itself (the best reaches "
              f"{format_bytes(plan.predicted_peak)}); swap mode keeps the budget by evicting beyond it, at "
-             f"{shown.predicted_time_ratio:.3f}x by the replay, which counts those evictions" + _tensors_hint(cap))
+             f"{shown.predicted_time_ratio:.3f}x by the replay, which counts those evictions")
     elif not plan.feasible:
         raise PyobmemError(infeasible_message(plan, cap), 1)
     return 0
 
 
-def kept_by_eviction(plan) -> bool:
-    """A plan over the budget by itself that swap mode still runs under it: no op needs more than
-    the budget, and the shim's evictions beyond the plan (IDLE hints, the budget hold) are in the
-    replay's prediction (on GPT medium at 50% and 40% of the driver peak the runs stayed under their
-    budgets at 1.41x and 1.73x against 1.43x and 1.70x predicted, session 21)."""
+def kept_by_eviction(plan, cap) -> bool:
+    """A plan over the budget by itself that swap mode still runs under it: the capture's blocks are
+    tensors (what swap mode serves), no op needs more than the budget, and the shim's evictions
+    beyond the plan (IDLE hints, the budget hold) are in the replay's prediction (on GPT medium at
+    50% and 40% of the driver peak the runs stayed under their budgets at 1.41x and 1.73x against
+    1.43x and 1.70x predicted, session 21)."""
     return (not plan.feasible and bool(plan.swaps) and plan.needed_bytes <= plan.budget_bytes
-            and plan.predicted_time_ratio is not None and len(plan.actions) <= abi.PLAN_MAX_ACTIONS)
+            and plan.predicted_time_ratio is not None and len(plan.actions) <= abi.PLAN_MAX_ACTIONS
+            and not _tensors_hint(cap))
 
 
 def useful(plan):
@@ -85,9 +87,10 @@ def useful(plan):
 
 
 def plan_json(plan, cap, best=None) -> dict:
-    """``Plan.to_json`` and, when the best plan found saved nothing, what it was (``"rejected"``:
-    its blocks, saving and time ratio)."""
+    """``Plan.to_json``, ``"kept_by_eviction"`` (``kept_by_eviction``) and, when the best plan found
+    saved nothing, what it was (``"rejected"``: its blocks, saving and time ratio)."""
     d = plan.to_json()
+    d["kept_by_eviction"] = kept_by_eviction(plan, cap)
     if best is not None and best is not plan:
         d["rejected"] = {"blocks": _swapped(best, cap), "saved_bytes": best.saved_bytes,
                          "time_ratio": round(best.time_ratio, 6), "why": "saves nothing: worse than no plan"}
@@ -186,8 +189,8 @@ def _predicted(plan, best, cap) -> list[str]:
             lines.append(f"the best one found swaps {len(blocks)} blocks ({', '.join(blocks)}) and saves 0 B at "
                          f"{best.time_ratio:.3f}x: worse than none, so none is shown")
         return lines
-    fit = "fits" if plan.feasible else ("over the budget by itself: the shim evicts beyond it" if kept_by_eviction(plan)
-                                        else "does not fit")
+    fit = "fits" if plan.feasible else ("over the budget by itself: the shim evicts beyond it"
+                                        if kept_by_eviction(plan, cap) else "does not fit")
     return [f"{format_bytes(plan.predicted_peak)} peak ({fit}), "
             f"saving {format_bytes(plan.saved_bytes)} (model bound at this slowdown: {format_bytes(plan.bound_bytes)})"]
 

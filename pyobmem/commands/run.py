@@ -122,7 +122,7 @@ def run(args) -> int:
         if outcome.rank_error:
             _say(f"error: {outcome.rank_error}")
         if not opts.quiet:
-            _report(outcome.output, [path for _, path in outcome.rank_outputs])
+            _report(outcome.output, [path for _, path in outcome.rank_outputs], swap=opts.swap)
             if outcome.log:
                 _say(f"the command's output is in {outcome.log}")
     except BrokenPipeError:
@@ -184,7 +184,7 @@ def _driver_present() -> bool:
     return False
 
 
-def _report(path: str, rank_paths: list[str] = ()) -> None:
+def _report(path: str, rank_paths: list[str] = (), swap: bool = False) -> None:
     """The short summary, the capture path(s) and what to run next, unless there is nothing to look
     at (no CUDA activity) (stderr: stdout is the command's)."""
     active = False
@@ -196,7 +196,7 @@ def _report(path: str, rank_paths: list[str] = ()) -> None:
     for line in text.splitlines():
         _say(line)
     _say(f"capture written to {path}")
-    if os.path.exists(plans_path(path)):
+    if swap and os.path.exists(plans_path(path)):  # the daemon removed an earlier run's at its start
         _say(f"swap plans written to {plans_path(path)}")
     if not active:
         if not _driver_present():
