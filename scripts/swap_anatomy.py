@@ -36,11 +36,12 @@ Method (the one that found the handoff bug of session 11):
   start of the next (its end minus bytes / bandwidth). Swap-ins, by their consumer's position
   (per ``--bucket`` ops): count, GiB, causes, and the end of a FIFO copy queue at the bandwidth
   against the consumer's GPU time (negative: the copy was done before the consumer ran).
-- touches: ops of iteration K that name more blocks than the same position does in the iterations
-  before and after it (those that exist): a launch whose parameters hold a word left over from an
+- touches: the blocks the ops of iteration K name that the same op names in neither iteration
+  around it (those of K's length): a launch whose parameters hold a word left over from an
   earlier launch pointing into a live block (PyTorch's OffsetCalculator leaves its unused
-  dimensions uninitialised; session 22). The shim brings such a block back if it is out: the
-  demand swap-ins of iteration K are counted by whether their consumer is such an op.
+  dimensions uninitialised; session 22). A tensor is known across iterations by where it was
+  allocated and its size, an older block by itself. The shim brings such a block back if it is
+  out: the demand swap-ins of iteration K are counted by whether they are of such a block.
 - buckets: swap events per ``--bucket`` (50) ops of host position: swap-outs and swap-ins (count,
   GiB) and the swap-ins' causes.
 - host: the whole run's host time in the executor from the shim's exit notes (NOTE swap.waits and
@@ -437,57 +438,63 @@ def handoffs(run: Run, k: int, lo: int = 0, hi: int | None = None, soon: int = 6
             "run_count": len(outs), "shim_count": shim_handoffs(run)}
 
 
+def _identity(run: Run, k: int, rows: np.ndarray) -> list:
+    """The identity of blocks (capture rows) in iteration ``k``, the same for the same tensor in
+    every iteration: one allocated in it or in the iteration's length before it and freed within
+    the iteration's length after it ("made", its allocation's position from the iteration's
+    start, its size: two of one size made between the same two ops are one), any other (live
+    longer: parameters, optimizer state) its row ("row", row)."""
+    a, b = run.window(k)
+    n = b - a
+    blocks = run.capture.blocks
+    t, tf = blocks["t_alloc"][rows].astype(np.int64), blocks["t_free"][rows].astype(np.int64)
+    recent = (t >= run.ts[max(a - n, 0)]) & (tf >= 0) & (tf < run.ts[min(b + n, len(run.ts) - 1)])
+    at = np.searchsorted(run.ts, t) - a
+    size = blocks["size"][rows]
+    return [("made", int(x), int(z)) if y else ("row", int(r))
+            for r, x, y, z in zip(rows.tolist(), at.tolist(), recent.tolist(), size.tolist())]
+
+
 def _touches(run: Run, k: int) -> set:
-    """{(position, block identity)} of the ops of iteration ``k`` and the blocks they name (ACCESS
-    records): a block allocated in the iteration is (its allocation's position, its size), the
-    same tensor in every iteration; one from before is its capture row."""
+    """{(position, block identity)} of the main process's ops in iteration ``k`` and the blocks they
+    name (ACCESS records; ``_identity``)."""
     a, b = run.window(k)
     cap = run.capture
     acc = cap.accesses
     pos = run.pos_of_row[acc["op"]]
-    m = (pos >= a) & (pos < b)
-    rows = acc["block"][m]
-    t = cap.blocks["t_alloc"][rows].astype(np.int64)
-    made = (t >= run.ts[a]) & (t < run.ts[b])
-    at = np.searchsorted(run.ts[a:b], t)
-    ident = [(int(x), int(z)) if y else (-1, int(r))
-             for r, x, y, z in zip(rows.tolist(), at.tolist(), made.tolist(), cap.blocks["size"][rows].tolist())]
-    return set(zip((pos[m] - a).tolist(), ident))
+    m = (pos >= a) & (pos < b) & (cap.ops["pid"][acc["op"]] == run.pid)
+    return set(zip((pos[m] - a).tolist(), _identity(run, k, acc["block"][m])))
 
 
 def stray_touches(run: Run, k: int, lo: int = 0, hi: int | None = None) -> dict:
-    """The blocks ops of iteration ``k`` at positions [lo, hi) name that the same position names in
+    """The (op, block) pairs of iteration ``k`` at positions [lo, hi) that the same position has in
     no neighbouring iteration of its length (module docstring, touches), and its demand swap-ins by
     whether their block is one of those at their consumer (the first op issued after the record).
 
-    Returns {"neighbours" (iterations compared), "touches" (such (op, block) pairs), "ops" (their
+    Returns {"neighbours" (iterations compared; none: "why"), "touches" (such pairs), "ops" (their
     positions, ascending, each once), "demand_ins", "demand_at_stray", "demand": [{pos, block,
-    bytes, op}] for those}. Raises AnatomyError when no neighbouring iteration has ``k``'s
-    length."""
+    bytes, op}] for those}."""
     a, b = run.window(k)
     lo, hi = _bounds(run, k, lo, hi)
     near = [j for j in (k - 1, k + 1) if 0 <= j < run.n_iterations and np.diff(run.window(j))[0] == b - a]
+    out = {"neighbours": near, "touches": 0, "ops": [], "demand_ins": 0, "demand_at_stray": 0, "demand": []}
     if not near:
-        raise AnatomyError(f"touches: no iteration next to {k} of {run.path} holds its {b - a} ops")
+        out["why"] = f"no iteration next to {k} holds its {b - a} ops"
+        return out
     seen = set().union(*(_touches(run, j) for j in near))
     stray = {(p, i) for p, i in _touches(run, k) - seen if lo <= p < hi}
-    cap = run.capture
     _, s = _mine(run)
     ins = s[(s["direction"] == SWAP_IN) & (s["cause"] == int(abi.SwapInCause.DEMAND))]
     ins = ins[(ins["ts_ns"] >= run.ts[a]) & (ins["ts_ns"] < run.ts[b])]
-    found, counted = [], 0
-    for x in ins:
-        pos = int(np.searchsorted(run.ts[a:b], int(x["ts_ns"])))
-        if not lo <= pos < hi:
-            continue
-        counted += 1
-        r = int(x["block"])
-        t = int(cap.blocks["t_alloc"][r])
-        ident = (int(np.searchsorted(run.ts[a:b], t)), int(cap.blocks["size"][r])) if run.ts[a] <= t < run.ts[b] else (-1, r)
-        if (pos, ident) in stray:
-            found.append({"pos": pos, "block": cap.block_label(r), "bytes": int(x["bytes"]), "op": run.op_name(a + pos)})
-    return {"neighbours": near, "touches": len(stray), "ops": sorted({p for p, _ in stray}), "demand_ins": counted,
-            "demand_at_stray": len(found), "demand": found}
+    pos = np.searchsorted(run.ts[a:b], ins["ts_ns"].astype(np.int64))
+    ins, pos = ins[(pos >= lo) & (pos < hi)], pos[(pos >= lo) & (pos < hi)]
+    for x, p, ident in zip(ins, pos.tolist(), _identity(run, k, ins["block"].astype(np.int64))):
+        if (p, ident) in stray:
+            out["demand"].append({"pos": p, "block": run.capture.block_label(int(x["block"])), "bytes": int(x["bytes"]),
+                                  "op": run.op_name(a + p)})
+    out.update(touches=len(stray), ops=sorted({p for p, _ in stray}), demand_ins=len(ins),
+               demand_at_stray=len(out["demand"]))
+    return out
 
 
 def forward_end(trace: Run, ref: int) -> int:
@@ -692,9 +699,11 @@ def format_handoffs(h: dict) -> list:
 
 def format_touches(t: dict) -> list:
     """Lines of the touches section (``stray_touches``' dict)."""
-    lines = [f"{t['touches']} blocks named at {len(t['ops'])} ops that iterations {', '.join(map(str, t['neighbours']))} "
-             f"do not name there (stale parameter words?); {t['demand_at_stray']} of {t['demand_ins']} demand "
-             "swap-ins are of such a block"]
+    if not t["neighbours"]:
+        return [f"none compared: {t['why']}"]
+    lines = [f"{t['touches']} (op, block) pairs at {len(t['ops'])} ops that iterations "
+             f"{', '.join(map(str, t['neighbours']))} do not have there (stale parameter words?); "
+             f"{t['demand_at_stray']} of {t['demand_ins']} demand swap-ins are of such a block"]
     if t["demand"]:
         lines.append("      pos    MiB  block         op")
         lines += [f"    {d['pos']:>5} {d['bytes'] / MIB:>6.0f}  {d['block']:<13} {_name(d['op'])}" for d in t["demand"]]

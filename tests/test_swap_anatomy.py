@@ -144,14 +144,20 @@ def test_a_handoff_of_a_block_the_next_op_needs(handoff_run):
 
 def test_blocks_an_op_names_in_one_iteration_only(run):
     """Unswapped, the pool hands a freed tensor's address to the next one at once, so words left
-    in launch parameters point into live blocks often: in iteration 1 of the trace, 718 (op,
-    block) pairs at 436 ops that iterations 0 and 2 do not have there, op 8 (a copy kernel)
-    naming the 32 MiB tensor allocated at position 5 among them."""
+    in launch parameters point into live blocks often: in iteration 1 of the trace, 717 (op,
+    block) pairs at 435 ops that iterations 0 and 2 do not have there, op 8 (a copy kernel)
+    naming the 32 MiB tensor allocated at position 5 among them. Op 0 (loss.item()'s copy) reads
+    the loss of the step before, another block in each iteration, the same tensor: not one."""
     t = sa.stray_touches(run, 1)
-    assert (t["neighbours"], t["touches"], len(t["ops"]), t["ops"][:4]) == ([0, 2], 718, 436, [0, 5, 8, 16])
+    assert (t["neighbours"], t["touches"], len(t["ops"]), t["ops"][:4]) == ([0, 2], 717, 435, [5, 8, 16, 50])
     assert (t["demand_ins"], t["demand_at_stray"]) == (0, 0)
     assert sa.stray_touches(run, 0)["neighbours"] == [1] and sa.stray_touches(run, 0)["touches"] == 603
-    assert sa.stray_touches(run, 1, hi=100)["touches"] == 7
+    assert sa.stray_touches(run, 1, hi=100)["touches"] == 6
+    # iterations of other lengths (a step that copied to the host twice): nothing to compare with
+    odd = dataclasses.replace(run, anchors=np.array([2361, 3800, 5283, 6744]))
+    t = sa.stray_touches(odd, 1)
+    assert (t["neighbours"], t["touches"], t["why"]) == ([], 0, "no iteration next to 1 holds its 1483 ops")
+    assert sa.format_touches(t) == ["none compared: no iteration next to 1 holds its 1483 ops"]
 
 
 def test_a_demand_swap_in_of_a_block_named_in_one_iteration_only(run, handoff_run):
@@ -240,7 +246,7 @@ def test_cli_text_and_json(capsys):
     assert res["gpu"]["total_extra_ms"] == 0.53 and len(res["gaps"]) == 60
     assert "engine" not in res and "handoffs" not in res
     assert sa.main([TRACE, TRACE, "--iteration", "1", "--section", "touches"]) == 0
-    assert ("718 blocks named at 436 ops that iterations 0, 2 do not name there (stale parameter words?); "
+    assert ("717 (op, block) pairs at 435 ops that iterations 0, 2 do not have there (stale parameter words?); "
             "0 of 0 demand swap-ins are of such a block") in capsys.readouterr().out
 
 
