@@ -92,6 +92,13 @@ def test_plan_that_fits_says_the_least_budget_swap_mode_can_keep(capfd):
 
 
 def test_plan_errors(capfd):
+    # a number without a unit above 1 is bytes: under 1 MiB it is likely a size without its unit
+    assert main(["plan", str(DATA / "gpt_tiny.pyobmem"), "--budget", "2"]) == 1
+    err = capfd.readouterr().err.splitlines()
+    assert err[0] == "pyobmem: warning: --budget 2 is 2 bytes (a number without a unit above 1 is bytes); for gibibytes write 2GiB"
+    assert err[1].startswith("pyobmem: error: the budget 2 B is below what the job needs at one instant")
+    assert main(["plan", str(DATA / "gpt_tiny.pyobmem"), "--budget", "2MiB"]) == 1
+    assert "warning" not in capfd.readouterr().err
     assert main(["plan", str(DATA / "cupy.pyobmem"), "--budget", "x"]) == 2
     assert main(["plan", str(DATA / "cupy.pyobmem"), "--budget", "1G", "--bandwidth", "0"]) == 2
     assert main(["plan", "/nonexistent.pyobmem", "--budget", "1G"]) == 2

@@ -53,16 +53,24 @@ def count(text: str) -> int:
     return v
 
 
+TINY_BUDGET = 1 << 20  # a unit-less --budget under this many bytes is likely a size without its unit
+
+
 def budget_arg(text: str, what: str = "--budget"):
     """``planner.parse_budget`` for a command-line value (``--min-swap-bytes`` too, through
     ``planner.parse_size`` when ``what`` names it): every bad value is one line and exit 2, also a
     number too large for a float (``1e400``)."""
     try:
-        if what == "--budget":
-            return planner.parse_budget(text)
-        return planner.parse_size(text, what)
+        if what != "--budget":
+            return planner.parse_size(text, what)
+        budget = planner.parse_budget(text)
     except (OverflowError, ValueError):
         raise PyobmemError(f"bad {'budget' if what == '--budget' else what} {text!r}: too large", 2) from None
+    if budget.bytes is not None and budget.bytes < TINY_BUDGET and text.strip().isdigit():
+        # `--budget 2` meaning 2 GiB (a new user's trial, session 22): bytes, said once
+        warn(f"--budget {text.strip()} is {budget.bytes} bytes (a number without a unit above 1 is bytes); "
+             f"for gibibytes write {text.strip()}GiB")
+    return budget
 
 
 def warn(message: str) -> None:
