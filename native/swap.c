@@ -102,10 +102,12 @@ static void note_waits(void)
               (unsigned long long)(w.free_wait_ns / 1000), (unsigned long long)w.rounds,
               (unsigned long long)(w.round_pending >> 20));
     /* its own note: swap.waits is near the ring's 256-character note limit */
-    ring_note("swap.app_syncs=%llu/%lluus hold=%s near_sync=%llu cache_handles=%llu",
+    ring_note("swap.app_syncs=%llu/%lluus hold=%s near_sync=%llu cache_handles=%llu demands=%llu/%lluus held=%lluus",
               (unsigned long long)__atomic_load_n(&g_waits.app_syncs, __ATOMIC_RELAXED),
               (unsigned long long)(__atomic_load_n(&g_waits.app_sync_ns, __ATOMIC_RELAXED) / 1000),
-              swap_sync_hold() ? "on" : "off", (unsigned long long)w.out_near_sync, (unsigned long long)w.cache_handles);
+              swap_sync_hold() ? "on" : "off", (unsigned long long)w.out_near_sync, (unsigned long long)w.cache_handles,
+              (unsigned long long)w.demands, (unsigned long long)(w.demand_ns / 1000),
+              (unsigned long long)(w.demand_hold_ns / 1000));
     ring_note("swap.host=allocs=%llu/%lluus frees=%llu/%lluus create=%llu/%lluus access=%llu/%lluus "
               "release=%llu/%lluus lock_waits=%llu/%lluus releaser=%llu/%lluus",
               (unsigned long long)w.allocs, (unsigned long long)(w.alloc_ns / 1000), (unsigned long long)w.frees,

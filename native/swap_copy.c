@@ -316,6 +316,7 @@ CUresult finish_in(struct sblock *b, const struct swap_op *op, int demand)
 CUresult make_usable(struct sblock *b, const struct swap_op *op, uint64_t stamp)
 {
     int demand = 0;
+    uint64_t t0 = 0;
     switch (b->state) {
     case SB_RESIDENT:
         return CUDA_SUCCESS;
@@ -324,14 +325,20 @@ CUresult make_usable(struct sblock *b, const struct swap_op *op, uint64_t stamp)
             cancel_out(b);
             return CUDA_SUCCESS;
         }
+        t0 = shim_now_ns();
         settle_out(b); /* its memory is another block's: it comes back once its copy out ends */
         if (b->state != SB_OUT)
             return CUDA_ERROR_UNKNOWN;
         /* fallthrough */
     case SB_OUT: {
+        uint64_t t_hold = shim_now_ns();
+        t0 = t0 ? t0 : t_hold;
         if (!op || !op->capturing)
             hold_budget(b->vsize, b->device, stamp); /* a demand swap-in keeps the budget too */
+        g_waits.demand_hold_ns += shim_now_ns() - t_hold;
         CUresult r = swap_in(b, 0, stamp);
+        g_waits.demand_ns += shim_now_ns() - t0;
+        g_waits.demands++;
         if (r != CUDA_SUCCESS) {
             if (!g_noted_swapin) {
                 g_noted_swapin = 1;

@@ -103,6 +103,7 @@ struct swap_waits {
     uint64_t lock_ns, lock_waits;              /* application threads waiting for g_mu in allocs, frees and ops (swap_lock) */
     uint64_t releaser_ns, releaser_polls;      /* the release thread's polls, the lock held */
     uint64_t out_near_sync;                    /* issue_outs calls with the window near a host sync (NOTE swap.app_syncs) */
+    uint64_t demand_ns, demand_hold_ns, demands; /* demand swap-ins of an op's blocks (make_usable), whole and in hold_budget */
 };
 extern struct swap_waits g_waits;
 

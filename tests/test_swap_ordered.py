@@ -257,14 +257,14 @@ def test_a_swap_in_takes_the_memory_of_a_cached_block_whose_free_was_reached(fak
     ins = run.swaps(Ev.SWAP_IN)
     assert [int(r["a"]) for r in ins] == [run.block_id(run.out["a"])]
     note = next(n for n in run.notes() if n.startswith("swap.app_syncs="))
-    assert note.endswith(" cache_handles=1"), note
+    assert " cache_handles=1 demands=1/" in note, note  # a's swap-in, the one above
     no_misbehaviour(run)
     # With room for c (budget 4 granules) x's cached memory stays in the cache: c's map takes it
     # neither (y then reuses x whole, nothing goes out).
     run = run_swap(fake, tmp_path, "cachehandle", budget=4 * GRAN)
     assert run.out["c_creates"] == 1 and run.out["bad_a"] == 0 and run.out["bad_c"] == 0
     note = next(n for n in run.notes() if n.startswith("swap.app_syncs="))
-    assert note.endswith(" cache_handles=0"), note
+    assert note.endswith(" cache_handles=0 demands=0/0us held=0us"), note
     no_misbehaviour(run)
 
 

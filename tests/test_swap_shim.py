@@ -11,6 +11,7 @@ Every test asserts exact records, bytes and counters.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -524,6 +525,10 @@ def test_budget_evicts_least_recently_used_idle_block(fake, tmp_path):
     ins = run.of(Ev.SWAP_IN)
     assert ins["a"].tolist() == [run.block_id(b), run.block_id(c)]
     assert ins["flags"].tolist() == [SwapInCause.DEMAND] * 2
+    # both swap-ins counted with their time, most of it in hold_budget (each waits for a swap-out)
+    note = next(n for n in run.notes() if n.startswith("swap.app_syncs="))
+    n, total, held = map(int, re.search(r" demands=(\d+)/(\d+)us held=(\d+)us$", note).groups())
+    assert n == 2 and 0 < held <= total, note
     assert run.out["bad_b"] == 0 and run.out["bad_c"] == 0
     # daemon-less: no plan ever written, none adopted, nothing dropped
     assert len(run.of(Ev.PLAN)) == 0
@@ -919,7 +924,7 @@ def test_an_application_sync_waits_for_no_swap_out_queued_behind_it(fake, tmp_pa
     assert len(run.swaps(Ev.SWAP_OUT)) == 3
     assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_c"]) == (0, 0, 0)
     note = [n for n in run.notes() if n.startswith("swap.app_syncs=")]
-    assert len(note) == 1 and note[0].startswith("swap.app_syncs=1/") and note[0].endswith(f" hold={hold} near_sync=0 cache_handles=0")
+    assert len(note) == 1 and note[0].startswith("swap.app_syncs=1/") and f" hold={hold} near_sync=0 cache_handles=0 demands=3/" in note[0]  # the read-backs
     # the application's own sync; the shim makes none
     no_misbehaviour(run, ctx_syncs=int(sync == "ctxsync"), app_syncs=int(sync == "streamsync"))
 
