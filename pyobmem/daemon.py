@@ -296,10 +296,6 @@ class SwapAgent:
         self._keep(gen, plan, refined)
         return True
 
-    def _keep_failed(self, why: str) -> None:
-        self._warn(f"pyobmem: swap: cannot write {self.plans_file} ({why}); the plans are not kept there")
-        self.plans_file = None
-
     def _keep(self, gen: int, plan, refined: bool) -> None:
         """Rewrite plans_file with this plan added (a temporary file renamed over it: a reader
         never sees half of one)."""
@@ -315,7 +311,9 @@ class SwapAgent:
             os.replace(tmp, self.plans_file)
         except Exception as e:  # noqa: BLE001 (a full disk, or a bug of ours: never the planning's end)
             remove_plans(self.plans_file)  # not a file that holds some of the plans only
-            self._keep_failed(e.strerror if isinstance(e, OSError) else f"{type(e).__name__}: {e}")
+            why = e.strerror if isinstance(e, OSError) else f"{type(e).__name__}: {e}"
+            self._warn(f"pyobmem: swap: cannot write {self.plans_file} ({why}); the plans are not kept there")
+            self.plans_file = None
 
 
 class Daemon:
