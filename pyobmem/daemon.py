@@ -23,8 +23,8 @@ control.plan_drops going up) makes it forget the ops before the drop and learn a
 given as a fraction of the card is resolved here, from the shim's NOTE device0.total_bytes, and
 stored in control.budget_bytes (until then the shim has no budget). Every plan written is also
 kept beside the capture, in ``plans_path(out)`` (``train.pyobmem`` -> ``train.plans.json``: each
-plan's generation, when it was written, whether the replay chose it, and ``Plan.to_json()``),
-rewritten whole at each plan. See docs/swap.md.
+plan's generation, when it was written, whether the replay chose it, ``Plan.to_json()``, and for
+the replay's choice the trial that kept or undid it), rewritten whole at each plan. See docs/swap.md.
 
 If the capture cannot be written (disk full) the daemon says so in one line and keeps draining,
 so the traced application never finds the ring full because of it; the capture then ends at its
@@ -66,6 +66,11 @@ TICK_CPU_SHARE = 0.25  # ... and spend at most this share of the time planning
 # trial begun before the limit runs on (a cover ~5 s, a replay ~0.3 s there): the whole choice
 # stays under ~20 s.
 PLAN_LIMIT_S = 12.0
+# The replay's choice is a trial: it stays only if the iterations run under it are faster than
+# those under the plan it replaced, each measured over this many iterations (the first one under a
+# plan left out). On the H200 the choice, made on iterations its cover had already sped up, ran
+# GPT medium at 60% of its peak at ~720 ms a step against the cover's ~615 (session 23).
+TRIAL_STEPS = 5
 WINDOW_RECORDS = 1 << 20  # op and access records kept for learning (64 MiB)
 SHIM_WARNING = "swap.warn="  # a NOTE the shim writes for the user (native/swap.c), said on stderr
 _STATIC = (abi.Ev.PROCESS, abi.Ev.ALLOC, abi.Ev.FREE, abi.Ev.NOTE, abi.Ev.NCCL)  # NCCL: its blocks stay pinned
@@ -136,8 +141,11 @@ class SwapAgent:
         self.plans_written = 0
         self.last_plan = None
         self.last_reason = "no ops yet"
-        self.pending = None  # (plan, refined): a plan waiting for the shim to adopt the one in force
-        self.refined = False  # the plan in force is the replay's choice (make_plan choose=True)
+        self.pending = None  # _write's arguments: a plan waiting for the shim to adopt the one in force
+        self.refined = False  # no replay's choice to try for the template in force (tried, or failed)
+        self.gen = 0  # generation of the plan last written
+        self.adopted_at: dict[int, int] = {}  # generation -> ts_ns of the shim's PLAN record adopting it
+        self.trial = None  # the replay's choice on trial: {gen, before_ms, fallback, fallback_gen}
         self.candidate = None  # a new template seen once: it replaces the one in force if seen again
         self.idle_ticks = 0  # ticks in a row that found the template in force: the tick backs off
         self.budget_bytes = budget.resolve(None) if budget is not None else None
@@ -162,7 +170,11 @@ class SwapAgent:
             self.new_ops += int(np.count_nonzero((win["type"] != abi.Ev.ACCESS) & (win["type"] != abi.Ev.GPU_TIME)))
             while self.window_len - len(self.window[0]) >= self.window_records:
                 self.window_len -= len(self.window.pop(0))
-        dropped = recs[(t == abi.Ev.PLAN) & ((recs["flags"] & 1) != 0)]
+        plans = recs[t == abi.Ev.PLAN]
+        dropped = plans[(plans["flags"] & 1) != 0]
+        adopted = abi.view(plans[(plans["flags"] & 1) == 0], abi.Ev.PLAN)
+        for gen, ts in zip(adopted["generation"].tolist(), adopted["ts_ns"].tolist()):
+            self.adopted_at.setdefault(gen, ts)
         if len(dropped) or self.control.plan_drops > self.drops_seen:
             self._forget(dropped)
 
@@ -188,6 +200,7 @@ class SwapAgent:
         self.pending = None
         self.last_plan = None
         self.candidate = None
+        self.trial = None
         self.idle_ticks = 0
         self.next_tick = 0.0  # learn again at the next tick, not after a back-off
         self.last_reason = "plan dropped by the shim; learning again"
@@ -203,12 +216,21 @@ class SwapAgent:
         if not self.new_ops or self.budget_bytes is None:
             return False
         t0 = time.monotonic()
-        # The first plan of a template is the cost model's cover (seconds); the next tick refines it
-        # by the host-clock replay (make_plan's choice: up to PLAN_LIMIT_S), on records that by then
-        # hold iterations under the first plan.
-        refine = self.last_plan is not None and not self.refined
+        # The first plan of a template is the cost model's cover (seconds); once the records hold
+        # TRIAL_STEPS iterations under it, a tick refines it by the host-clock replay (make_plan's
+        # choice: up to PLAN_LIMIT_S), a trial judged by the iterations run under it (_judge).
+        want = self.last_plan is not None and not self.refined
+        refine = False
         try:
-            plan = self.plan_now(choose=refine)
+            learned = self._learn()
+            if self.trial is not None and learned is not None:
+                undone = self._judge(learned)
+                if undone is not None:
+                    return undone
+            if self.trial is not None:
+                return False  # its iterations are still running: nothing to plan meanwhile
+            refine = want and learned is not None and len(self._steps_under(learned, self.gen)) >= TRIAL_STEPS
+            plan = None if learned is None else self._plan(learned, choose=refine)
         except Exception as e:  # noqa: BLE001
             if not refine:
                 raise
@@ -218,8 +240,10 @@ class SwapAgent:
             return False
         finally:
             spent = time.monotonic() - t0
-            # While the template in force holds, learning again backs off (up to 8 times apart).
-            self.next_tick = now + max(self.tick_s, spent / TICK_CPU_SHARE) * (1 << min(self.idle_ticks, 3))
+            # While the template in force holds, learning again backs off (up to 8 times apart); a
+            # trial is judged as soon as its iterations have run.
+            backoff = 1 if self.trial is not None else 1 << min(self.idle_ticks, 3)
+            self.next_tick = now + max(self.tick_s, spent / TICK_CPU_SHARE) * backoff
             self.new_ops = 0
         if plan is None:
             self.refined |= refine  # a choice that gave no plan is not tried again either
@@ -235,8 +259,15 @@ class SwapAgent:
                 if refine:
                     self.refined = True
                     if not np.array_equal(plan.actions, self.last_plan.actions):
-                        return self._write(plan, refined=True)
-                self.idle_ticks += 1
+                        before = float(np.median(self._steps_under(learned, self.gen)))
+                        wrote = self._write(plan, refined=True, trial={"before_ms": before, "fallback": self.last_plan,
+                                                                       "fallback_gen": self.gen})
+                        # Judged once its iterations have run, not after the choice's own back-off
+                        # (4 times its ~15 s on GPT medium, where a slower choice costs each step).
+                        self.next_tick = now + max(self.tick_s, (TRIAL_STEPS + 2) * before / 1e3)
+                        return wrote
+                if refine or not want:  # a refine waiting for iterations under the plan does not back off
+                    self.idle_ticks += 1
                 return False
             self.idle_ticks = 0
             if self.candidate is None or not _same_cycle(plan.template_keys, self.candidate):
@@ -254,6 +285,11 @@ class SwapAgent:
         """Learn and plan on the records kept; None (and ``last_reason``) when there is no plan.
         ``choose``: make_plan's choice among candidate plans by the host-clock replay (up to
         PLAN_LIMIT_S), else the cost model's cover alone."""
+        learned = self._learn()
+        return None if learned is None else self._plan(learned, choose)
+
+    def _learn(self):
+        """The LearnedIteration of the records kept, or None (and ``last_reason``)."""
         from . import planner  # deferred: the planner loads the model (scipy), needed in swap mode only
 
         if not self.window:
@@ -266,6 +302,47 @@ class SwapAgent:
         if isinstance(learned, planner.NoPlan):
             self.last_reason = learned.reason
             return None
+        return learned
+
+    def _steps_under(self, learned, gen: int) -> np.ndarray:
+        """Host durations (ms, float64 (n,)) of the learned regime's iterations that began after the
+        shim adopted plan ``gen``, the first of them left out (it meets the plan's changes); empty
+        before the adoption. The host waits for the GPU at every step's loss read, so in the steady
+        state this is the step's time."""
+        at = self.adopted_at.get(gen)
+        if at is None:
+            return np.zeros(0)
+        it = learned.it
+        rows = it.main_rows()
+        t0 = it.t_start[rows].astype(np.int64)
+        return ((it.t_end[rows].astype(np.int64) - t0)[t0 >= at] / 1e6)[1:]
+
+    def _judge(self, learned):
+        """Keep the replay's choice on trial when TRIAL_STEPS iterations under it are faster (median)
+        than those under the plan it replaced, else write that plan again. Returns None while the
+        trial goes on or when the choice stays, else ``_write``'s answer for the plan restored."""
+        t = self.trial
+        after = self._steps_under(learned, t["gen"])
+        if len(after) < TRIAL_STEPS:
+            return None
+        ms = float(np.median(after))
+        self.trial = None
+        kept = ms < t["before_ms"]
+        for k in self.kept:
+            if k["generation"] == t["gen"]:
+                k["trial"] = {"iteration_ms": round(ms, 3), "previous_iteration_ms": round(t["before_ms"], 3), "kept": kept}
+        self._save()
+        if kept:
+            self.last_reason = f"plan {t['gen']} (the replay's choice) kept: {ms:.1f} ms an iteration against {t['before_ms']:.1f}"
+            return None
+        self.last_reason = (f"the replay's choice (plan {t['gen']}) ran {ms:.1f} ms an iteration against "
+                            f"{t['before_ms']:.1f} under plan {t['fallback_gen']}: that plan is back")
+        return self._write(t["fallback"], refined=True, restores=t["fallback_gen"])
+
+    def _plan(self, learned, choose: bool):
+        """make_plan on ``learned`` at the budget (see plan_now); None when there is no plan to write."""
+        from . import planner
+
         plan = planner.make_plan(learned, self.budget_bytes, choose=choose, limit_s=PLAN_LIMIT_S if choose else None)
         if not plan.feasible:
             self.last_reason = (
@@ -283,28 +360,38 @@ class SwapAgent:
                 return None
         return plan
 
-    def _write(self, plan, refined: bool = False) -> bool:
+    def _write(self, plan, refined: bool = False, trial: dict | None = None, restores: int | None = None) -> bool:
+        """Write ``plan`` (``refined``: no replay's choice to try after it; ``trial``: it is the
+        replay's choice, judged by ``_judge``; ``restores``: the generation it writes again)."""
         gen = self.control.write_plan(plan)
         if gen is None:
-            self.pending = (plan, refined)  # the shim has not adopted the plan in force yet
+            self.pending = (plan, refined, trial, restores)  # the shim has not adopted the plan in force yet
             return False
         self.pending = None
         self.last_plan = plan
         self.refined = refined
+        self.gen = gen
+        self.trial = None if trial is None else dict(trial, gen=gen)
         self.plans_written += 1
-        self.last_reason = f"plan {gen} written" + (" (refined by the host-clock replay)" if refined else "")
-        self._keep(gen, plan, refined)
+        chosen = refined and restores is None
+        if restores is None:
+            self.last_reason = f"plan {gen} written" + (" (refined by the host-clock replay)" if chosen else "")
+        entry = {"generation": gen, "written_s": round(time.monotonic() - self.t0, 3), "chosen_by_replay": chosen,
+                 "plan": plan.to_json()}
+        if restores is not None:
+            entry["restores"] = restores
+        if self.plans_file is not None:
+            self.kept.append(entry)
+            self._save()
         return True
 
-    def _keep(self, gen: int, plan, refined: bool) -> None:
-        """Rewrite plans_file with this plan added (a temporary file renamed over it: a reader
-        never sees half of one)."""
+    def _save(self) -> None:
+        """Rewrite plans_file with the plans kept (a temporary file renamed over it: a reader never
+        sees half of one)."""
         if self.plans_file is None:
             return
         tmp = self.plans_file + ".tmp"
         try:
-            self.kept.append({"generation": gen, "written_s": round(time.monotonic() - self.t0, 3),
-                              "chosen_by_replay": refined, "plan": plan.to_json()})
             text = json.dumps({"plans": self.kept}, indent=1)
             with open(tmp, "w") as f:
                 f.write(text)

@@ -610,8 +610,9 @@ def daemon_prediction(path: Path, budget_bytes: int, min_swap_bytes: int) -> dic
     planner.learn_iteration, planner.make_plan = watch_learn, watch_make
     try:
         # The daemon's first plan of a template is the cost model's cover, the next one (if it
-        # differs) the replay's choice: a run that adopted more than one plan followed the choice.
-        written = agent.plan_now(choose=len(adopted) > 1)
+        # differs) the replay's choice on trial, and a third the cover again when the choice ran
+        # slower: a run that adopted two plans ended under the choice.
+        written = agent.plan_now(choose=len(adopted) == 2)
     finally:
         planner.learn_iteration, planner.make_plan = learn, make
     res["learn_options"] = seen.get("learn_options")
