@@ -876,6 +876,9 @@ class Bench:
                                         "--tensor-blocks, no swapping) at the row's shim_budget_bytes: the replay's "
                                         "ratio times the trace's iteration (predicted_step_ms) over the baseline's "
                                         "step; plan_prediction has the plan's figures",
+                "frontier_time_ratio": "the copy engines' bound for any plan at the budget (pyobmem.planner.frontier, "
+                                       "`pyobmem plan --json`'s frontier on the same trace), as a ratio over the "
+                                       "baseline's step like predicted_time_ratio",
                 "daemon_predicted_time_ratio": "the daemon's own planner (SwapAgent.plan_now on the swap run's records up "
                                                "to its last adopted plan; daemon_prediction): planned on iterations "
                                                "its swaps before the plan had slowed",
@@ -1046,6 +1049,10 @@ class Bench:
         if ratio and base.steady_ms:
             res["predicted_step_ms"] = round(ratio * it_ms, 3)
             res["predicted_time_ratio"] = res["predicted_step_ms"] / base.steady_ms
+        front = plan.get("frontier")
+        res["frontier"] = front
+        if front and base.steady_ms:  # the copy engines' bound for any plan, as a ratio over the baseline's step
+            res["frontier_time_ratio"] = round(front["time_ratio"] * it_ms / base.steady_ms, 6)
         return res
 
     def swap_row(self, run: Run, base: Run, budget: dict, capture: Path, traced: bool = False) -> dict:
@@ -1080,6 +1087,7 @@ class Bench:
             r["plan_prediction"] = pp
             r["predicted_time_ratio"] = pp.get("predicted_time_ratio")
             r["predicted_step_ms"] = pp.get("predicted_step_ms")
+            r["frontier_time_ratio"] = pp.get("frontier_time_ratio")
         else:  # no trace of this workload in the bench: the daemon's is the prediction there is
             r["predicted_time_ratio"] = daemon
             r["predicted_step_ms"] = r.get("daemon_predicted_step_ms")

@@ -333,6 +333,8 @@ def test_swap_row_and_the_json(tmp_path):
     # measured is within 1.15x of either
     assert row["plan_prediction"]["plan_time_ratio"] == 1.0 and row["plan_prediction"]["iteration_ms"] == 12.874
     assert row["predicted_step_ms"] == 12.874 and row["predicted_time_ratio"] == 12.874 / 12.0
+    # the copy engines' frontier there: nothing to move (at -1), 1.00x of the same iteration
+    assert row["plan_prediction"]["frontier"]["at"] == -1 and row["frontier_time_ratio"] == pytest.approx(12.874 / 12.0, abs=1e-5)
     assert row["prediction_within_1_15"] is True
     assert row["daemon_prediction"]["predicted_time_ratio"] == 1.0 and row["daemon_prediction"]["iteration_ms"] == 13.392
     assert row["daemon_predicted_step_ms"] == 13.392 and row["daemon_predicted_time_ratio"] == 13.392 / 12.0

@@ -107,6 +107,21 @@ def _replay_lines(plan) -> list:
             f"{r.evictions:,} evictions beyond the plan, {r.handoffs:,} handoffs, {r.demand_ins:,} swap-ins on demand)"]
 
 
+def _frontier_lines(plan) -> list:
+    """The copy engines' frontier (``planner.frontier``) beside the prediction, when computed."""
+    f = plan.frontier
+    if f is None:
+        return []
+    if f.time_ratio <= 1.0:
+        return [f"  frontier    1.000x: the copy engines can have every excess byte out and back in time "
+                f"(at most {format_bytes(f.bytes)} over the budget, at op {f.at})" if f.at >= 0 else
+                "  frontier    1.000x: nothing needs to go out"]
+    return [f"  frontier    {f.time_ratio:.3f}x at best for any plan: at op {f.at} {format_bytes(f.bytes)} must be out; "
+            f"copied out after their last uses at {plan.bandwidth / 1e9:.1f} GB/s they are out "
+            f"{format_duration(int(f.out_late_ns))} after the GPU gets there, and back "
+            + (f"{format_duration(int(f.in_late_ns))} late for their next uses" if f.in_late_ns > 0 else "in time for their next uses")]
+
+
 # A capture traced without the per-tensor presets: its blocks are the frameworks' own allocations
 # (segments, arenas, XLA's VMM mappings), most of which swap mode would not swap either.
 NOT_TENSORS = ("; this capture's blocks are the allocators' own, not tensors: for PyTorch, JAX or TensorFlow, "
@@ -235,6 +250,7 @@ def format_plan(plan, cap, path: str, budget=None, best=None, limit: int = 0) ->
         f"prefetch stalls {format_duration(int(plan.stall_ns))} per iteration)"
         + ("" if plan.replay is not None else "; the prediction"),
         *_replay_lines(plan),
+        *_frontier_lines(best),
         f"  swapped     {len({s.block for s in plan.swaps})} blocks, {format_bytes(plan.swapped_bytes)}; "
         f"{plan.n_actions:,} actions per iteration, {plan.n_hints:,} idle hints for eviction",
     ]

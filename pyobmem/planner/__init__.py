@@ -15,7 +15,8 @@ By concern: ``budget`` (the budget and byte sizes as the user writes them), ``le
 learned iteration: positions, clocks, live bytes, candidates and their idle windows),
 ``simulation`` (the cost model: copy engines, release, prefetch timing, the budget hold, the
 predictions), ``policy`` (which windows the plan swaps), ``replay`` (the shim's executor replayed
-on the host's clock: the plan's predicted time), ``plan`` (the plan the shim follows and the
+on the host's clock: the plan's predicted time), ``frontier`` (the least slowdown the copy
+engines allow any plan), ``plan`` (the plan the shim follows and the
 model's bound on it). docs/swap.md has the formulas.
 """
 

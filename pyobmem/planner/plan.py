@@ -13,6 +13,7 @@ from ..model.queries import card_bytes
 from ..model.saving import TIME_RATIOS, saving_curve
 from ..model.tensors import build_tensors
 from .budget import Budget, parse_budget
+from .frontier import Frontier, frontier
 from .learning import DEFAULT_MIN_SWAP_BYTES, LearnedIteration, NoPlan, learn_iteration
 from .policy import _choose, _cover, _crosses_all
 from .replay import Replay, replay
@@ -67,7 +68,9 @@ class Plan:
     hold waiting for its copy: a lower
     bound >= ``needed_bytes``; 0 when not computed: a plan that fits, made without ``bound``) and its
     position; ``bound_bytes`` (the model's saving bound at
-    ``time_ratio``, None when not computed); ``iteration_ns``, ``bandwidth``, ``min_swap_bytes``;
+    ``time_ratio``, None when not computed); ``frontier`` (``planner.frontier``: the least slowdown
+    the copy engines allow any plan at this budget; None when not computed, made without ``bound``,
+    or when the budget cannot be met); ``iteration_ns``, ``bandwidth``, ``min_swap_bytes``;
     ``iteration_index`` (the planned iteration among the main regime's, from 0, as the model's
     saving curve counts it); ``candidates`` (count, bytes) and ``excluded`` (reason -> (count,
     bytes)) of the process's blocks, as ``LearnedIteration``.
@@ -88,6 +91,7 @@ class Plan:
     needed_at: int = 0
     needed_op_row: int = -1  # the capture op row at ``needed_at``
     bound_bytes: int | None = None
+    frontier: Frontier | None = None
     iteration_ns: float = 0.0
     bandwidth: float = 0.0
     min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES
@@ -138,6 +142,7 @@ class Plan:
             "bandwidth_Bps": self.bandwidth, "min_swap_bytes": self.min_swap_bytes,
             "peak_bytes": self.peak_bytes, "peak_at": self.peak_at, "predicted_peak_bytes": self.predicted_peak,
             "saved_bytes": self.saved_bytes, "bound_bytes": self.bound_bytes,
+            "frontier": self.frontier.to_json() if self.frontier is not None else None,
             "time_ratio": round(self.time_ratio, 6), "stall_ns": round(self.stall_ns),
             "predicted_time_ratio": None if self.predicted_time_ratio is None else round(self.predicted_time_ratio, 6),
             "replay": self.replay.to_json() if self.replay is not None else None,
@@ -172,7 +177,8 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
               replayed: bool = True, choose: bool = True, limit_s: float | None = None) -> Plan:
     """The plan for ``budget_bytes`` (the method: the docstrings of ``policy`` and ``simulation``).
     ``bound``: also compute the model's saving bound at the predicted ratio (``saving_curve`` on the
-    same iteration, tensor level; costs a tensor model). ``replayed``: choose among candidate plans by the
+    same iteration, tensor level; costs a tensor model) and the copy engines' frontier
+    (``planner.frontier``). ``replayed``: choose among candidate plans by the
     host-clock replay of the shim (``planner.replay``; ``policy._choose``: up to 3 covers and 9
     replays, ~10-20 s on GPT medium's 1,640-op iteration on one slow core) and predict the time by
     it: the chosen windows, with their IDLE hints when the plan carries them. ``choose=False``: the
@@ -252,11 +258,13 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
             # the one at which the bound reaches the same saving.
             ratio = max(ratio, _ratio_for(curve, saved))
         bound_bytes = 0 if curve is None else curve.saved_at(ratio)
+    front = frontier(L, budget_bytes) if bound else None
     return Plan(
         pid=L.pid, budget_bytes=budget_bytes, template_keys=L.keys, actions=actions, swaps=swaps, peak_bytes=peak,
         peak_at=peak_at, predicted_peak=sim.peak, time_ratio=ratio, stall_ns=float(timed.stall.sum()),
         feasible=sim.peak <= budget_bytes and len(actions) <= abi.PLAN_MAX_ACTIONS, needed_bytes=needed,
-        needed_at=needed_at, needed_op_row=int(L.op_rows[needed_at]) if P else -1, bound_bytes=bound_bytes, iteration_ns=L.iteration_ns, bandwidth=L.bandwidth,
+        needed_at=needed_at, needed_op_row=int(L.op_rows[needed_at]) if P else -1, bound_bytes=bound_bytes, frontier=front,
+        iteration_ns=L.iteration_ns, bandwidth=L.bandwidth,
         min_swap_bytes=L.min_swap_bytes, period=P, matching=L.matching, iterations=L.iterations,
         iteration_index=L.iteration_index, steps=L.steps, step=L.step, reach_bytes=reach, reach_at=reach_at,
         reach_op_row=int(L.op_rows[reach_at]) if P else -1,
