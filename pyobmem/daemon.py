@@ -341,7 +341,7 @@ class SwapAgent:
 
     def _plan(self, learned, choose: bool):
         """make_plan on ``learned`` at the budget (see plan_now); None when there is no plan to write."""
-        from . import planner
+        from . import planner  # deferred: as in _learn (scipy, swap mode only)
 
         plan = planner.make_plan(learned, self.budget_bytes, choose=choose, limit_s=PLAN_LIMIT_S if choose else None)
         if not plan.feasible:
