@@ -71,6 +71,7 @@ PLAN_LIMIT_S = 12.0
 # plan left out). On the H200 the choice, made on iterations its cover had already sped up, ran
 # GPT medium at 60% of its peak at ~720 ms a step against the cover's ~615 (session 23).
 TRIAL_STEPS = 5
+TRIAL_LIMIT_S = 30.0  # the least time a trial gets for its verdict before the plan it replaced comes back
 WINDOW_RECORDS = 1 << 20  # op and access records kept for learning (64 MiB)
 SHIM_WARNING = "swap.warn="  # a NOTE the shim writes for the user (native/swap.c), said on stderr
 _STATIC = (abi.Ev.PROCESS, abi.Ev.ALLOC, abi.Ev.FREE, abi.Ev.NOTE, abi.Ev.NCCL)  # NCCL: its blocks stay pinned
@@ -223,20 +224,28 @@ class SwapAgent:
         refine = False
         try:
             learned = self._learn()
-            if self.trial is not None and learned is not None:
-                undone = self._judge(learned)
-                if undone is not None:
-                    return undone
             if self.trial is not None:
-                return False  # its iterations are still running: nothing to plan meanwhile
-            refine = want and learned is not None and len(self._steps_under(learned, self.gen)) >= TRIAL_STEPS
+                restored = self._judge(learned, now)
+                if restored is not None:
+                    return restored
+                if self.trial is not None:
+                    return False  # its iterations are still running: nothing to plan meanwhile
+            # Only the template in force is refined: a new one gets its cover first, and its own trial.
+            refine = (want and learned is not None and _same_cycle(learned.keys, self.last_plan.template_keys)
+                      and len(self._steps_under(learned, self.gen)) >= TRIAL_STEPS)
             plan = None if learned is None else self._plan(learned, choose=refine)
         except Exception as e:  # noqa: BLE001
-            if not refine:
+            if not (want or self.trial is not None):
                 raise
-            # The cover in force stays; the choice is not tried again (the drain waited for it).
+            # No choice is tried again (the drain waited for it); one on trial gives way to the cover.
             self.refined = True
-            self._warn(f"pyobmem: swap: refining the plan failed ({type(e).__name__}: {e}); the first plan stays")
+            if self.trial is not None:
+                t, self.trial = self.trial, None
+                self.pending = (t["fallback"], True, None, t["fallback_gen"])
+                self._warn(f"pyobmem: swap: judging the replay's choice failed ({type(e).__name__}: {e}); "
+                           f"plan {t['fallback_gen']} comes back")
+            else:
+                self._warn(f"pyobmem: swap: refining the plan failed ({type(e).__name__}: {e}); the first plan stays")
             return False
         finally:
             spent = time.monotonic() - t0
@@ -260,11 +269,13 @@ class SwapAgent:
                     self.refined = True
                     if not np.array_equal(plan.actions, self.last_plan.actions):
                         before = float(np.median(self._steps_under(learned, self.gen)))
-                        wrote = self._write(plan, refined=True, trial={"before_ms": before, "fallback": self.last_plan,
-                                                                       "fallback_gen": self.gen})
+                        wait = max(self.tick_s, (TRIAL_STEPS + 2) * before / 1e3)
+                        wrote = self._write(plan, refined=True, trial={
+                            "before_ms": before, "fallback": self.last_plan, "fallback_gen": self.gen,
+                            "deadline": now + max(TRIAL_LIMIT_S, 4 * wait)})
                         # Judged once its iterations have run, not after the choice's own back-off
                         # (4 times its ~15 s on GPT medium, where a slower choice costs each step).
-                        self.next_tick = now + max(self.tick_s, (TRIAL_STEPS + 2) * before / 1e3)
+                        self.next_tick = now + wait
                         return wrote
                 if refine or not want:  # a refine waiting for iterations under the plan does not back off
                     self.idle_ticks += 1
@@ -317,27 +328,44 @@ class SwapAgent:
         t0 = it.t_start[rows].astype(np.int64)
         return ((it.t_end[rows].astype(np.int64) - t0)[t0 >= at] / 1e6)[1:]
 
-    def _judge(self, learned):
+    def _judge(self, learned, now: float):
         """Keep the replay's choice on trial when TRIAL_STEPS iterations under it are faster (median)
-        than those under the plan it replaced, else write that plan again. Returns None while the
-        trial goes on or when the choice stays, else ``_write``'s answer for the plan restored."""
+        than those under the plan it replaced; else, or when no verdict came by the trial's deadline
+        (TRIAL_LIMIT_S at least: the record window may not hold its iterations) or the iteration
+        learned is no longer the one the choice is for, write that plan again. Returns None while
+        the trial goes on or when the choice stays, else ``_write``'s answer for the plan restored."""
         t = self.trial
-        after = self._steps_under(learned, t["gen"])
+        if learned is not None and not _same_cycle(learned.keys, self.last_plan.template_keys):
+            return self._undo(t, {"kept": False, "why": "another iteration was learned before the verdict"})
+        after = self._steps_under(learned, t["gen"]) if learned is not None else np.zeros(0)
         if len(after) < TRIAL_STEPS:
+            if now > t["deadline"]:
+                return self._undo(t, {"kept": False, "why": f"{len(after)} iterations under it by the deadline"})
             return None
         ms = float(np.median(after))
+        verdict = {"iteration_ms": round(ms, 3), "previous_iteration_ms": round(t["before_ms"], 3), "kept": ms < t["before_ms"]}
+        if not verdict["kept"]:
+            return self._undo(t, verdict)
         self.trial = None
-        kept = ms < t["before_ms"]
+        self._note(t["gen"], verdict)
+        self.last_reason = f"plan {t['gen']} (the replay's choice) kept: {ms:.1f} ms an iteration against {t['before_ms']:.1f}"
+        return None
+
+    def _undo(self, t: dict, verdict: dict) -> bool:
+        """End trial ``t`` by writing the plan it replaced again (``verdict``: into the plans file)."""
+        self.trial = None
+        self._note(t["gen"], verdict)
+        wrote = self._write(t["fallback"], refined=True, restores=t["fallback_gen"])
+        self.last_reason = (f"the replay's choice (plan {t['gen']}) undone ({verdict.get('why') or 'not faster'}): "
+                            f"plan {t['fallback_gen']}'s actions " + ("are back" if wrote else "wait for the shim"))
+        return wrote
+
+    def _note(self, gen: int, verdict: dict) -> None:
+        """The trial's verdict on plan ``gen``, in its plans-file entry."""
         for k in self.kept:
-            if k["generation"] == t["gen"]:
-                k["trial"] = {"iteration_ms": round(ms, 3), "previous_iteration_ms": round(t["before_ms"], 3), "kept": kept}
+            if k["generation"] == gen:
+                k["trial"] = verdict
         self._save()
-        if kept:
-            self.last_reason = f"plan {t['gen']} (the replay's choice) kept: {ms:.1f} ms an iteration against {t['before_ms']:.1f}"
-            return None
-        self.last_reason = (f"the replay's choice (plan {t['gen']}) ran {ms:.1f} ms an iteration against "
-                            f"{t['before_ms']:.1f} under plan {t['fallback_gen']}: that plan is back")
-        return self._write(t["fallback"], refined=True, restores=t["fallback_gen"])
 
     def _plan(self, learned, choose: bool):
         """make_plan on ``learned`` at the budget (see plan_now); None when there is no plan to write."""

@@ -560,6 +560,26 @@ def swap_stats(cap) -> dict:
     }
 
 
+def _ended_under_choice(path: Path, adopted) -> bool:
+    """Whether the last plan the shim adopted (``adopted``: its PLAN records) was the replay's
+    choice, by the daemon's plans file beside the capture (``chosen_by_replay``; a cover written
+    again after the choice's trial is not); without the file, whether it adopted exactly two (the
+    cover, then the choice)."""
+    import json
+
+    import numpy as np
+    from pyobmem.daemon import plans_path
+
+    if not len(adopted):
+        return False
+    gen = int(adopted[int(np.argmax(adopted["ts_ns"]))]["a"])
+    try:
+        kept = json.loads(Path(plans_path(str(path))).read_text())["plans"]
+    except (OSError, ValueError, KeyError):
+        return len(adopted) == 2
+    return any(k.get("generation") == gen and k.get("chosen_by_replay") for k in kept)
+
+
 def daemon_prediction(path: Path, budget_bytes: int, min_swap_bytes: int) -> dict:
     """The planner's prediction for a swap run, as the daemon made it: the capture's records up to
     the last plan the shim adopted (all of them when none was) are fed to pyobmem.daemon.SwapAgent
@@ -609,10 +629,7 @@ def daemon_prediction(path: Path, budget_bytes: int, min_swap_bytes: int) -> dic
     t = time.monotonic()
     planner.learn_iteration, planner.make_plan = watch_learn, watch_make
     try:
-        # The daemon's first plan of a template is the cost model's cover, the next one (if it
-        # differs) the replay's choice on trial, and a third the cover again when the choice ran
-        # slower: a run that adopted two plans ended under the choice.
-        written = agent.plan_now(choose=len(adopted) == 2)
+        written = agent.plan_now(choose=_ended_under_choice(path, adopted))
     finally:
         planner.learn_iteration, planner.make_plan = learn, make
     res["learn_options"] = seen.get("learn_options")

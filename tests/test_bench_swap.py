@@ -421,3 +421,21 @@ def test_swap_overhead_is_the_larger_of_the_runs():
     assert bench.swap_overhead(base, preset) == 784334848
     assert bench.swap_overhead(base, None) == 710934528
     assert bench.swap_overhead(None) is None
+
+
+def test_which_plan_a_run_ended_under(tmp_path):
+    """The daemon's prediction plans with the replay's choice only when the last plan adopted was
+    the choice, read from the plans file: not when the cover came back after the choice's trial."""
+    from pyobmem import abi
+
+    cap = tmp_path / "run.pyobmem"
+    adopted = np.zeros(3, abi.RECORD_DTYPE)
+    adopted["ts_ns"], adopted["a"] = [10, 20, 30], [1, 2, 3]
+    assert bench._ended_under_choice(cap, adopted[:2]) is True  # no plans file: two adopted, the choice last
+    assert bench._ended_under_choice(cap, adopted) is False
+    kept = [{"generation": 1, "chosen_by_replay": False}, {"generation": 2, "chosen_by_replay": True},
+            {"generation": 3, "chosen_by_replay": False, "restores": 1}]
+    (tmp_path / "run.plans.json").write_text(json.dumps({"plans": kept}))
+    assert bench._ended_under_choice(cap, adopted) is False
+    assert bench._ended_under_choice(cap, adopted[:2]) is True
+    assert bench._ended_under_choice(cap, adopted[:0]) is False

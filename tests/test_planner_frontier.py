@@ -10,7 +10,7 @@ from synth import Trace
 
 from pyobmem.capture import read_capture
 from pyobmem.planner import learn_iteration, make_plan
-from pyobmem.planner.frontier import frontier
+from pyobmem.planner.frontier import frontier, stalls_at
 
 MiB = 1 << 20
 P = 100
@@ -58,6 +58,24 @@ def test_frontier_by_hand(tmp_path):
     assert frontier(L, 192 * MiB).at == -1
     # 32 MiB: at op 1 A and C out together leave 64 MiB (B, in use at every op) over it: unmet
     assert frontier(L, 32 * MiB) is None
+
+
+def test_stalls_of_two_blocks_and_one_stall_serving_both(tmp_path):
+    """Under 96 MiB both A and C must be out at op 1 (96 MiB over). Out: C (released at 50 of the
+    iteration before) whole, then half of A (released at 0), in release order; back: A (needed
+    latest, at 0 of the next iteration) whole and half of C, C's half first (needed at 50). The
+    release and the deadline that set the two stalls are 1.5 iterations apart: in the steady state
+    one stall a period serves both, so the iteration grows by the larger, not the sum."""
+    L = _three_blocks(tmp_path)
+    T, E = L.iteration_ns, L.times
+    D = 0.8 * T  # one block's copy
+    out_late = max(E[50] - T + 1.5 * D, E[0] + 0.5 * D) - E[1]
+    in_late = max(E[1] + 0.5 * D - E[50], E[1] + 1.5 * D - (E[0] + T))
+    got = stalls_at(L, 96 * MiB, 1)
+    assert got == pytest.approx((out_late, in_late, max(out_late, in_late)))
+    assert out_late > in_late > 0.15 * T  # both stall: the sum would be another 0.2 T
+    assert frontier(L, 96 * MiB) is None  # at op 0 (A in use) C alone cannot hold 96 MiB
+    assert stalls_at(L, 96 * MiB, 0) is None and stalls_at(L, 192 * MiB, 1) == (0.0, 0.0, 0.0)
 
 
 def test_frontier_of_gpt_medium_under_the_replay():

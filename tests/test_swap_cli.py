@@ -429,8 +429,9 @@ def test_agent_refines_its_first_plan_by_the_replay_once(tmp_path, monkeypatch):
     # ... and is a trial: as fast as the first plan's (not faster), so the first plan comes back
     agent.feed(_adopted(ctl, recs, 2, 14))
     agent.feed(recs[_cut(recs, 14) :])
-    assert agent.tick(now=1e10) is True and ctl.generation == 3 and agent.refined
+    assert agent.tick(now=3e9 + 10) is True and ctl.generation == 3 and agent.refined
     assert np.array_equal(agent.last_plan.actions, first.actions)
+    assert agent.last_reason == "the replay's choice (plan 2) undone (not faster): plan 1's actions are back"
     ctl.ctl["adopted"] = 3
     assert agent.tick(now=1e11) is False and ctl.generation == 3  # no new ops: nothing to do
     assert calls == [(False, None), (False, None), (True, PLAN_LIMIT_S)]
@@ -471,9 +472,9 @@ def test_agent_keeps_the_replays_choice_only_when_its_iterations_run_faster(tmp_
     assert agent.next_tick == pytest.approx(2e9 + 1.0)  # judged soon, not after the choice's back-off
     agent.feed(_adopted(ctl, recs, 2, 14))
     agent.feed(recs[_cut(recs, 14) : _cut(recs, 18)])
-    assert agent.tick(now=3e9) is False and agent.trial is not None  # 3 iterations under it: too few
+    assert agent.tick(now=2e9 + 5) is False and agent.trial is not None  # 3 iterations under it: too few
     agent.feed(recs[_cut(recs, 18) :])
-    assert agent.tick(now=4e9) is (not faster) and agent.trial is None
+    assert agent.tick(now=2e9 + 10) is (not faster) and agent.trial is None
     kept = json.loads((tmp_path / "t.plans.json").read_text())["plans"]
     ms = len(first.template_keys) * 2 * (9e-3 if faster else 13e-3)
     assert kept[1]["trial"] == {"iteration_ms": pytest.approx(ms), "previous_iteration_ms": pytest.approx(ms / 0.9 if faster else ms / 1.3),
@@ -484,15 +485,15 @@ def test_agent_keeps_the_replays_choice_only_when_its_iterations_run_faster(tmp_
         assert ctl.generation == 3 and np.array_equal(agent.last_plan.actions, first.actions)
         assert [(k["generation"], k["chosen_by_replay"], k.get("restores")) for k in kept] == [(1, False, None), (2, True, None),
                                                                                            (3, False, 1)]
-        assert agent.last_reason.startswith("the replay's choice (plan 2) ran ")
+        assert agent.last_reason == "the replay's choice (plan 2) undone (not faster): plan 1's actions are back"
     ctl.close(unlink=True)
 
 
-def test_agent_replacing_a_template_by_the_replays_choice_does_not_choose_again(tmp_path, monkeypatch):
-    """A new template found on the tick that refines the one in force is planned by the replay's
-    choice (make_plan choose=True, up to PLAN_LIMIT_S with the drain waiting); when it replaces the
-    plan in force, that plan is already the choice: the next tick on the same template plans the
-    cost model's cover alone (seconds), not the choice once more."""
+def test_agent_replacing_a_template_plans_its_cover_first(tmp_path, monkeypatch):
+    """A new template found on a tick that would refine the one in force gets the cost model's
+    cover (seconds), not the replay's choice: only the template in force is refined, once
+    TRIAL_STEPS iterations have run under its own plan, so the new one's choice is tried (and
+    judged) in its turn."""
     from pyobmem import planner
     from pyobmem.daemon import SwapAgent
     from pyobmem.planner import parse_budget
@@ -528,11 +529,45 @@ def test_agent_replacing_a_template_by_the_replays_choice_does_not_choose_again(
     assert agent.tick(now=2e9) is False and ctl.generation == 1  # the new template seen once
     agent.feed(recs[cut[1] : cut[2]])
     assert agent.tick(now=3e9) is True and ctl.generation == 2  # seen again: it replaces the plan
-    assert agent.last_plan.template_keys.tolist() == [0x2000 + p for p in range(P)] and agent.refined
-    ctl.ctl["adopted"] = 2
+    assert agent.last_plan.template_keys.tolist() == [0x2000 + p for p in range(P)] and not agent.refined
+    ctl.ctl["adopted"] = 2  # no PLAN record of it yet: no iterations under it, no refine
     agent.feed(recs[cut[2] :])
     assert agent.tick(now=1e10) is False and ctl.generation == 2
-    assert calls == [False, True, True, False]
+    assert calls == [False, False, False, False]
+    ctl.close(unlink=True)
+
+
+def test_agent_undoes_a_choice_not_judged_by_its_deadline(tmp_path, monkeypatch):
+    """A trial without TRIAL_STEPS iterations under it by its deadline (TRIAL_LIMIT_S at least: the
+    record window may not hold them) ends with the plan it replaced written again."""
+    import dataclasses
+
+    from pyobmem import planner
+    from pyobmem.daemon import TRIAL_LIMIT_S, SwapAgent
+    from pyobmem.planner import parse_budget
+
+    real = planner.make_plan
+
+    def make_plan(L, budget, **k):
+        plan = real(L, budget, **k)
+        return dataclasses.replace(plan, actions=plan.actions[:-1]) if k.get("choose") else plan
+
+    monkeypatch.setattr(planner, "make_plan", make_plan)
+    recs = _three_block_iterations((10_000,) * 24)
+    ctl = Control.create(str(tmp_path / "c.ctl"), 160 * MiB, 4 * MiB)
+    agent = SwapAgent(ctl, parse_budget(str(160 * MiB)), meta={"copy_bandwidth": BW}, warn=lambda m: None)
+    agent.feed(recs[: _cut(recs, 6)])
+    assert agent.tick(now=1e9) is True
+    agent.feed(_adopted(ctl, recs, 1, 6))
+    agent.feed(recs[_cut(recs, 6) : _cut(recs, 14)])
+    assert agent.tick(now=2e9) is True and ctl.generation == 2 and agent.trial["deadline"] == 2e9 + TRIAL_LIMIT_S
+    agent.feed(_adopted(ctl, recs, 2, 14))
+    agent.feed(recs[_cut(recs, 14) : _cut(recs, 16)])
+    assert agent.tick(now=2e9 + 5) is False and agent.trial is not None  # one iteration under it (one left out)
+    agent.feed(recs[_cut(recs, 16) : _cut(recs, 17)])
+    assert agent.tick(now=2e9 + TRIAL_LIMIT_S + 1) is True and ctl.generation == 3 and agent.trial is None
+    assert agent.last_reason == ("the replay's choice (plan 2) undone (2 iterations under it by the deadline): "
+                                 "plan 1's actions are back")
     ctl.close(unlink=True)
 
 

@@ -116,10 +116,12 @@ def _frontier_lines(plan) -> list:
         return [f"  frontier    1.000x: the copy engines can have every excess byte out and back in time "
                 f"(at most {format_bytes(f.bytes)} over the budget, at op {f.at})" if f.at >= 0 else
                 "  frontier    1.000x: nothing needs to go out"]
+    out = (f"out {format_duration(int(f.out_late_ns))} after the GPU gets there" if f.out_late_ns > 0
+           else "out before the GPU gets there")
+    back = (f"back {format_duration(int(f.in_late_ns))} late for their next uses" if f.in_late_ns > 0
+            else "back in time for their next uses")
     return [f"  frontier    {f.time_ratio:.3f}x at best for any plan: at op {f.at} {format_bytes(f.bytes)} must be out; "
-            f"copied out after their last uses at {plan.bandwidth / 1e9:.1f} GB/s they are out "
-            f"{format_duration(int(f.out_late_ns))} after the GPU gets there, and back "
-            + (f"{format_duration(int(f.in_late_ns))} late for their next uses" if f.in_late_ns > 0 else "in time for their next uses")]
+            f"copied at {plan.bandwidth / 1e9:.1f} GB/s each way, after their last uses, they are {out} and {back}"]
 
 
 # A capture traced without the per-tensor presets: its blocks are the frameworks' own allocations
