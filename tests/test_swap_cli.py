@@ -623,3 +623,22 @@ def test_run_names_the_plans_file_after_the_capture(tmp_path, capfd):
     lines = capfd.readouterr().err.splitlines()
     at = lines.index(f"pyobmem: capture written to {cap}")
     assert lines[at + 1] == f"pyobmem: swap plans written to {tmp_path / 'gpt_tiny.plans.json'}"
+    # the trials of the replay's choice, one line each after it (as call 4 of session 23 wrote them)
+    kept = [{"generation": 1, "chosen_by_replay": False},
+            {"generation": 2, "chosen_by_replay": True,
+             "trial": {"iteration_ms": 743.666, "previous_iteration_ms": 717.536, "kept": False}},
+            {"generation": 3, "chosen_by_replay": False, "restores": 1},
+            {"generation": 4, "chosen_by_replay": True,
+             "trial": {"kept": False, "why": "2 iterations under it by the deadline"}}]
+    (tmp_path / "gpt_tiny.plans.json").write_text(json.dumps({"plans": kept}))
+    run._report(str(cap), swap=True)
+    lines = capfd.readouterr().err.splitlines()
+    at = lines.index(f"pyobmem: swap plans written to {tmp_path / 'gpt_tiny.plans.json'}")
+    assert lines[at + 1 : at + 3] == [
+        "pyobmem: swap plan 2 (the replay's choice) ran 743.7 ms a step against 717.5 before it: undone, the plan "
+        "before it restored",
+        "pyobmem: swap plan 4 (the replay's choice) undone, the plan before it restored: 2 iterations under it by the "
+        "deadline"]
+    (tmp_path / "gpt_tiny.plans.json").write_text("not json")  # a file that cannot be read: no lines, no error
+    run._report(str(cap), swap=True)
+    assert "replay's choice" not in capfd.readouterr().err

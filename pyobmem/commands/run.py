@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import signal
@@ -184,6 +185,29 @@ def _driver_present() -> bool:
     return False
 
 
+def trial_lines(plans_file: str) -> list[str]:
+    """One line per trial of the replay's choice in the daemon's plans file (pyobmem.daemon: the
+    choice stays only when the steps under it ran faster than under the plan it replaced); none
+    for a file that cannot be read."""
+    try:
+        with open(plans_file) as f:
+            kept = json.load(f)["plans"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    out = []
+    for k in kept:
+        t = k.get("trial") if isinstance(k, dict) else None
+        if not isinstance(t, dict):
+            continue
+        what = "kept" if t.get("kept") else "undone, the plan before it restored"
+        if "iteration_ms" in t:
+            out.append(f"swap plan {k.get('generation')} (the replay's choice) ran {t['iteration_ms']:.1f} ms a step "
+                       f"against {t['previous_iteration_ms']:.1f} before it: {what}")
+        else:
+            out.append(f"swap plan {k.get('generation')} (the replay's choice) {what}: {t.get('why', 'no verdict')}")
+    return out
+
+
 def _report(path: str, rank_paths: list[str] = (), swap: bool = False) -> None:
     """The short summary, the capture path(s) and what to run next, unless there is nothing to look
     at (no CUDA activity) (stderr: stdout is the command's)."""
@@ -198,6 +222,8 @@ def _report(path: str, rank_paths: list[str] = (), swap: bool = False) -> None:
     _say(f"capture written to {path}")
     if swap and os.path.exists(plans_path(path)):  # the daemon removed an earlier run's at its start
         _say(f"swap plans written to {plans_path(path)}")
+        for line in trial_lines(plans_path(path)):
+            _say(line)
     if not active:
         if not _driver_present():
             _say("no CUDA driver here (libcuda.so.1 cannot be loaded): the command could not use the GPU")
