@@ -45,7 +45,7 @@ def test_frontier_by_hand(tmp_path):
     T, E = L.iteration_ns, L.times
     d = 0.8 * T
     f = frontier(L, 128 * MiB)
-    assert f.at == 0 and f.bytes == 64 * MiB
+    assert f.at == 0 and f.excess_bytes == 64 * MiB
     assert f.out_late_ns == pytest.approx(E[50] - T + d - E[0])
     assert f.in_late_ns == pytest.approx(E[0] + d - E[50])
     assert f.time_ratio == pytest.approx(1 + (f.out_late_ns + f.in_late_ns) / T)
@@ -53,7 +53,7 @@ def test_frontier_by_hand(tmp_path):
     # 32 MiB over the budget: half a block's copy (0.4 T) out and back; at op 0, C's copy out ends
     # at E(50) - T + 0.4 T, before E(0); back by E(0) + 0.4 T, before E(50): no stall anywhere
     f = frontier(L, 160 * MiB)
-    assert (f.time_ratio, f.out_late_ns, f.in_late_ns, f.bytes) == (1.0, 0.0, 0.0, 32 * MiB)
+    assert (f.time_ratio, f.out_late_ns, f.in_late_ns, f.excess_bytes) == (1.0, 0.0, 0.0, 32 * MiB)
     # a budget the job fits: nothing to move
     assert frontier(L, 192 * MiB).at == -1
     # 32 MiB: at op 1 A and C out together leave 64 MiB (B, in use at every op) over it: unmet
@@ -90,5 +90,9 @@ def test_frontier_of_gpt_medium_under_the_replay():
         got[budget] = round(f.time_ratio, 3)
         assert plan.to_json()["frontier"] == f.to_json()
         assert plan.predicted_time_ratio >= f.time_ratio
-    assert got == {27821342720: 1.0, 22100207206: 1.118, 18286116864: 1.253}
+    assert got == {27821342720: 1.0, 22100207206: 1.129, 18286116864: 1.264}
     assert make_plan(L, 18286116864, choose=False).frontier is None  # the daemon's plans skip it
+    # under what the job needs at one op (7.1 GiB, windows across an op that may touch any block
+    # left out, as the plan's needed_bytes leaves them): no bound
+    plan = make_plan(L, 7 << 30, bound=True)
+    assert plan.needed_bytes > 7 << 30 and plan.frontier is None

@@ -108,20 +108,24 @@ def _replay_lines(plan) -> list:
 
 
 def _frontier_lines(plan) -> list:
-    """The copy engines' frontier (``planner.frontier``) beside the prediction, when computed."""
+    """The copy engines' frontier (``planner.frontier``) beside the prediction, when computed: a
+    lower bound on the slowdown of any plan that keeps the budget."""
     f = plan.frontier
     if f is None:
         return []
+    if f.at < 0:
+        return ["  frontier    1.000x: nothing needs to go out"]
     if f.time_ratio <= 1.0:
         return [f"  frontier    1.000x: the copy engines can have every excess byte out and back in time "
-                f"(at most {format_bytes(f.bytes)} over the budget, at op {f.at})" if f.at >= 0 else
-                "  frontier    1.000x: nothing needs to go out"]
-    out = (f"out {format_duration(int(f.out_late_ns))} after the GPU gets there" if f.out_late_ns > 0
-           else "out before the GPU gets there")
-    back = (f"back {format_duration(int(f.in_late_ns))} late for their next uses" if f.in_late_ns > 0
-            else "back in time for their next uses")
-    return [f"  frontier    {f.time_ratio:.3f}x at best for any plan: at op {f.at} {format_bytes(f.bytes)} must be out; "
-            f"copied at {plan.bandwidth / 1e9:.1f} GB/s each way, after their last uses, they are {out} and {back}"]
+                f"(at most {format_bytes(f.excess_bytes)} over the budget, at op {f.at})"]
+    waits = [f"{format_duration(int(f.out_late_ns))} before it for the copies out"] if f.out_late_ns > 0 else []
+    waits += [f"{format_duration(int(f.in_late_ns))} after it for the copies back"] if f.in_late_ns > 0 else []
+    lines = [f"  frontier    {f.time_ratio:.3f}x at least, for any plan that keeps the budget: at op {f.at} "
+             f"{format_bytes(f.excess_bytes)} must be out, and at {plan.bandwidth / 1e9:.1f} GB/s each way the GPU "
+             f"waits {' and '.join(waits)} (a bound: blocks out in part, the engines doing nothing else)"]
+    if plan.time_ratio < f.time_ratio:
+        lines.append("              (the cost model's time above is under it: its plan does not keep the budget by itself)")
+    return lines
 
 
 # A capture traced without the per-tensor presets: its blocks are the frameworks' own allocations

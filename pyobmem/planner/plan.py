@@ -258,7 +258,7 @@ def make_plan(L: LearnedIteration, budget_bytes: int, *, bound: bool = False, ma
             # the one at which the bound reaches the same saving.
             ratio = max(ratio, _ratio_for(curve, saved))
         bound_bytes = 0 if curve is None else curve.saved_at(ratio)
-    front = frontier(L, budget_bytes) if bound else None
+    front = frontier(L, budget_bytes, _crosses_all(L) if skip is None else skip) if bound else None
     return Plan(
         pid=L.pid, budget_bytes=budget_bytes, template_keys=L.keys, actions=actions, swaps=swaps, peak_bytes=peak,
         peak_at=peak_at, predicted_peak=sim.peak, time_ratio=ratio, stall_ns=float(timed.stall.sum()),
