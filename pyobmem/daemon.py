@@ -404,11 +404,11 @@ class SwapAgent:
         chosen = refined and restores is None
         if restores is None:
             self.last_reason = f"plan {gen} written" + (" (refined by the host-clock replay)" if chosen else "")
-        entry = {"generation": gen, "written_s": round(time.monotonic() - self.t0, 3), "chosen_by_replay": chosen,
-                 "plan": plan.to_json()}
-        if restores is not None:
-            entry["restores"] = restores
         if self.plans_file is not None:
+            entry = {"generation": gen, "written_s": round(time.monotonic() - self.t0, 3), "chosen_by_replay": chosen,
+                     "plan": plan.to_json()}
+            if restores is not None:
+                entry["restores"] = restores
             self.kept.append(entry)
             self._save()
         return True
