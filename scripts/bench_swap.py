@@ -923,13 +923,14 @@ class Bench:
         return [*GPT_ARGS, "--steps", str(steps), *extra]
 
     def measure(self, label: str, script: str, args: list[str], name: str, timeout: float, steps: int,
-                env: dict | None = None, capture: Path | None = None, budget: int | None = None) -> Run:
-        """One run_measured with this bench's NVML, sampling and warm-up; under ``pyobmem run --swap
-        --budget budget`` when ``capture`` is given."""
+                env: dict | None = None, capture: Path | None = None, budget: int | None = None,
+                warmup: int | None = None) -> Run:
+        """One run_measured with this bench's NVML, sampling and warm-up (``warmup``, default
+        ``--warmup``); under ``pyobmem run --swap --budget budget`` when ``capture`` is given."""
         swap = ("--swap", "--budget", str(budget), "-q") if capture is not None else ()
         return run_measured(label, script, args, self.work / f"{name}.json", self.nvml, timeout, steps,
                             self.a.sample_ms / 1e3, env=env, capture=capture, launcher_options=swap,
-                            warmup=self.a.warmup)
+                            warmup=self.a.warmup if warmup is None else warmup)
 
     def base_doc(self, run: Run) -> dict:
         """A baseline's row: its summary, overhead (driver peak less the framework's own peak) and losses."""
@@ -1138,8 +1139,10 @@ class Bench:
         self.save("gpt")
 
     def run_gpt_saver(self, key: str, flag: str, timeout: float) -> None:
+        # The references' own warm-up is at most --ref-steps less 3, as the trace's: a steady-state
+        # bench (--steps 70 --warmup 48: after the daemon's trial of the replay's choice) keeps them short.
         run = self.measure(f"gpt {key}", "gpt.py", self.gpt_args(self.a.ref_steps, flag), f"gpt.{key}", timeout,
-                           self.a.ref_steps)
+                           self.a.ref_steps, warmup=min(self.a.warmup, self.a.ref_steps - 3))
         # Information only: the saver may change numerics. The workload draws its tokens for all steps
         # up front from one seeded generator, so its first steps see the baseline's data.
         r = self.compared(run, self.gpt_base, prefix=True)
@@ -1366,7 +1369,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--steps", type=int, default=STEPS, help=f"training steps per run (default {STEPS})")
     ap.add_argument("--warmup", type=int, default=WARMUP,
                     help=f"first steps left out of the step time (default {WARMUP}: {STEPS - WARMUP} measured steps)")
-    ap.add_argument("--ref-steps", type=int, help="steps of the save_on_cpu and checkpointing runs (default --steps)")
+    ap.add_argument("--ref-steps", type=int, help="steps of the save_on_cpu and checkpointing runs (default --steps; "
+                    "at least 4; their warm-up: --warmup, at most --ref-steps less 3)")
     ap.add_argument("--fractions", type=parse_fractions, default=list(FRACTIONS),
                     help="budget fractions of the GPT baseline's peak (default 0.9,0.75,0.6,0.5,0.4)")
     ap.add_argument("--frameworks-fraction", type=float, default=0.5,
@@ -1387,8 +1391,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     a.ref_steps = a.steps if a.ref_steps is None else a.ref_steps
-    if a.warmup < 0 or min(a.steps, a.ref_steps) <= a.warmup:
-        die(f"--steps and --ref-steps must be more than --warmup ({a.warmup}), which must not be negative")
+    if a.warmup < 0 or a.steps <= a.warmup or a.ref_steps < 4:
+        die(f"--steps must be more than --warmup ({a.warmup}), which must not be negative, and --ref-steps at least 4")
     if not gpu_present():
         die(NO_GPU)
     try:

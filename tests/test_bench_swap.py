@@ -207,9 +207,10 @@ def test_main_without_gpu_or_nvml_exits_with_one_line(monkeypatch, capsys):
 def test_arguments():
     a = bench.build_parser().parse_args(["--parts", "oversubscribed,gpt", "--fractions", "0.6,0.5"])
     assert a.parts == ["gpt", "oversubscribed"] and a.fractions == [0.6, 0.5] and a.ref_steps is None
-    with pytest.raises(SystemExit) as e:
-        bench.main(["--steps", "5", "--warmup", "5"])
-    assert e.value.code == 2
+    for argv in (["--steps", "5", "--warmup", "5"], ["--ref-steps", "3"]):
+        with pytest.raises(SystemExit) as e:
+            bench.main(argv)
+        assert e.value.code == 2
 
 
 def test_help_needs_no_gpu():
@@ -439,3 +440,23 @@ def test_which_plan_a_run_ended_under(tmp_path):
     assert bench._ended_under_choice(cap, adopted) is False
     assert bench._ended_under_choice(cap, adopted[:2]) is True
     assert bench._ended_under_choice(cap, adopted[:0]) is False
+
+
+def test_references_keep_a_short_warmup_in_a_steady_state_bench(tmp_path, monkeypatch):
+    """With --steps 70 --warmup 48 (the swap runs measured after the daemon's trial of the
+    replay's choice) the references run --ref-steps 8 with a warm-up of 5 (at most 3 less)."""
+    seen = []
+
+    def run_measured(label, script, args, json_path, nvml, timeout, steps, sample_s, env=None, capture=None,
+                     launcher_options=(), warmup=bench.WARMUP):
+        seen.append((label, steps, warmup))
+        return synthetic_run([3000.0] * warmup + [2000.0] * (steps - warmup))
+
+    monkeypatch.setattr(bench, "run_measured", run_measured)
+    a = bench.build_parser().parse_args(["--parts", "gpt", "--steps", "70", "--warmup", "48", "--ref-steps", "8",
+                                         "--out-dir", str(tmp_path)])
+    b = bench.Bench(a, types.SimpleNamespace(info=dict), tmp_path)
+    b.gpt_base = synthetic_run([500.0] * 70)
+    b.run_gpt_saver("save_on_cpu", "--save-on-cpu", 100.0)
+    assert seen == [("gpt save_on_cpu", 8, 5)]
+    assert b.doc("gpt")["save_on_cpu"]["measured_steps"] == 3
