@@ -100,6 +100,17 @@ def plans_path(capture_path: str) -> str:
     return (root if ext == ".pyobmem" else capture_path) + ".plans.json"
 
 
+def read_plans(path: str) -> list | None:
+    """The entries of a plans file (what ``SwapAgent`` keeps there), or None for a file that
+    cannot be read as one."""
+    try:
+        with open(path) as f:
+            kept = json.load(f)["plans"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return [k for k in kept if isinstance(k, dict)] if isinstance(kept, list) else None
+
+
 def remove_plans(path: str) -> bool:
     """Remove a plans file and its temporary (a capture's, written anew or never); False when one
     could not be removed (the error is its caller's to say)."""

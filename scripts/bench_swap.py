@@ -565,17 +565,14 @@ def _ended_under_choice(path: Path, adopted) -> bool:
     choice, by the daemon's plans file beside the capture (``chosen_by_replay``; a cover written
     again after the choice's trial is not); without the file, whether it adopted exactly two (the
     cover, then the choice)."""
-    import json
-
     import numpy as np
-    from pyobmem.daemon import plans_path
+    from pyobmem.daemon import plans_path, read_plans
 
     if not len(adopted):
         return False
     gen = int(adopted[int(np.argmax(adopted["ts_ns"]))]["a"])
-    try:
-        kept = json.loads(Path(plans_path(str(path))).read_text())["plans"]
-    except (OSError, ValueError, KeyError):
+    kept = read_plans(plans_path(str(path)))
+    if kept is None:
         return len(adopted) == 2
     return any(k.get("generation") == gen and k.get("chosen_by_replay") for k in kept)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import signal
@@ -11,7 +10,7 @@ import sys
 
 from .. import launcher
 from ..capture import read_capture
-from ..daemon import plans_path
+from ..daemon import plans_path, read_plans
 from ..errors import PyobmemError
 from . import live, summary
 from .common import budget_arg
@@ -189,14 +188,9 @@ def trial_lines(plans_file: str) -> list[str]:
     """One line per trial of the replay's choice in the daemon's plans file (pyobmem.daemon: the
     choice stays only when the steps under it ran faster than under the plan it replaced); none
     for a file that cannot be read."""
-    try:
-        with open(plans_file) as f:
-            kept = json.load(f)["plans"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
     out = []
-    for k in kept:
-        t = k.get("trial") if isinstance(k, dict) else None
+    for k in read_plans(plans_file) or []:
+        t = k.get("trial")
         if not isinstance(t, dict):
             continue
         what = "kept" if t.get("kept") else "undone, the plan before it restored"
