@@ -154,7 +154,7 @@ static void revive(struct sblock *b, uint64_t size, uint64_t stamp)
         b->free_ev = e;
         b->free_live = 0;
     }
-    if (b->mem.n && (b->rw != rw || b->ro)) {
+    if (b->handle && (b->rw != rw || b->ro)) {
         b->rw = rw;
         b->ro = 0;
         grant(b);
@@ -175,7 +175,7 @@ static struct sblock *serve(uint64_t size, int dev, struct pool_acct *pool, CUst
     uint64_t vsize = (size + gran - 1) / gran * gran, stamp = ++g_tick;
     peers_of(dev);
     struct sblock *b = pool ? cache_take(vsize, dev, pool->pool, s) : NULL;
-    if (b && b->mem.n) { /* already mapped and counted: the steady state */
+    if (b && b->handle) { /* already mapped and counted: the steady state */
         revive(b, size, stamp);
         if (!table_add(b)) {
             cache_put(b);
@@ -286,7 +286,7 @@ void swap_bind_id(uint64_t addr, uint32_t id)
  * its memory cannot be unmapped. */
 static int release_block(struct sblock *b, CUresult *rc)
 {
-    if (b->mem.n && (*rc = unmap_block(b)) != CUDA_SUCCESS) /* a cached reservation has none */
+    if (b->handle && (*rc = unmap_block(b)) != CUDA_SUCCESS) /* a cached reservation has none */
         return 0;
     *rc = real_cuMemAddressFree(b->addr, b->vsize);
     destroy_block(b);
@@ -525,7 +525,7 @@ void swap_pool_trim(CUmemoryPool pool, size_t keep)
     struct pool_acct *p = pool_find(pool);
     uint64_t cached = 0;
     for (size_t i = 0; p && i < g_ncache; i++)
-        if (g_cache[i]->pool == pool && g_cache[i]->mem.n)
+        if (g_cache[i]->pool == pool && g_cache[i]->handle)
             cached += g_cache[i]->vsize;
     if (p && p->reserved > keep && cached) {
         int pushed = ctx_enter();

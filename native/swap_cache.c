@@ -70,7 +70,7 @@ struct sblock *cache_take(uint64_t vsize, int dev, CUmemoryPool pool, CUstream s
         struct sblock *c = g_cache[i];
         if (c->device != dev || c->pool != pool || !cache_ready(c, s))
             continue;
-        if (c->mem.n) {
+        if (c->handle) {
             cache_drop(i);
             return c;
         }
@@ -84,7 +84,7 @@ struct sblock *cache_take(uint64_t vsize, int dev, CUmemoryPool pool, CUstream s
     return c;
 }
 
-/* PYOBMEM_CACHE_HANDLES=0 turns cache_take_mem off (an A/B); read once. */
+/* PYOBMEM_CACHE_HANDLES=0 turns cache_take_handle off (an A/B); read once. */
 static int cache_handles_on(void)
 {
     static int on = -1;
@@ -104,7 +104,7 @@ static struct sblock *idle_mapped(uint64_t vsize, int dev)
         return NULL;
     for (size_t i = cache_lower(vsize); i < g_ncache && g_cache[i]->vsize == vsize; i++) {
         struct sblock *c = g_cache[i];
-        if (!c->mem.n || c->device != dev || (c->free_live && real_cuEventQuery(c->free_ev) != CUDA_SUCCESS))
+        if (!c->handle || c->device != dev || (c->free_live && real_cuEventQuery(c->free_ev) != CUDA_SUCCESS))
             continue;
         c->free_live = 0;
         return c;
@@ -119,7 +119,7 @@ uint64_t cache_idle_bytes_of(uint64_t vsize, int dev) { return idle_mapped(vsize
  * device ran at 34 GB/s right after 1 GiB of other handles was released (55 otherwise, into
  * fresh memory or not), and GPT medium's swap-ins at 50% of its peak ran at 48 GB/s while its
  * swap-outs ran at 54.8. */
-int cache_take_mem(uint64_t vsize, int dev, struct pmem *m)
+CUmemGenericAllocationHandle cache_take_handle(uint64_t vsize, int dev)
 {
     struct sblock *c = idle_mapped(vsize, dev);
     if (!c)
@@ -130,39 +130,35 @@ int cache_take_mem(uint64_t vsize, int dev, struct pmem *m)
     g_waits.unmap_ns += shim_now_ns() - t0;
     if (r != CUDA_SUCCESS)
         return 0;
+    CUmemGenericAllocationHandle h = c->handle;
     /* a swap-out that gave c this memory may map it still (SBF_GIVEN): a free not ordered after
      * its copy (a cuMemFree of a block never used) must not let the copy in overwrite it */
-    for (unsigned i = 0; i < c->mem.n; i++)
-        settle_handle(c->mem.h[i]);
-    *m = c->mem;
-    c->mem.n = 0;
+    settle_handle(h);
+    c->handle = 0;
     g_mapped -= vsize;
     pool_count(c->pool, 0, -(int64_t)vsize);
     g_waits.cache_handles++;
-    return 1;
+    return h;
 }
 
-/* Give back cached physical memory until `want` bytes are released or none is idle: spare chunks
+/* Give back cached physical memory until `want` bytes are released or none is idle: spare handles
  * first, then cached blocks whose free has completed (their reservations stay cached). `pool`
- * non-NULL: only that pool's blocks; keep: the memory a map of that size takes next stays (the
- * spare chunks it takes, or else one cached block of its size), and a cached block's chunks it
- * would take become spares (counted as given back: the map needs that much less). Returns the
- * bytes given back. */
+ * non-NULL: only that pool's blocks; keep: the memory of that size the caller maps next stays,
+ * one spare handle or else one such cached block. Returns the bytes released. */
 static uint64_t trim(uint64_t want, CUmemoryPool pool, uint64_t keep)
 {
     uint64_t got = pool ? 0 : spares_trim(want, keep);
-    /* one cached block of that size stays for a map that takes one (device >= 0: map_block) */
-    int kept = !keep || g_want_dev < 0 || spares_cover(keep, g_want_dev) == keep;
+    int kept = !keep || spare_bytes_of(keep);
     for (size_t i = g_ncache; got < want && i-- > 0;) {
         struct sblock *c = g_cache[i];
-        if (!c->mem.n || (pool && c->pool != pool) || (c->free_live && real_cuEventQuery(c->free_ev) != CUDA_SUCCESS))
+        if (!c->handle || (pool && c->pool != pool) || (c->free_live && real_cuEventQuery(c->free_ev) != CUDA_SUCCESS))
             continue;
         c->free_live = 0;
         if (!kept && c->vsize == keep) {
             kept = 1;
             continue;
         }
-        if (unmap_block_keep(c, keep && !pool ? KEEP_WANTED : KEEP_NONE) == CUDA_SUCCESS) {
+        if (unmap_block(c) == CUDA_SUCCESS) {
             pool_count(c->pool, 0, -(int64_t)c->vsize);
             got += c->vsize;
         }
@@ -179,7 +175,7 @@ uint64_t cache_pending_bytes(void)
     uint64_t n = 0;
     for (size_t i = 0; i < g_ncache; i++) {
         struct sblock *c = g_cache[i];
-        if (!c->mem.n || !c->free_live)
+        if (!c->handle || !c->free_live)
             continue;
         CUresult q = real_cuEventQuery(c->free_ev);
         if (q == CUDA_ERROR_NOT_READY)
@@ -234,7 +230,7 @@ uint64_t cache_trim_waiting(uint64_t want, uint64_t keep)
         struct sblock *oldest = NULL;
         for (size_t i = 0; i < g_ncache; i++) {
             struct sblock *c = g_cache[i];
-            if (c->mem.n && c->free_live && (!oldest || c->freed_at < oldest->freed_at))
+            if (c->handle && c->free_live && (!oldest || c->freed_at < oldest->freed_at))
                 oldest = c;
         }
         if (!oldest)

@@ -98,47 +98,33 @@ static uint64_t over_budget(uint64_t extra, uint64_t budget)
     return r > budget ? r - budget : 0;
 }
 
-/* The bytes of a map of `need` on device whose memory is there already (the cached block of that
- * size whose free was reached, which map_block takes: callers with device >= 0 only; else the
- * spare chunks it takes): counted in resident_bytes(), so not needed again. */
-uint64_t counted_of(uint64_t need, int device)
-{
-    if (!need)
-        return 0;
-    return cache_idle_bytes_of(need, device) ? need : spares_cover(need, device);
-}
-
-/* Keep mapped bytes (less those on their way out) plus what a map of `need` bytes on device adds
- * (counted_of: not what it takes from spares or the cache) under the budget by swapping out the
- * least recently used blocks: before a plan exists this is the whole policy; under a plan, the
- * safety net for a plan whose swap-outs come later than predicted. The memory that map takes is
- * never given back for it. */
-static void evict_keeping(uint64_t need, int device, uint64_t stamp)
+/* Keep mapped bytes (less those on their way out) plus `need` under the budget by swapping out
+ * the least recently used blocks: before a plan exists this is the whole policy; under a plan,
+ * the safety net for a plan whose swap-outs come later than predicted. keep: the bytes of a spare
+ * handle or cached block the caller maps next (counted already), never given back for it. */
+static void evict_keeping(uint64_t need, uint64_t keep, uint64_t stamp)
 {
     uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED), over;
-#define ADDS (need - counted_of(need, device))
-    if (!budget || !(over = over_budget(ADDS, budget)))
+    if (!budget || !(over = over_budget(need, budget)))
         return;
-    cache_trim_keeping(over, need); /* cached memory before live blocks */
-    if (g_pool_slack && (over = over_budget(ADDS, budget)))
+    cache_trim_keeping(over, keep); /* cached memory before live blocks */
+    if (g_pool_slack && (over = over_budget(need, budget)))
         pools_trim(over); /* the driver's cached memory too */
-    if ((over = over_budget(ADDS, budget)) && victim_exists(stamp))
-        cache_trim_waiting(over, need); /* freed memory before live blocks */
-    uint64_t adds = ADDS;
-    if (resident_bytes() + adds > budget) {
+    if ((over = over_budget(need, budget)) && victim_exists(stamp))
+        cache_trim_waiting(over, keep); /* freed memory before live blocks */
+    if (resident_bytes() + need > budget) {
         g_waits.rounds++;
         g_waits.round_pending += cache_pending_bytes();
     }
     uint64_t round = ++g_tick;
-    while (resident_bytes() + adds > budget) {
+    while (resident_bytes() + need > budget) {
         struct sblock *v = pick_victim(stamp, round, need);
         if (!v)
             break;
         g_waits.evictions += swap_out(v, PYOBMEM_SWAP_OUT_BUDGET);
     }
-#undef ADDS
-    if (resident_bytes() + adds > budget && !g_noted_budget) {
-        uint64_t op = adds; /* the op's own blocks: none of them can go out for it */
+    if (resident_bytes() + need > budget && !g_noted_budget) {
+        uint64_t op = need; /* the op's own blocks: none of them can go out for it */
         for (size_t i = 0; i < g_tab.n; i++)
             if (block_of(i)->stamp == stamp)
                 op += block_of(i)->vsize;
@@ -151,38 +137,42 @@ static void evict_keeping(uint64_t need, int device, uint64_t stamp)
     }
 }
 
-void evict_for_budget(uint64_t need, uint64_t stamp) { evict_keeping(need, -1, stamp); }
+void evict_for_budget(uint64_t need, uint64_t stamp) { evict_keeping(need, 0, stamp); }
 
 /* Before mapping `need` bytes: evict for the budget, and when the memory of the swap-outs still
  * in flight would put the device over it, take one of their memory or wait for them (their
  * copy events only: they wait for their blocks' last uses, never for unrelated work). Physical
- * memory then stays under the budget, not only the bytes the executor counts. While it runs, the
- * chunks given back that this map takes stay as spares for it (g_want: unmap_block_keep). */
+ * memory then stays under the budget, not only the bytes the executor counts. */
+/* `need` when the memory a map of that size takes next is counted already (a spare handle, or a
+ * cached block's whose free was reached: map_block takes it), else 0. */
+static uint64_t counted_of(uint64_t need, int device)
+{
+    return spare_bytes_of(need) || cache_idle_bytes_of(need, device) ? need : 0;
+}
+
 void hold_budget(uint64_t need, int device, uint64_t stamp)
 {
-    /* The cached block of `need` bytes whose free was reached and the spare chunks the map takes
-     * are counted already (counted_of), the memory of a swap-out still copying is taken as is
-     * (map_block): no wait for either. Else spare chunks and cached memory whose free has
-     * completed go back, then the oldest swap-outs in flight are waited for, as many as the
-     * budget needs. */
-    g_want = need;
-    g_want_dev = device;
+    /* A spare of `need` bytes (or a cached block's, its free reached: map_block takes its memory)
+     * is the memory the caller maps next (counted already), the memory
+     * of a swap-out still copying is taken as is (map_block): no wait for either. Else spare
+     * handles and cached memory whose free has completed go back, then the oldest swap-outs in
+     * flight are waited for, as many as the budget needs. */
+    uint64_t keep = counted_of(need, device);
     pools_refresh();
-    evict_keeping(need, device, stamp);
+    evict_keeping(need - keep, keep, stamp);
     uint64_t budget = __atomic_load_n(&g_ctl->budget_bytes, __ATOMIC_RELAXED);
     uint64_t over;
-    if (budget && g_out_pending && (over = over_budget(g_leaving + need - counted_of(need, device), budget)) &&
-        !handoff_ready(need, device)) {
-        /* Cached memory the GPU is done with (and spare chunks) goes back before the host
+    if (budget && g_out_pending && (over = over_budget(g_leaving + need - keep, budget)) && !handoff_ready(need, device)) {
+        /* Cached memory the GPU is done with (and spare handles) goes back before the host
          * waits for copies: GPT medium at 75% on the H200 waited 48 ms at one 128 MiB
          * allocation for 2.5 GiB of swap-outs while the application held 14.3 of the 25.9 GiB
          * budget; with this order its step went from 1.106x to 1.033x (session 13). */
-        cache_trim_keeping(over, need);
-        if (over_budget(g_leaving + need - counted_of(need, device), budget))
-            drain_until(need, device, budget);
+        cache_trim_keeping(over, keep);
+        if (over_budget(g_leaving + need - keep, budget))
+            drain_until(need - keep, budget);
     }
-    if (budget && (over = over_budget(need - counted_of(need, device), budget)))
-        cache_trim_keeping(over, need);
-    g_want = 0;
-    g_want_dev = -1;
+    /* spares the drained swap-outs kept: one of `need` bytes is the memory the caller maps next */
+    keep = counted_of(need, device);
+    if (budget && (over = over_budget(need - keep, budget)))
+        cache_trim_keeping(over, keep);
 }

@@ -21,7 +21,7 @@ static int given_out(struct sblock *b)
 {
     if (real_cuMemUnmap(b->addr, b->vsize) != CUDA_SUCCESS)
         return 0;
-    b->mem.n = 0;
+    b->handle = 0;
     b->flags &= ~SBF_GIVEN;
     b->state = SB_OUT;
     g_out_pending--;
@@ -47,10 +47,10 @@ int given_freed(struct sblock *b)
 void settle_handle(CUmemGenericAllocationHandle h)
 {
     for (size_t i = 0; g_out_pending && i < g_tab.n; i++)
-        if ((block_of(i)->flags & SBF_GIVEN) && pmem_has(&block_of(i)->mem, h))
+        if ((block_of(i)->flags & SBF_GIVEN) && block_of(i)->handle == h)
             settle_out(block_of(i));
     for (size_t i = 0; g_out_pending && i < g_nfreed; i++)
-        if ((g_freed[i]->flags & SBF_GIVEN) && pmem_has(&g_freed[i]->mem, h))
+        if ((g_freed[i]->flags & SBF_GIVEN) && g_freed[i]->handle == h)
             settle_out(g_freed[i]); /* finished at the next poll */
 }
 
@@ -118,7 +118,7 @@ void poll_releases(void)
             continue;
         }
         g_leaving -= b->vsize; /* unmap_block_keep weighs the spare against the budget without it */
-        CUresult u = q == CUDA_SUCCESS ? unmap_block_keep(b, KEEP_ROOM) : q;
+        CUresult u = q == CUDA_SUCCESS ? unmap_block_keep(b, 1) : q;
         g_leaving += b->vsize;
         if (u != CUDA_SUCCESS) {
             cancel_out(b); /* keep it resident; the host copy is dropped */
@@ -207,10 +207,10 @@ void releaser_kick(void)
         pthread_cond_signal(&g_cv);
 }
 
-void drain_until(uint64_t need, int device, uint64_t budget)
+void drain_until(uint64_t need, uint64_t budget)
 {
     issue_outs(1); /* the memory is needed now: every queued copy goes to the engine */
-    while (g_out_pending && resident_bytes() + g_leaving + need - counted_of(need, device) > budget) {
+    while (g_out_pending && resident_bytes() + g_leaving + need > budget) {
         struct sblock *oldest = NULL;
         for (size_t i = 0; i < g_tab.n; i++) {
             struct sblock *b = block_of(i);

@@ -32,11 +32,10 @@ enum { SB_RESIDENT, SB_OUT_PENDING, SB_OUT, SB_IN_PENDING };
 #define SBF_LOST 4u       /* its uses could not be tracked: never swapped */
 #define SBF_PREFETCHED 8u /* IN_PENDING because of a planned prefetch */
 #define SBF_GIVEN 16u     /* OUT_PENDING, its physical memory handed to another block (map_block):
-                           * its range stays mapped to it (mem: that block's chunks) until the
-                           * copy out ends, then unmapped */
+                           * its range stays mapped to it (handle: that block's) until the copy
+                           * out ends, then unmapped */
 
 #define MAX_USES 8        /* streams tracked per block between two swaps */
-#define MAX_PCHUNKS 40    /* physical handles behind one block (swap_vmm.c) */
 #define MAX_FENCES 32     /* streams with an opaque op in flight */
 #define MAX_DEVICES 64
 
@@ -46,21 +45,13 @@ struct use {
     int live;
 };
 
-/* A block's physical memory: whole handles (chunks) mapped side by side from its address, in
- * order; n = 0: none mapped. */
-struct pmem {
-    unsigned n;
-    CUmemGenericAllocationHandle h[MAX_PCHUNKS];
-    uint64_t sz[MAX_PCHUNKS];
-};
-
 struct sblock {
     uint64_t addr, size, vsize; /* address given to the app, bytes asked, bytes reserved/mapped */
     uint32_t id;                /* block id of the trace (ALLOC record) */
     int device;
     unsigned flags;
     int state;
-    struct pmem mem;            /* while mapped */
+    CUmemGenericAllocationHandle handle; /* while mapped */
     uint64_t rw, ro;            /* devices with read-write / read-only access (bit = ordinal) */
     struct use uses[MAX_USES];
     CUevent copy_ev;            /* last copy of this block (on g_d2h, g_h2d or g_h2d_handoff) */
@@ -183,33 +174,24 @@ void *host_slot(struct sblock *b);
 
 /* ---- swap_vmm.c ---- */
 extern uint64_t g_peers[MAX_DEVICES];
-extern uint64_t g_spare_bytes;   /* physical memory of the spare chunks */
-/* The map hold_budget keeps the budget for (its bytes and device; 0 bytes: none): a finished
- * swap-out's or a trimmed cached block's chunks that this map would take stay as spares for it
- * instead of being released and created again (unmap_block_keep). */
-extern uint64_t g_want;
-extern int g_want_dev;
+extern uint64_t g_spare_bytes;   /* physical memory of the spare handles */
 void peers_of(int device);
 CUresult grant(const struct sblock *b);
-/* Physical memory for b (with `after`: a cached block's of b's size whose free was reached; else
- * spare chunks; else, with `after` and no spare taken, a swap-out's of b's size still copying
- * out; cuMemCreate for the rest), mapped and its access granted: all or nothing. *after:
+/* Physical memory for b (a spare handle; else, with `after`, a cached block's of b's size whose
+ * free was reached or a swap-out's of b's size still copying out; else cuMemCreate), mapped and
+ * its access granted: all or nothing. *after:
  * NULL, or the event b's first use must wait for (the copy out of the memory's last owner). */
 CUresult map_block(struct sblock *b, CUevent *after);
 /* Whether map_block(after) would take a swap-out's memory for vsize bytes on device. */
 int handoff_ready(uint64_t vsize, int device);
-/* Unmap b's range, then each chunk: keep = KEEP_NONE releases it; KEEP_ROOM keeps it as a spare
- * while the budget has room or g_want takes it; KEEP_WANTED only when g_want takes it. */
-enum { KEEP_NONE, KEEP_ROOM, KEEP_WANTED };
+/* Unmap and release (keep: or keep the handle as a spare while the budget has room). */
 CUresult unmap_block_keep(struct sblock *b, int keep);
 CUresult unmap_block(struct sblock *b);
-/* Release spare chunks until `want` bytes are given back, keeping those a map of `keep` bytes
- * would take (0: none); returns the bytes released. */
+/* Release spare handles until `want` bytes are given back, keeping one of `keep` bytes (0: none);
+ * returns the bytes released. */
 uint64_t spares_trim(uint64_t want, uint64_t keep);
-/* The bytes of a map of `need` bytes on device (-1: any) that spare chunks cover. */
-uint64_t spares_cover(uint64_t need, int device);
-/* Whether h is one of m's chunks. */
-int pmem_has(const struct pmem *m, CUmemGenericAllocationHandle h);
+/* vsize when a spare handle of vsize bytes exists, else 0. */
+uint64_t spare_bytes_of(uint64_t vsize);
 
 /* ---- swap_copy.c ---- */
 void cancel_out(struct sblock *b);
@@ -233,9 +215,8 @@ void poll_releases(void);
 int releaser_running(void);
 void releaser_kick(void);
 void drain_outs(void);
-/* Wait for the swap-outs in flight, oldest first, until a map of `need` bytes on device fits
- * `budget` (less what it takes from spares or the cache: counted_of). */
-void drain_until(uint64_t need, int device, uint64_t budget);
+/* Wait for the swap-outs in flight, oldest first, until `need` more bytes fit `budget`. */
+void drain_until(uint64_t need, uint64_t budget);
 /* A swap-out whose memory was handed over: wait for its copy, then it is OUT. */
 void settle_out(struct sblock *b);
 /* settle_out of every block whose range still maps h (memory it handed over). */
@@ -247,8 +228,6 @@ void releaser_atfork_child(void);
 
 /* ---- swap_evict.c ---- */
 void evict_for_budget(uint64_t need, uint64_t stamp);
-/* The bytes of a map of `need` on device that its memory already counted covers (swap_evict.c). */
-uint64_t counted_of(uint64_t need, int device);
 /* device: where `need` bytes are mapped next when the caller can take a swap-out's memory still
  * copying or a cached block's (map_block with `after`), -1 when it cannot. */
 void hold_budget(uint64_t need, int device, uint64_t stamp);
@@ -286,14 +265,13 @@ void cache_drop(size_t i);
  * have completed). */
 struct sblock *cache_take(uint64_t vsize, int dev, CUmemoryPool pool, CUstream s);
 uint64_t cache_trim(uint64_t want, CUmemoryPool pool);
-/* cache_trim of every pool, keeping the spare chunks a map of `keep` bytes takes, or else one
- * cached block of that size whose free was reached (see hold_budget); a cached block's chunks
- * that map takes become spares (counted in the bytes returned). */
+/* cache_trim of every pool, keeping one spare handle of `keep` bytes, or else one cached block
+ * of that size whose free was reached (see hold_budget). */
 uint64_t cache_trim_keeping(uint64_t want, uint64_t keep);
-/* A cached block's physical memory for a map of vsize bytes on dev (cache_take_mem: unmapped
- * from the cached block, whose reservation stays cached, into *m; 0 for none): mapped, of
- * exactly that size, its free reached. cache_idle_bytes_of: vsize when there is one, else 0. */
-int cache_take_mem(uint64_t vsize, int dev, struct pmem *m);
+/* A cached block's physical memory for a map of vsize bytes on dev (cache_take_handle: unmapped
+ * from the cached block, whose reservation stays cached; 0 for none): mapped, of exactly that
+ * size, its free reached. cache_idle_bytes_of: vsize when there is one, else 0. */
+CUmemGenericAllocationHandle cache_take_handle(uint64_t vsize, int dev);
 uint64_t cache_idle_bytes_of(uint64_t vsize, int dev);
 /* Cached bytes whose free the GPU has not reached yet (their memory cannot be given back now). */
 uint64_t cache_pending_bytes(void);

@@ -82,15 +82,15 @@ def test_captured_small_and_foreign_pool_allocations_go_to_the_driver(ordered):
 
 def test_trim_releases_cached_memory_and_keeps_reservations(ordered):
     run = ordered
-    assert run.out["trim_pool0_handles"] == 2  # LEN: 3 granules, two chunks (2 + 1, swap_vmm.c)
+    assert run.out["trim_pool0_handles"] == 1
     assert run.out["pool0_reserved_trimmed"] == POOL_RESERVED
     # the default pool's cache: x's block, z's and k2's (freed, their events complete); k, freed
-    # inside a capture, stays: five chunks (x's and z's LEN two each, k2's 8 MiB one)
-    assert run.out["trim_default_handles"] == 5
+    # inside a capture, stays
+    assert run.out["trim_default_handles"] == 3
     assert run.out["reserved_trimmed"] == POOL_RESERVED + 4 * GRAN  # k's 8 MiB
-    # the cached reservation is reused: its two chunks created and mapped, no new reservation
+    # the cached reservation is reused: one cuMemCreate and one map, no new reservation
     assert run.out["after_trim_reused"] == 1
-    assert (run.out["after_trim_create"], run.out["after_trim_reserve"], run.out["after_trim_map"]) == (2, 0, 2)
+    assert (run.out["after_trim_create"], run.out["after_trim_reserve"], run.out["after_trim_map"]) == (1, 0, 1)
     assert run.out["bad_after_trim"] == 0
 
 
@@ -121,8 +121,7 @@ def test_stream_ordered_block_swapped_out_and_in_20_times_keeps_every_byte(fake,
     assert ins["flags"].tolist() == [SwapInCause.PREFETCH if i % 2 else SwapInCause.LATE for i in range(1, 20)] + [
         SwapInCause.DEMAND]
     assert (run.out["free_a_rc"], run.out["free_b_rc"], run.out["free_t_rc"]) == (0, 0, 0)
-    # a and b (3 granules each) cached with their memory: two chunks each (2 + 1 granules)
-    assert run.out["after_free_handles"] == 4 and run.out["after_free_reservations"] == 2
+    assert run.out["after_free_handles"] == 2 and run.out["after_free_reservations"] == 2
     assert run.of(Ev.FREE)["b"].tolist() == [a, b, run.out["t"]]
     no_misbehaviour(run)
 
@@ -210,8 +209,8 @@ def test_cached_memory_counts_against_the_budget_and_goes_first(fake, tmp_path):
     spare of 2 granules and z's 3 would pass the budget). The device never holds more than 3
     granules."""
     run = run_swap(fake, tmp_path, "ordered_budget", budget=4 * GRAN)
-    assert run.out["cached_handles"] == 2  # x's 3 granules: two chunks (2 + 1)
-    assert run.out["handles_after_y"] == 1  # x's chunks released, y's created
+    assert run.out["cached_handles"] == 1
+    assert run.out["handles_after_y"] == 1  # x's handle released, y's created
     assert run.out["z_reused"] == 1 and run.out["bad_z"] == 0
     assert run.out["device_peak"] == 3 * GRAN
     assert [int(r["a"]) for r in run.swaps(Ev.SWAP_OUT)] == [run.block_id(run.out["y"])]
@@ -248,12 +247,10 @@ def test_a_swap_in_takes_the_memory_of_a_cached_block_whose_free_was_reached(fak
     the cache giving it back (cuMemRelease) and a cuMemCreate: a handle released just before
     slowed the H200's copies into the device from 55 to 34 GB/s (128 MiB, session 17), and GPT
     medium's swap-ins at 50% ran at 48 GB/s where its swap-outs ran at 54.8. Without the rule a's
-    swap-in creates new memory. c, a cuMemAlloc block, does not take a cached block whole (its
-    budget hold names no device to count it for), but x's memory, trimmed from the cache for c,
-    stays as a spare chunk c's map takes: nothing is released and created again (session 24)."""
+    swap-in creates new memory. c, a cuMemAlloc block, gets new memory: its map takes no cached
+    memory (its budget hold names no device to count it for)."""
     run = run_swap(fake, tmp_path, "cachehandle", budget=3 * GRAN)
-    assert (run.out["c_creates"], run.out["a_creates"]) == (0, 0)
-    assert " releases=0 " in _waits(run) and run.out["create_calls"] == 3, _waits(run)  # a, b and x only
+    assert (run.out["c_creates"], run.out["a_creates"]) == (1, 0)
     assert run.out["y_reused"] == 1
     assert run.out["bad_a"] == 0 and run.out["bad_b"] == 0 and run.out["bad_c"] == 0
     assert run.out["device_peak"] <= 3 * GRAN
@@ -268,22 +265,6 @@ def test_a_swap_in_takes_the_memory_of_a_cached_block_whose_free_was_reached(fak
     assert run.out["c_creates"] == 1 and run.out["bad_a"] == 0 and run.out["bad_c"] == 0
     note = next(n for n in run.notes() if n.startswith("swap.app_syncs="))
     assert note.endswith(" cache_handles=0 demands=0/0us held=0us"), note
-    no_misbehaviour(run)
-
-
-def test_a_blocks_memory_is_chunks_that_other_sizes_reuse(fake, tmp_path):  # noqa: F811
-    """swap_driver.c scenario_chunks (budget 3 granules): a (6 MiB) is two chunks, 4 + 2 MiB; b
-    (4 MiB) sends a out and maps a's 4 MiB chunk; a, read back, sends b out and maps b's chunk and
-    its own spare 2 MiB; b and a again the same. Before chunks every one of those maps released a handle of
-    the other size and created one: each cuMemRelease costs the H200's host-to-device engine ~2 ms
-    per GiB (session 20), moving a chunk nothing measurable (session 24's chunk_probe.py)."""
-    run = run_swap(fake, tmp_path, "chunks", budget=3 * GRAN)
-    assert (run.out["b_creates"], run.out["b_releases"]) == (0, 0)
-    assert (run.out["bad_a"], run.out["bad_b"], run.out["bad_a2"]) == (0, 0, 0)
-    assert (run.out["creates"], run.out["releases"]) == (0, 0)
-    assert run.out["device_peak"] == 3 * GRAN
-    ida, idb = run.block_id(run.out["a"]), run.block_id(run.out["b"])
-    assert [int(r["a"]) for r in run.swaps(Ev.SWAP_OUT)] == [ida, idb, ida, idb]
     no_misbehaviour(run)
 
 

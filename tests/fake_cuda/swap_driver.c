@@ -1081,27 +1081,6 @@ static int scenario_cachehandle(void)
     return 0;
 }
 
-/* A block's physical memory is chunks that fit other blocks (budget 3 granules): a (6 MiB:
- * chunks of 4 and 2 MiB) goes out for b (4 MiB), whose map takes a's 4 MiB chunk; reading a back
- * sends b out and a takes b's chunk and its own 2 MiB one; reading b back the same. No chunk is
- * released or created after a's first map. */
-static int scenario_chunks(void)
-{
-    CUdeviceptr a = must_alloc(6 * MIB);
-    fill(a, 6 * MIB, 1);
-    long long c0 = fakeCounter("create_calls"), r0 = fakeCounter("release_calls");
-    CUdeviceptr b = must_alloc(4 * MIB);
-    printf("a=%" PRIu64 "\nb=%" PRIu64 "\n", (uint64_t)a, (uint64_t)b);
-    printf("b_creates=%lld\nb_releases=%lld\n", fakeCounter("create_calls") - c0, fakeCounter("release_calls") - r0);
-    fill(b, 4 * MIB, 2);
-    printf("bad_a=%ld\n", check(a, 6 * MIB, 1, 0));
-    printf("bad_b=%ld\n", check(b, 4 * MIB, 2, 0));
-    printf("bad_a2=%ld\n", check(a, 6 * MIB, 1, 0));
-    printf("creates=%lld\nreleases=%lld\n", fakeCounter("create_calls") - c0, fakeCounter("release_calls") - r0);
-    counters();
-    return 0;
-}
-
 /* The shim's copy streams are all made in one context (FAKE_FAIL_STREAM_CREATE=2: the second
  * fails): x, the first stream-ordered block, finds the setup failed and goes to the driver's pool;
  * y, allocated with another context current, is not served either (its streams would be made in
@@ -1966,8 +1945,6 @@ int main(int argc, char **argv)
         rc = scenario_cachehandle();
     else if (!strcmp(s, "ctxsetup"))
         rc = scenario_ctxsetup();
-    else if (!strcmp(s, "chunks"))
-        rc = scenario_chunks();
     else if (!strcmp(s, "slothandoff"))
         rc = scenario_slothandoff();
     else if (!strcmp(s, "slotreuse"))
