@@ -15,9 +15,14 @@ prop = Prop(); prop.type = 1; prop.location = Loc(1, 0)  # PINNED, DEVICE 0
 acc = Access(Loc(1, 0), 3)  # READWRITE
 def create(n):
     h = C.c_ulonglong(); ck(cu.cuMemCreate(C.byref(h), C.c_size_t(n), C.byref(prop), C.c_ulonglong(0)), "create"); return h
+def reserve(n):
+    """A new reservation of n bytes: its address (c_ulonglong)."""
+    p = C.c_ulonglong(); ck(cu.cuMemAddressReserve(C.byref(p), C.c_size_t(n), C.c_size_t(0), C.c_ulonglong(0), C.c_ulonglong(0)), "reserve"); return p
+def driver_version():
+    v = C.c_int(); cu.cuDriverGetVersion(C.byref(v)); return v.value
 def mapped(h, n):
     """h mapped at a new reservation of n bytes, read-write: its address."""
-    p = C.c_ulonglong(); ck(cu.cuMemAddressReserve(C.byref(p), C.c_size_t(n), C.c_size_t(0), C.c_ulonglong(0), C.c_ulonglong(0)), "reserve")
+    p = reserve(n)
     ck(cu.cuMemMap(p, C.c_size_t(n), C.c_size_t(0), h, C.c_ulonglong(0)), "map")
     ck(cu.cuMemSetAccess(p, C.c_size_t(n), C.byref(acc), C.c_size_t(1)), "access"); return p
 def unmap(p, n):

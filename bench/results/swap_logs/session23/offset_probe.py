@@ -5,12 +5,10 @@ result, aliasing, map+access cost of an extent against a whole handle and of a 4
 copies into the device after remapping extents without a release."""
 import ctypes as C, os, sys, json, time, statistics
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from vmm_ctypes import acc, ck, create, cu  # noqa: E402
+from vmm_ctypes import acc, ck, create, cu, driver_version, reserve  # noqa: E402
 M, G = 1 << 20, 1 << 30
 res = {}
-v = C.c_int(); cu.cuDriverGetVersion(C.byref(v)); res["driver"] = v.value
-def reserve(n):
-    p = C.c_ulonglong(); ck(cu.cuMemAddressReserve(C.byref(p), C.c_size_t(n), C.c_size_t(0), C.c_ulonglong(0), C.c_ulonglong(0)), "reserve"); return p
+res["driver"] = driver_version()
 def mapat(p, n, off, h, at=0):
     return cu.cuMemMap(C.c_ulonglong(p.value + at), C.c_size_t(n), C.c_size_t(off), h, C.c_ulonglong(0))
 def access(p, n): return cu.cuMemSetAccess(p, C.c_size_t(n), C.byref(acc), C.c_size_t(1))

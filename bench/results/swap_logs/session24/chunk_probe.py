@@ -6,12 +6,10 @@ cuMemSetAccess / cuMemUnmap over a range of several mappings (their results), th
 it, per-call costs, and copies into the device after chunks are moved against after a release."""
 import ctypes as C, os, sys, json, time, statistics
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from vmm_ctypes import acc, ck, create, cu  # noqa: E402
+from vmm_ctypes import acc, ck, create, cu, driver_version, reserve  # noqa: E402
 M, G = 1 << 20, 1 << 30
 res = {}
-v = C.c_int(); cu.cuDriverGetVersion(C.byref(v)); res["driver"] = v.value
-def reserve(n):
-    p = C.c_ulonglong(); ck(cu.cuMemAddressReserve(C.byref(p), C.c_size_t(n), C.c_size_t(0), C.c_ulonglong(0), C.c_ulonglong(0)), "reserve"); return p
+res["driver"] = driver_version()
 def mapat(p, at, n, h): return cu.cuMemMap(C.c_ulonglong(p.value + at), C.c_size_t(n), C.c_size_t(0), h, C.c_ulonglong(0))
 def access(p, n, at=0): return cu.cuMemSetAccess(C.c_ulonglong(p.value + at), C.c_size_t(n), C.byref(acc), C.c_size_t(1))
 def unmap(p, n, at=0): return cu.cuMemUnmap(C.c_ulonglong(p.value + at), C.c_size_t(n))
