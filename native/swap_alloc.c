@@ -239,7 +239,10 @@ int swap_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, int kind, CUst
     int captured = kind != SWAP_ALLOC_DRIVER && (capturing(s, &unknown) || unknown);
     CUstreamCaptureMode old;
     int relaxed = relax(&old);
+    struct slow_mark slow;
+    slow_begin(&slow);
     swap_lock();
+    slow_waits(&slow);
     uint64_t t0 = shim_now_ns();
     CUdevice dev = 0;
     struct sblock *b = NULL;
@@ -259,6 +262,7 @@ int swap_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, int kind, CUst
         *dptr = b->addr;
     g_waits.alloc_ns += shim_now_ns() - t0;
     g_waits.allocs++;
+    slow_end(&slow, b ? "alloc" : "alloc_driver", plan_hint_position(), size);
     pthread_mutex_unlock(&g_mu);
     unrelax(relaxed, old);
     return b != NULL;
@@ -297,14 +301,17 @@ int swap_free(CUdeviceptr dptr, CUstream s, int ordered, CUresult *rc)
 {
     CUstreamCaptureMode old;
     int relaxed = relax(&old);
+    struct slow_mark slow;
+    slow_begin(&slow);
     swap_lock();
+    slow_waits(&slow);
     struct sblock *b = block_at(dptr);
     if (!b || b->addr != dptr) {
         pthread_mutex_unlock(&g_mu);
         unrelax(relaxed, old);
         return 0;
     }
-    uint64_t t0 = shim_now_ns();
+    uint64_t t0 = shim_now_ns(), bytes = b->size; /* b may be gone by the end */
     int pushed = ctx_enter();
     int unknown = 0;
     CUresult r = CUDA_SUCCESS;
@@ -373,6 +380,7 @@ out:
     ctx_leave(pushed);
     g_waits.free_ns += shim_now_ns() - t0;
     g_waits.frees++;
+    slow_end(&slow, "free", plan_hint_position(), bytes);
     pthread_mutex_unlock(&g_mu);
     unrelax(relaxed, old);
     *rc = r;

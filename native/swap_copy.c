@@ -380,7 +380,10 @@ CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int how, co
     int paused = op->capturing || unknown;
     CUstreamCaptureMode old;
     int relaxed = relax(&old);
+    struct slow_mark slow;
+    slow_begin(&slow);
     swap_lock();
+    slow_waits(&slow);
     uint64_t t_begin = shim_now_ns(), stamp = ++g_tick;
     int pushed = ctx_enter();
     if (!paused && g_out_pending)
@@ -439,6 +442,7 @@ CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int how, co
     g_waits.op_ns += shim_now_ns() - t_begin;
     g_waits.ops++;
     ctx_leave(pushed);
+    slow_end(&slow, "op", op->pos, 0);
     pthread_mutex_unlock(&g_mu);
     unrelax(relaxed, old);
     return fail;
@@ -451,7 +455,10 @@ void swap_op_end(struct swap_op *op, CUresult r)
     op->active = 0;
     CUstreamCaptureMode old;
     int relaxed = relax(&old);
+    struct slow_mark slow;
+    slow_begin(&slow);
     swap_lock();
+    slow_waits(&slow);
     uint64_t t_end = shim_now_ns();
     int pushed = ctx_enter();
     inflight_done(op);
@@ -471,6 +478,7 @@ void swap_op_end(struct swap_op *op, CUresult r)
     }
     g_waits.op_ns += shim_now_ns() - t_end;
     ctx_leave(pushed);
+    slow_end(&slow, "op_end", op->pos, 0);
     pthread_mutex_unlock(&g_mu);
     unrelax(relaxed, old);
 }

@@ -107,6 +107,21 @@ struct swap_waits {
 };
 extern struct swap_waits g_waits;
 
+/* ---- swap_slow.c: the slow-call log (PYOBMEM_SLOW_LOG) ---- */
+struct slow_mark {
+    uint64_t t0, t_locked;  /* the call's entry (0: the log is off), g_mu taken */
+    uint64_t outside;       /* this thread's time since its last executor call ended */
+    const char *outside_of; /* that call */
+    struct swap_waits w;    /* at t_locked */
+};
+/* At a call's entry, before g_mu; slow_waits once g_mu is held; slow_end before it is let go:
+ * writes the call's line (and the stretch's before it) when either passes the threshold. pos:
+ * the plan position (-1: none); bytes: the allocation's or free's size. */
+void slow_begin(struct slow_mark *m);
+void slow_waits(struct slow_mark *m);
+void slow_end(struct slow_mark *m, const char *call, int64_t pos, uint64_t bytes);
+void slow_flush(void); /* at exit */
+
 /* ---- swap.c: state and helpers ---- */
 extern pthread_mutex_t g_mu;
 /* g_mu for an application thread (allocations, frees, ops): the time it waits for the lock is
