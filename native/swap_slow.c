@@ -31,7 +31,7 @@ static int slow_on(void)
         g_slow_ns = (us && *us ? strtoull(us, NULL, 10) : 1000) * 1000;
         if (g_log)
             fprintf(g_log, "t_ns\tcall\tpos\tus\tafter\tfree_wait_us\tdrain_us\tmap_us\taccess_us\tcreate_us"
-                           "\tunmap_us\trelease_us\tdemand_us\thold_us\tlock_us\tevictions\tplanned_outs\tbytes\n");
+                           "\tunmap_us\trelease_us\tdemand_us\thold_us\tlock_us\tevictions\tplanned_outs\tbytes\tops_since\n");
         __atomic_store_n(&g_slow_state, g_log ? 1 : -1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&g_mu);
@@ -66,11 +66,11 @@ void slow_end(struct slow_mark *m, const char *call, int64_t pos, uint64_t bytes
         return;
     uint64_t now = shim_now_ns();
     if (m->outside >= g_slow_ns)
-        fprintf(g_log, "%llu\toutside\t%lld\t%llu\t%s\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\n",
+        fprintf(g_log, "%llu\toutside\t%lld\t%llu\t%s\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\n",
                 (unsigned long long)m->t0, (long long)pos, (unsigned long long)(m->outside / 1000),
                 m->outside_of ? m->outside_of : "-");
     if (now - m->t0 >= g_slow_ns)
-        fprintf(g_log, "%llu\t%s\t%lld\t%llu\t-\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\n",
+        fprintf(g_log, "%llu\t%s\t%lld\t%llu\t-\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t0\n",
                 (unsigned long long)m->t0, call, (long long)pos, (unsigned long long)((now - m->t0) / 1000),
                 US(free_wait_ns), US(drain_ns), US(map_ns), US(access_ns), US(create_ns), US(unmap_ns),
                 US(release_ns), US(demand_ns), US(demand_hold_ns),
@@ -78,6 +78,16 @@ void slow_end(struct slow_mark *m, const char *call, int64_t pos, uint64_t bytes
                 (unsigned long long)bytes);
     t_exit = now;
     t_exit_of = call;
+}
+
+void slow_named_out(const struct sblock *b, uint64_t ops_since)
+{
+    if (g_slow_state <= 0)
+        return;
+    static const char *const state[] = {"resident", "out_pending", "out", "in_pending"};
+    fprintf(g_log, "%llu\tnamed_out\t%lld\t0\t%s%s\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t%llu\t%llu\n",
+            (unsigned long long)shim_now_ns(), (long long)plan_hint_position(), state[b->state],
+            (b->flags & SBF_GIVEN) ? "_given" : "", (unsigned long long)b->vsize, (unsigned long long)ops_since);
 }
 
 void slow_flush(void)
