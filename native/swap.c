@@ -89,7 +89,6 @@ static void note_waits(void)
 {
     if (!g_shim.swap) /* a fork child: it traced, the counters are its parent's */
         return;
-    slow_flush();
     pthread_mutex_lock(&g_mu);
     struct swap_waits w = g_waits;
     pthread_mutex_unlock(&g_mu);

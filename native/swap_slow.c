@@ -2,22 +2,31 @@
  * The slow-call log of swap mode (PYOBMEM_SLOW_LOG=FILE; docs/swap.md "Analysing a swap run"):
  * where a host gap of a swap run went, call by call. NOTE swap.waits sums the executor's waits
  * over the whole run; a gap at one op (the 46 ms before GPT medium's embedding backward at 50%,
- * session 24) needs them per call. One line per executor call (op begin and end, allocation,
- * free) whose time, the wait for g_mu included, passes PYOBMEM_SLOW_US (default 1000), and one
- * per stretch of a thread's time outside the executor as long (the application, or a real driver
- * call: "launch" is the stretch between an op's begin and its end). Off: one load per call.
+ * session 24) needs them per call. One tab-separated line per executor call (op begin and end,
+ * allocation, free) whose time, the wait for g_mu included, reaches PYOBMEM_SLOW_US (default
+ * 1000), one per stretch of a thread's time outside the executor as long (the application, or a
+ * real driver call: "outside" after "op" is the launch itself), and one per op naming a block
+ * that is not resident (named_out). Lines are appended, each with its pid and in one write, so
+ * that processes sharing the path do not mix them (the header is written to an empty file).
+ * Off (the default): one load per call.
  */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "swap_state.h"
 
-static FILE *g_log;          /* NULL: off */
-static uint64_t g_slow_ns;   /* the threshold */
-static int g_slow_state;     /* 0: not read yet; 1: on; -1: off */
+static int g_fd = -1;      /* the log; -1: off */
+static uint64_t g_slow_ns; /* the threshold */
+static int g_slow_state;   /* 0: not read yet; 1: on; -1: off */
 static SHIM_TLS uint64_t t_exit;       /* this thread's last exit from an executor call (0: none yet) */
 static SHIM_TLS const char *t_exit_of; /* which call that was */
+
+#define HEADER "pid\tt_ns\tcall\tpos\tus\tafter\tfree_wait_us\tdrain_us\tmap_us\taccess_us\tcreate_us\tunmap_us" \
+               "\trelease_us\tdemand_us\thold_us\tlock_us\tevictions\tplanned_outs\tbytes\tops_since\n"
 
 static int slow_on(void)
 {
@@ -27,15 +36,35 @@ static int slow_on(void)
     pthread_mutex_lock(&g_mu);
     if (!g_slow_state) {
         const char *path = getenv(PYOBMEM_ENV_SLOW_LOG), *us = getenv(PYOBMEM_ENV_SLOW_US);
-        g_log = path && *path ? fopen(path, "w") : NULL;
+        g_fd = path && *path ? open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : -1;
         g_slow_ns = (us && *us ? strtoull(us, NULL, 10) : 1000) * 1000;
-        if (g_log)
-            fprintf(g_log, "t_ns\tcall\tpos\tus\tafter\tfree_wait_us\tdrain_us\tmap_us\taccess_us\tcreate_us"
-                           "\tunmap_us\trelease_us\tdemand_us\thold_us\tlock_us\tevictions\tplanned_outs\tbytes\tops_since\n");
-        __atomic_store_n(&g_slow_state, g_log ? 1 : -1, __ATOMIC_RELEASE);
+        struct stat st;
+        if (g_fd >= 0 && fstat(g_fd, &st) == 0 && st.st_size == 0 && write(g_fd, HEADER, sizeof HEADER - 1) < 0) {
+            close(g_fd);
+            g_fd = -1;
+        }
+        if (path && *path && g_fd < 0)
+            ring_note("swap.warn=the slow-call log %s cannot be written; no log", path);
+        __atomic_store_n(&g_slow_state, g_fd >= 0 ? 1 : -1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&g_mu);
     return g_slow_state > 0;
+}
+
+/* One line: the call's fields, then the waits (NULL: zeros); a failed write loses it. */
+static void line(uint64_t t, const char *call, int64_t pos, uint64_t us, const char *after, const uint64_t *parts,
+                 uint64_t lock_us, uint64_t bytes, uint64_t ops_since)
+{
+    static const uint64_t none[12];
+    const uint64_t *p = parts ? parts : none;
+    dprintf(g_fd, "%d\t%llu\t%s\t%lld\t%llu\t%s\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu"
+                      "\t%llu\t%llu\t%llu\n",
+                (int)g_shim.pid, (unsigned long long)t, call, (long long)pos, (unsigned long long)us, after,
+                (unsigned long long)p[0], (unsigned long long)p[1], (unsigned long long)p[2],
+                (unsigned long long)p[3], (unsigned long long)p[4], (unsigned long long)p[5],
+                (unsigned long long)p[6], (unsigned long long)p[7], (unsigned long long)p[8],
+                (unsigned long long)lock_us, (unsigned long long)p[9], (unsigned long long)p[10],
+                (unsigned long long)bytes, (unsigned long long)ops_since);
 }
 
 void slow_begin(struct slow_mark *m)
@@ -57,44 +86,32 @@ void slow_waits(struct slow_mark *m)
     }
 }
 
-#define US(f) (unsigned long long)((g_waits.f - m->w.f) / 1000)
-#define N(f) (unsigned long long)(g_waits.f - m->w.f)
-
 void slow_end(struct slow_mark *m, const char *call, int64_t pos, uint64_t bytes)
 {
     if (!m->t0)
         return;
     uint64_t now = shim_now_ns();
-    if (m->outside >= g_slow_ns)
-        fprintf(g_log, "%llu\toutside\t%lld\t%llu\t%s\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\n",
-                (unsigned long long)m->t0, (long long)pos, (unsigned long long)(m->outside / 1000),
-                m->outside_of ? m->outside_of : "-");
-    if (now - m->t0 >= g_slow_ns)
-        fprintf(g_log, "%llu\t%s\t%lld\t%llu\t-\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t0\n",
-                (unsigned long long)m->t0, call, (long long)pos, (unsigned long long)((now - m->t0) / 1000),
-                US(free_wait_ns), US(drain_ns), US(map_ns), US(access_ns), US(create_ns), US(unmap_ns),
-                US(release_ns), US(demand_ns), US(demand_hold_ns),
-                (unsigned long long)((m->t_locked - m->t0) / 1000), N(evictions), N(planned_outs),
-                (unsigned long long)bytes);
+    if (m->outside_of && m->outside >= g_slow_ns) /* none before a thread's first call */
+        line(m->t0 - m->outside, "outside", pos, m->outside / 1000, m->outside_of, NULL, 0, 0, 0);
+    if (now - m->t0 >= g_slow_ns) {
+#define D(f) (g_waits.f - m->w.f)
+        const uint64_t parts[12] = {D(free_wait_ns) / 1000, D(drain_ns) / 1000, D(map_ns) / 1000,
+                                    D(access_ns) / 1000, D(create_ns) / 1000, D(unmap_ns) / 1000,
+                                    D(release_ns) / 1000, D(demand_ns) / 1000, D(demand_hold_ns) / 1000,
+                                    D(evictions), D(planned_outs), 0};
+#undef D
+        line(m->t0, call, pos, (now - m->t0) / 1000, "-", parts, (m->t_locked - m->t0) / 1000, bytes, 0);
+    }
     t_exit = now;
     t_exit_of = call;
 }
 
 void slow_named_out(const struct sblock *b, uint64_t ops_since)
 {
-    if (g_slow_state <= 0)
+    if (__atomic_load_n(&g_slow_state, __ATOMIC_ACQUIRE) <= 0)
         return;
     static const char *const state[] = {"resident", "out_pending", "out", "in_pending"};
-    fprintf(g_log, "%llu\tnamed_out\t%lld\t0\t%s%s\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t%llu\t%llu\n",
-            (unsigned long long)shim_now_ns(), (long long)plan_hint_position(), state[b->state],
-            (b->flags & SBF_GIVEN) ? "_given" : "", (unsigned long long)b->vsize, (unsigned long long)ops_since);
-}
-
-void slow_flush(void)
-{
-    if (g_slow_state > 0) {
-        pthread_mutex_lock(&g_mu);
-        fflush(g_log);
-        pthread_mutex_unlock(&g_mu);
-    }
+    char what[32];
+    snprintf(what, sizeof what, "%s%s", state[b->state], (b->flags & SBF_GIVEN) ? "_given" : "");
+    line(shim_now_ns(), "named_out", plan_hint_position(), 0, what, NULL, 0, b->vsize, ops_since);
 }

@@ -124,7 +124,6 @@ void slow_end(struct slow_mark *m, const char *call, int64_t pos, uint64_t bytes
 /* An op names b while it is not resident: a line with its state and the ops since an op last
  * named it (the stale parameter words of docs/swap.md). */
 void slow_named_out(const struct sblock *b, uint64_t ops_since);
-void slow_flush(void); /* at exit */
 
 /* ---- swap.c: state and helpers ---- */
 extern pthread_mutex_t g_mu;

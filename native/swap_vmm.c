@@ -5,7 +5,6 @@
  * kept while the budget has room, so that swap-ins and new blocks of their size make no
  * cuMemCreate.
  */
-#include <stdlib.h>
 #include <string.h>
 
 #include "swap_state.h"
@@ -121,30 +120,15 @@ CUresult map_block(struct sblock *b, CUevent *after)
  * medium at 60% of its peak) the first such swap-out in the table, taken until then, was often
  * the block of the very next op: 4-6 handoffs an iteration, the host waiting 3-47 ms at each, its
  * lead over the GPU gone for the rest of the forward pass (1.251x; 1.170x with this rule). */
-/* PYOBMEM_HANDOFF_AFTER_OPS: a swap-out's memory is not handed over until this many ops have
- * begun since an op last named its block (0: at once); read once. */
-static uint64_t handoff_after_ops(void)
-{
-    static int64_t n = -1;
-    if (n < 0) {
-        const char *e = getenv(PYOBMEM_ENV_HANDOFF_AFTER_OPS);
-        n = e && *e ? strtoll(e, NULL, 10) : 0;
-        if (n < 0)
-            n = 0;
-    }
-    return (uint64_t)n;
-}
-
 static struct sblock *leaving_of(uint64_t vsize, int device)
 {
     struct sblock *best = NULL;
-    uint64_t after = handoff_after_ops();
     for (size_t i = 0; g_out_pending && i < g_tab.n; i++) {
         struct sblock *o = block_of(i);
         if (o->state != SB_OUT_PENDING || (o->flags & SBF_GIVEN) || o->inflight || !o->handle || o->vsize != vsize ||
             o->device != device || (best && o->out_order >= best->out_order))
             continue;
-        if (needed_soon(o) || g_ops - o->named_op < after)
+        if (needed_soon(o))
             continue;
         best = o;
     }

@@ -23,7 +23,11 @@ Method (the one that found the handoff bug of session 11):
   before. With it, the host's lead over the GPU (``t_gpu`` minus the op's issue time) in both.
 - gaps: host gaps longer than ``--min-gap-ms`` (1 ms) between consecutive ops of iteration K, with
   the allocations made in each (ms into the gap, size), the frees, the swap-outs recorded and the
-  swap-ins recorded in it.
+  swap-ins recorded in it; with ``--slow-log`` (the shim's ``PYOBMEM_SLOW_LOG`` file of the SWAP
+  run, native/swap_slow.c) each gap's executor calls and stretches outside them that began in it
+  (an op's record is written after its launch, so the gap before op pos + 1 holds op pos's end,
+  the allocations and frees between, and op pos + 1's begin and launch), each with its waits by
+  kind.
 - handoffs: a SWAP_OUT record followed within 50 us by an allocation of the same mapped size
   (2 MiB granules) is a handoff (swap_vmm.c records the swap-out when it hands the block's memory
   to the new allocation, which must be of its size): each with the position of the handed-over
@@ -64,6 +68,8 @@ iteration out of range, no common anchor) are one line on stderr and a non-zero 
 from __future__ import annotations
 
 import argparse
+import csv
+import gzip
 import json
 import re
 import sys
@@ -281,13 +287,48 @@ def _bounds(run: Run, k: int, lo: int, hi: int | None) -> tuple[int, int]:
     return max(lo, 0), b - a if hi is None else min(hi, b - a)
 
 
-def host_gaps(run: Run, k: int, lo: int = 0, hi: int | None = None, min_gap_ms: float = 1.0) -> list:
+# The slow-call log's columns (native/swap_slow.c HEADER): waits by kind, in us.
+SLOW_PARTS = ("free_wait", "drain", "map", "access", "create", "unmap", "release", "demand", "hold", "lock")
+SLOW_COLUMNS = ("pid", "t_ns", "call", "pos", "us", "after", *(f"{p}_us" for p in SLOW_PARTS),
+                "evictions", "planned_outs", "bytes", "ops_since")
+
+
+def read_slow_log(path: str, pid: int) -> list:
+    """The lines of process ``pid`` in the shim's slow-call log (``PYOBMEM_SLOW_LOG``,
+    native/swap_slow.c; gzip-compressed if its name ends in .gz), by time: each a dict of t_ns
+    (int, CLOCK_MONOTONIC as the capture's), call, pos (the plan position, -1: none), ms, after
+    (the call before an "outside" stretch; a block's state for "named_out"), parts ({kind: ms}, the
+    waits that are not 0), evictions, planned_outs, bytes, ops_since. Raises AnatomyError for a
+    file that cannot be read or is not such a log."""
+    try:
+        with (gzip.open if path.endswith(".gz") else open)(path, "rt", newline="") as f:
+            rows = list(csv.reader(f, delimiter="\t"))
+    except (OSError, EOFError, UnicodeDecodeError) as e:
+        raise AnatomyError(f"{path}: cannot read the slow-call log ({e})") from None
+    if not rows or tuple(rows[0]) != SLOW_COLUMNS:
+        raise AnatomyError(f"{path}: not a slow-call log (PYOBMEM_SLOW_LOG): its header is not the shim's")
+    out = []
+    for r in rows[1:]:
+        if len(r) != len(SLOW_COLUMNS) or not r[0].isdigit() or int(r[0]) != pid:
+            continue  # another process's line, or a line cut off when the process died
+        v = dict(zip(SLOW_COLUMNS, r))
+        parts = {p: round(int(v[f"{p}_us"]) / 1000, 3) for p in SLOW_PARTS if v[f"{p}_us"] != "0"}
+        out.append({"t_ns": int(v["t_ns"]), "call": v["call"], "pos": int(v["pos"]), "ms": round(int(v["us"]) / 1000, 3),
+                    "after": v["after"], "parts": parts, "evictions": int(v["evictions"]),
+                    "planned_outs": int(v["planned_outs"]), "bytes": int(v["bytes"]), "ops_since": int(v["ops_since"])})
+    out.sort(key=lambda x: x["t_ns"])
+    return out
+
+
+def host_gaps(run: Run, k: int, lo: int = 0, hi: int | None = None, min_gap_ms: float = 1.0,
+              slow: list | None = None) -> list:
     """Host gaps of iteration ``k`` longer than ``min_gap_ms``: between op ``pos`` and ``pos + 1``
     for pos in [lo, hi) (the last op's gap ends at the next iteration's anchor).
 
     Each a dict: pos, gap_ms, allocs ([ms into the gap, bytes] per allocation of the main process
     in (issue of pos, issue of pos + 1]), frees, swap_outs and swap_out_bytes (SWAP_OUT records in
-    the gap), swap_ins and swap_in_causes, next_op (the name of op pos + 1).
+    the gap), swap_ins and swap_in_causes, next_op (the name of op pos + 1); with ``slow``
+    (``read_slow_log``'s lines) also calls: those that began in the gap, each with ms_into.
     """
     a, _ = run.window(k)
     lo, hi = _bounds(run, k, lo, hi)
@@ -298,19 +339,24 @@ def host_gaps(run: Run, k: int, lo: int = 0, hi: int | None = None, min_gap_ms: 
     rows, s = _mine(run)
     b = run.capture.blocks[rows]
     t_alloc, t_free = b["t_alloc"].astype(np.int64), b["t_free"].astype(np.int64)
+    slow_t = np.array([c["t_ns"] for c in slow or ()], dtype=np.int64)
     out = []
     for i in idx.tolist():
         t0, t1 = int(ts[i]), int(ts[i + 1])
         new = (t_alloc > t0) & (t_alloc <= t1)
         ev = s[(s["ts_ns"] > t0) & (s["ts_ns"] <= t1)]
         outs, ins = ev[ev["direction"] == SWAP_OUT], ev[ev["direction"] == SWAP_IN]
-        out.append({
+        gap = {
             "pos": i - a, "gap_ms": _ms(t1 - t0),
             "allocs": [[_ms(int(t) - t0), int(n)] for t, n in zip(t_alloc[new], b["size"][new])],
             "frees": int(np.count_nonzero((t_free > t0) & (t_free <= t1))),
             "swap_outs": len(outs), "swap_out_bytes": int(outs["bytes"].sum()),
             "swap_ins": len(ins), "swap_in_causes": _causes(ins), "next_op": run.op_name(i + 1),
-        })
+        }
+        if slow is not None:
+            j = np.searchsorted(slow_t, [t0, t1])
+            gap["calls"] = [dict(c, ms_into=_ms(c["t_ns"] - t0)) for c in slow[j[0]:j[1]]]
+        out.append(gap)
     return out
 
 
@@ -677,7 +723,18 @@ def format_gaps(gaps: list, min_gap_ms: float, top: int | None) -> list:
         lines.append(f"{g['pos']:>7} {g['gap_ms']:>8.2f} {g['frees']:>6} {g['swap_outs']:>5} "
                      f"{g['swap_out_bytes'] / MIB:>6.0f} {g['swap_ins']:>4}  {_name(g['next_op']):<{NAME_WIDTH}}  "
                      f"{allocs or '-'}{more}")
+        lines += [f"{'':>9}{_slow_text(c)}" for c in g.get("calls", ())]
     return lines
+
+
+def _slow_text(c: dict) -> str:
+    """One slow-call log line of a gap: ms into it, the call, its time and its waits, longest first."""
+    what = {"outside": f"outside the executor after {c['after']}", "named_out": f"named_out ({c['after']})"}
+    size = f" {c['bytes'] / MIB:.0f} MiB" if c["bytes"] else ""
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(c["parts"].items(), key=lambda kv: -kv[1]))
+    counts = "".join(f", {n} {k.replace('_', ' ')}" for k in ("evictions", "planned_outs") if (n := c[k]))
+    return (f"+{c['ms_into']:.2f} {what.get(c['call'], c['call'])}{size}: {c['ms']:.2f} ms"
+            + (f" ({parts}{counts})" if parts or counts else ""))
 
 
 def format_handoffs(h: dict) -> list:
@@ -787,6 +844,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", dest="hi", type=count, metavar="POS", help="end of the positions shown (ops, exclusive)")
     p.add_argument("--min-gap-ms", type=positive_float, default=1.0, help="host gaps longer than this (default 1)")
     p.add_argument("--top", type=count, help="gaps: only the TOP longest, longest first")
+    p.add_argument("--slow-log", metavar="FILE",
+                   help="gaps: the SWAP run's slow-call log (PYOBMEM_SLOW_LOG; .gz read as such): each gap's calls")
     p.add_argument("--min-segment-ms", type=positive_float, default=1.5,
                    help="gpu: segments whose extra GPU time exceeds this either way (default 1.5)")
     p.add_argument("--soon", type=count, default=64, help="handoffs: a block needed within this many ops (default 64)")
@@ -819,7 +878,8 @@ def analyse(args) -> dict:
         if name == "gpu":
             out[name] = gpu_extra(trace, ref, swap, k, min_segment_ms=args.min_segment_ms, **rng)
         elif name == "gaps":
-            out[name] = host_gaps(swap, k, min_gap_ms=args.min_gap_ms, **rng)
+            slow = read_slow_log(args.slow_log, swap.pid) if args.slow_log else None
+            out[name] = host_gaps(swap, k, min_gap_ms=args.min_gap_ms, slow=slow, **rng)
         elif name == "handoffs":
             out[name] = handoffs(swap, k, soon=args.soon, **rng)
         elif name == "touches":

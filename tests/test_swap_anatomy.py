@@ -103,6 +103,51 @@ def test_host_gaps_of_the_trace(run):
     assert [(g["pos"], g["gap_ms"]) for g in near] == [(1286, 16.335), (1293, 15.653), (1294, 18.721)]
 
 
+
+def _slow_log(path, rows) -> str:
+    """A slow-call log (native/swap_slow.c's format) of ``rows``: (pid, t_ns, call, pos, us, after,
+    {part: us}, bytes); gzip-compressed when ``path`` ends in .gz."""
+    import gzip
+    lines = ["\t".join(sa.SLOW_COLUMNS)]
+    for pid, t, call, pos, us, after, parts, nbytes in rows:
+        waits = [str(parts.get(p, 0)) for p in sa.SLOW_PARTS]
+        lines.append("\t".join(map(str, [pid, t, call, pos, us, after, *waits, 1 if parts else 0, 0, nbytes, 0])))
+    text = "\n".join(lines) + "\n"
+    if str(path).endswith(".gz"):
+        with gzip.open(path, "wt") as f:
+            f.write(text)
+    else:
+        path.write_text(text + f"{lines[1][:20]}")  # and a last line cut off where the process died
+    return str(path)
+
+
+@pytest.mark.parametrize("name", ["slow.tsv", "slow.tsv.gz"])
+def test_host_gaps_with_the_slow_call_log(run, tmp_path, name):
+    """Each gap holds the slow-call log's lines of the main process that began in it."""
+    a = run.window(0)[0]
+    t0, t1 = int(run.ts[a + 1286]), int(run.ts[a + 1287])  # the 16.335 ms gap
+    path = _slow_log(tmp_path / name, [
+        (run.pid, t0 + 20_000, "alloc", 1287, 15_000, "-", {"free_wait": 14_100, "map": 250}, 138412032),
+        (run.pid + 1, t0 + 30_000, "op", 1287, 9_000, "-", {"drain": 9_000}, 0),  # another process
+        (run.pid, t1 + 5, "op", 1288, 2_000, "-", {}, 0),  # the next gap's
+    ])
+    slow = sa.read_slow_log(path, run.pid)
+    assert [(c["call"], c["ms"], c["parts"]) for c in slow] == [
+        ("alloc", 15.0, {"free_wait": 14.1, "map": 0.25}), ("op", 2.0, {})]
+    g = next(g for g in sa.host_gaps(run, 0, lo=1280, hi=1290, slow=slow) if g["pos"] == 1286)
+    assert [(c["call"], c["ms_into"], c["bytes"]) for c in g["calls"]] == [("alloc", 0.02, 138412032)]
+    line = sa.format_gaps([g], 1.0, None)[-1]
+    assert line.strip() == "+0.02 alloc 132 MiB: 15.00 ms (free_wait 14.10, map 0.25, 1 evictions)"
+
+
+def test_a_file_that_is_no_slow_call_log_is_one_error(capsys, tmp_path):
+    bad = tmp_path / "x.tsv"
+    bad.write_text("t\tcall\n")
+    assert _error(capsys, [TRACE, TRACE, "--section", "gaps", "--slow-log", str(bad)]) == (
+        1, f"swap_anatomy: error: {bad}: not a slow-call log (PYOBMEM_SLOW_LOG): its header is not the shim's")
+    assert _error(capsys, [TRACE, TRACE, "--section", "gaps", "--slow-log", str(tmp_path / "none.tsv")])[1].startswith(
+        f"swap_anatomy: error: {tmp_path / 'none.tsv'}: cannot read the slow-call log (")
+
 def _with_swaps(cap, rows):
     """A copy of ``cap`` whose swap events are ``rows``: (ts_ns, block row, bytes, direction, cause,
     duration_ns)."""

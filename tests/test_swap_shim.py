@@ -1232,3 +1232,34 @@ def test_a_fork_child_writes_no_swap_waits_note(fake, tmp_path):
     waits = [n for n in run.notes() if n.startswith("swap.waits=")]
     assert len(waits) == 1 and " evictions=1 " in waits[0]
     no_misbehaviour(run)
+
+
+def test_the_slow_call_log_names_each_call_and_the_blocks_named_while_out(fake, tmp_path):
+    """PYOBMEM_SLOW_LOG (native/swap_slow.c) with a threshold of 0: a line for every executor call
+    of the round trip, with its pid, and one for each op that names the block while it is out."""
+    log = tmp_path / "slow.tsv"
+    run = run_swap(fake, tmp_path, "roundtrip", 4, plans={1: roundtrip_plan},
+                   env={"PYOBMEM_SLOW_LOG": str(log), "PYOBMEM_SLOW_US": "0"})
+    header, *rows = [line.split("\t") for line in log.read_text().splitlines()]
+    assert header[:6] == ["pid", "t_ns", "call", "pos", "us", "after"] and len(header) == 20
+    assert all(len(r) == 20 and int(r[0]) == run.out["pid"] for r in rows)
+    calls = [r[2] for r in rows]
+    assert [int(r[18]) for r in rows if r[2] == "alloc"] == [LEN, LEN, 2 * MIB]
+    assert [int(r[18]) for r in rows if r[2] == "free"] == [LEN, LEN, 2 * MIB]
+    assert calls.count("op") == calls.count("op_end") > 0
+    assert sorted(set(calls)) == ["alloc", "free", "named_out", "op", "op_end", "outside"]
+    # a (6 MiB mapped): three consumers name it while its prefetch copies, 3 ops (an iteration)
+    # after it was last named, and the read-back while it is out, 2 ops after the last consumer
+    named = [(r[5], int(r[18]), int(r[19])) for r in rows if r[2] == "named_out"]
+    assert named == [("in_pending", 3 * GRAN, 3)] * 3 + [("out", 3 * GRAN, 2)], named
+    # the stretches between calls: each after the call that ended it, the launch's after "op"
+    assert {r[5] for r in rows if r[2] == "outside"} <= {"op", "op_end", "alloc", "free"}
+    assert any(r[2] == "outside" and r[5] == "op" for r in rows)
+
+
+def test_a_slow_call_log_that_cannot_be_written_is_said_once(fake, tmp_path):
+    run = run_swap(fake, tmp_path, "roundtrip", 2, plans={1: roundtrip_plan},
+                   env={"PYOBMEM_SLOW_LOG": str(tmp_path / "missing" / "slow.tsv")})
+    warn = [n for n in run.notes() if "slow-call log" in n]
+    assert warn == [f"swap.warn=the slow-call log {tmp_path / 'missing' / 'slow.tsv'} cannot be written; no log"]
+    assert len(run.of(Ev.SWAP_OUT)) == 2

@@ -37,7 +37,6 @@
 #define PYOBMEM_ENV_SYNC_HOLD "PYOBMEM_SYNC_HOLD" /* swap mode: "0": queued swap-outs are issued while the application syncs */
 #define PYOBMEM_ENV_OUT_AHEAD "PYOBMEM_OUT_AHEAD_MIB" /* swap mode: MiB of swap-outs issued to the copy engine and not done (512; 128 shortly before the latest host sync's plan position) */
 #define PYOBMEM_ENV_FREE_WAIT "PYOBMEM_FREE_WAIT" /* swap mode: ms the budget waits for a pending free (500); 0: never */
-#define PYOBMEM_ENV_HANDOFF_AFTER_OPS "PYOBMEM_HANDOFF_AFTER_OPS" /* swap mode: ops since an op last named a block before its memory is handed over (0) */
 #define PYOBMEM_ENV_SLOW_LOG "PYOBMEM_SLOW_LOG" /* swap mode: a file for one line per executor call (or stretch between) of at least PYOBMEM_SLOW_US */
 #define PYOBMEM_ENV_SLOW_US "PYOBMEM_SLOW_US"   /* its threshold, us (1000) */
 #define PYOBMEM_ENV_CACHE_HANDLES "PYOBMEM_CACHE_HANDLES" /* swap mode: "0": a map never takes a cached block's memory (for an A/B) */
