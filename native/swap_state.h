@@ -14,6 +14,7 @@
  *   swap_evict.c    the eviction policy and the budget
  *   swap_plan.c     plan following: adoption, positions, planned actions, IDLE hints
  *   swap_host.c     the pinned host pool and host slots
+ *   swap_slow.c     the slow-call log (PYOBMEM_SLOW_LOG): the executor's waits call by call
  *
  * Everything below is guarded by g_mu unless it says otherwise.
  */

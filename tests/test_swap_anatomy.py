@@ -322,3 +322,22 @@ def test_errors_are_one_line(capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
         sa.main([TRACE, TRACE, "--section", "gpu,bogus"])
     assert e.value.code == 2 and "sections are gpu,gaps,handoffs,touches,engine,buckets" in capsys.readouterr().err
+
+
+def test_a_real_slow_call_log():
+    """1.5 s (about two steps) of the slow-call log of GPT medium at 50% on the H200 (session 25,
+    call 3; bench/results/swap_logs/session25): the waits of the long calls are the budget's
+    waits for the GPU to reach pending frees (cache_trim_waiting), the longest in the backward
+    pass at plan position 671."""
+    path = str(DATA / "gpt_medium_s50.slow.tsv.gz")
+    assert sa.read_slow_log(path, 1) == []  # no line of another process
+    slow = sa.read_slow_log(path, 1269)
+    calls = {c: sum(x["call"] == c for x in slow) for c in ("op", "alloc", "free", "outside", "named_out")}
+    assert calls == {"op": 93, "alloc": 48, "free": 1, "outside": 9, "named_out": 1092}
+    long = [c for c in slow if c["call"] in ("op", "alloc")]
+    worst = max(long, key=lambda c: c["ms"])
+    assert (worst["call"], worst["pos"], worst["ms"], worst["parts"]["free_wait"]) == ("op", 671, 34.905, 34.44)
+    assert round(sum(c["parts"].get("free_wait", 0) for c in long), 3) == 270.083
+    assert round(sum(c["ms"] for c in long), 3) == 499.785
+    states = [c["after"] for c in slow if c["call"] == "named_out"]
+    assert (states.count("out"), states.count("out_pending_given"), states.count("in_pending")) == (1083, 5, 4)
