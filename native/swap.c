@@ -72,7 +72,6 @@ CUstream g_d2h, g_h2d, g_h2d_handoff;
 CUevent g_h2d_ev, g_handoff_ev;
 struct itable g_tab = ITABLE_OF(struct span);
 uint64_t g_tick;
-uint64_t g_ops;
 struct swap_waits g_waits;
 
 void swap_lock(void)

@@ -262,7 +262,7 @@ int swap_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, int kind, CUst
         *dptr = b->addr;
     g_waits.alloc_ns += shim_now_ns() - t0;
     g_waits.allocs++;
-    slow_end(&slow, b ? "alloc" : "alloc_driver", plan_hint_position(), size);
+    slow_end(&slow, b ? "alloc" : "alloc_not_served", plan_hint_position(), size);
     pthread_mutex_unlock(&g_mu);
     unrelax(relaxed, old);
     return b != NULL;

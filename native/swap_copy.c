@@ -385,7 +385,6 @@ CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int how, co
     swap_lock();
     slow_waits(&slow);
     uint64_t t_begin = shim_now_ns(), stamp = ++g_tick;
-    g_ops++;
     int pushed = ctx_enter();
     if (!paused && g_out_pending)
         poll_releases();
@@ -401,9 +400,6 @@ CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int how, co
             continue;
         b->stamp = stamp;
         b->lru = stamp;
-        if (b->state != SB_RESIDENT)
-            slow_named_out(b, g_ops - b->named_op);
-        b->named_op = g_ops;
         if (how & SWAP_OP_OPAQUE)
             b->flags |= SBF_OPAQUE;
         if (op->n < SWAP_MAX_OP_BLOCKS)
@@ -419,6 +415,7 @@ CUresult swap_op_begin(struct swap_op *op, uint64_t key, CUstream s, int how, co
     g_inflight_all += op->all;
     /* the plan: prefetches before the op (never evicting one of its blocks) */
     op->pos = plan_step(key);
+    slow_named(&slow, op); /* before the plan's prefetches change their blocks' state */
     if (op->pos >= 0 && !paused)
         run_actions(op->pos, PYOBMEM_ACT_PREFETCH, stamp);
     CUresult fail = CUDA_SUCCESS;

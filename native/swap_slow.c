@@ -2,13 +2,17 @@
  * The slow-call log of swap mode (PYOBMEM_SLOW_LOG=FILE; docs/swap.md "Analysing a swap run"):
  * where a host gap of a swap run went, call by call. NOTE swap.waits sums the executor's waits
  * over the whole run; a gap at one op (the 46 ms before GPT medium's embedding backward at 50%,
- * session 24) needs them per call. One tab-separated line per executor call (op begin and end,
- * allocation, free) whose time, the wait for g_mu included, reaches PYOBMEM_SLOW_US (default
- * 1000), one per stretch of a thread's time outside the executor as long (the application, or a
- * real driver call: "outside" after "op" is the launch itself), and one per op naming a block
- * that is not resident (named_out). Lines are appended, each with its pid and in one write, so
- * that processes sharing the path do not mix them (the header is written to an empty file).
- * Off (the default): one load per call.
+ * session 24) needs them per call. One tab-separated line per executor call whose time, the
+ * wait for g_mu included, reaches PYOBMEM_SLOW_US (default 1000): "op" and "op_end" (an op's
+ * begin and end), "alloc" (an allocation the shim served), "alloc_not_served" (one it passed to
+ * the driver), "free" (of a shim block); one per stretch of a thread's time outside the executor
+ * as long ("outside", after the call that began it; after "op" it is the launch itself; its pos
+ * is the call's that ended it); and, whatever the threshold, one per block an op names that is
+ * not resident ("named_out"). The waits nest as the counters of struct swap_waits do: demand
+ * (a demand swap-in, whole) holds its hold, drain and map; map holds create and access; unmap
+ * holds release. Lines are appended, each with its pid and in one write, so that processes
+ * sharing the path keep them whole (the header is written to an empty file). Off (the default):
+ * each executor call makes three calls here that return at a load.
  */
 #include <fcntl.h>
 #include <stdio.h>
@@ -37,7 +41,9 @@ static int slow_on(void)
     if (!g_slow_state) {
         const char *path = getenv(PYOBMEM_ENV_SLOW_LOG), *us = getenv(PYOBMEM_ENV_SLOW_US);
         g_fd = path && *path ? open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : -1;
-        g_slow_ns = (us && *us ? strtoull(us, NULL, 10) : 1000) * 1000;
+        char *end = NULL;
+        unsigned long long v = us && *us ? strtoull(us, &end, 10) : 1000;
+        g_slow_ns = (end && *end ? 1000 : v) * 1000; /* not a whole number of us: the default */
         struct stat st;
         if (g_fd >= 0 && fstat(g_fd, &st) == 0 && st.st_size == 0 && write(g_fd, HEADER, sizeof HEADER - 1) < 0) {
             close(g_fd);
@@ -51,13 +57,16 @@ static int slow_on(void)
     return g_slow_state > 0;
 }
 
-/* One line: the call's fields, then the waits (NULL: zeros); a failed write loses it. */
+/* One line, formatted on the stack and written in one write() (dprintf would take stdio's locks
+ * and allocate, with g_mu held): the call's fields, then the waits (NULL: zeros); a failed or
+ * short write loses it. */
 static void line(uint64_t t, const char *call, int64_t pos, uint64_t us, const char *after, const uint64_t *parts,
                  uint64_t lock_us, uint64_t bytes, uint64_t ops_since)
 {
     static const uint64_t none[12];
     const uint64_t *p = parts ? parts : none;
-    dprintf(g_fd, "%d\t%llu\t%s\t%lld\t%llu\t%s\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu"
+    char buf[512];
+    int n = snprintf(buf, sizeof buf, "%d\t%llu\t%s\t%lld\t%llu\t%s\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu"
                       "\t%llu\t%llu\t%llu\n",
                 (int)g_shim.pid, (unsigned long long)t, call, (long long)pos, (unsigned long long)us, after,
                 (unsigned long long)p[0], (unsigned long long)p[1], (unsigned long long)p[2],
@@ -65,6 +74,10 @@ static void line(uint64_t t, const char *call, int64_t pos, uint64_t us, const c
                 (unsigned long long)p[6], (unsigned long long)p[7], (unsigned long long)p[8],
                 (unsigned long long)lock_us, (unsigned long long)p[9], (unsigned long long)p[10],
                 (unsigned long long)bytes, (unsigned long long)ops_since);
+    if (n > 0 && (size_t)n < sizeof buf) {
+        ssize_t w = write(g_fd, buf, (size_t)n);
+        (void)w;
+    }
 }
 
 void slow_begin(struct slow_mark *m)
@@ -106,12 +119,22 @@ void slow_end(struct slow_mark *m, const char *call, int64_t pos, uint64_t bytes
     t_exit_of = call;
 }
 
-void slow_named_out(const struct sblock *b, uint64_t ops_since)
+void slow_named(const struct slow_mark *m, const struct swap_op *op)
 {
-    if (__atomic_load_n(&g_slow_state, __ATOMIC_ACQUIRE) <= 0)
-        return;
+    static uint64_t ops; /* ops begun while the log is on (g_mu held) */
     static const char *const state[] = {"resident", "out_pending", "out", "in_pending"};
-    char what[32];
-    snprintf(what, sizeof what, "%s%s", state[b->state], (b->flags & SBF_GIVEN) ? "_given" : "");
-    line(shim_now_ns(), "named_out", plan_hint_position(), 0, what, NULL, 0, b->vsize, ops_since);
+    if (!m->t0)
+        return;
+    ops++;
+    for (uint32_t i = 0; i < op->n; i++) {
+        struct sblock *b = block_at(op->addrs[i]);
+        if (!b)
+            continue;
+        if (b->state != SB_RESIDENT) {
+            char what[32];
+            snprintf(what, sizeof what, "%s%s", state[b->state], (b->flags & SBF_GIVEN) ? "_given" : "");
+            line(shim_now_ns(), "named_out", op->pos, 0, what, NULL, 0, b->vsize, ops - b->named_op);
+        }
+        b->named_op = ops;
+    }
 }

@@ -67,7 +67,7 @@ struct sblock {
     void *host;                 /* its host slot, kept from the first swap-out until it is freed */
     uint64_t t_issue;           /* ns when the last copy (a swap-out: its first piece) was issued */
     uint64_t lru;               /* op stamp of the last op touching it */
-    uint64_t named_op;          /* g_ops when an op last named it */
+    uint64_t named_op;          /* the slow-call log's count of ops when one last named it */
     uint64_t stamp;             /* op stamp: the op being prepared touches it (never evicted for it) */
     uint64_t tried;             /* eviction round that already tried it */
     unsigned inflight;          /* ops between swap_op_begin and swap_op_end naming it: never out */
@@ -122,9 +122,10 @@ struct slow_mark {
 void slow_begin(struct slow_mark *m);
 void slow_waits(struct slow_mark *m);
 void slow_end(struct slow_mark *m, const char *call, int64_t pos, uint64_t bytes);
-/* An op names b while it is not resident: a line with its state and the ops since an op last
- * named it (the stale parameter words of docs/swap.md). */
-void slow_named_out(const struct sblock *b, uint64_t ops_since);
+/* After the op's position is known: a line for each of its blocks that is not resident, with
+ * its state and the ops since an op last named it (the stale parameter words of docs/swap.md),
+ * whatever the threshold. */
+void slow_named(const struct slow_mark *m, const struct swap_op *op);
 
 /* ---- swap.c: state and helpers ---- */
 extern pthread_mutex_t g_mu;
@@ -149,7 +150,6 @@ struct span {
 extern struct itable g_tab;
 static inline struct sblock *block_of(size_t i) { return ((struct span *)itable_at(&g_tab, i))->b; }
 extern uint64_t g_tick;          /* op stamps and eviction rounds */
-extern uint64_t g_ops;           /* ops begun (swap_op_begin) */
 extern uint64_t g_mapped;        /* vsize of blocks with physical memory mapped (cached ones too) */
 extern uint64_t g_swap_bytes;    /* size of the blocks in g_tab */
 extern uint64_t g_leaving;       /* vsize of OUT_PENDING blocks */

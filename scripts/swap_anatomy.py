@@ -303,19 +303,29 @@ def read_slow_log(path: str, pid: int) -> list:
     try:
         with (gzip.open if path.endswith(".gz") else open)(path, "rt", newline="") as f:
             rows = list(csv.reader(f, delimiter="\t"))
-    except (OSError, EOFError, UnicodeDecodeError) as e:
+    except (OSError, EOFError, UnicodeDecodeError, csv.Error) as e:
         raise AnatomyError(f"{path}: cannot read the slow-call log ({e})") from None
     if not rows or tuple(rows[0]) != SLOW_COLUMNS:
         raise AnatomyError(f"{path}: not a slow-call log (PYOBMEM_SLOW_LOG): its header is not the shim's")
-    out = []
-    for r in rows[1:]:
-        if len(r) != len(SLOW_COLUMNS) or not r[0].isdigit() or int(r[0]) != pid:
-            continue  # another process's line, or a line cut off when the process died
+    out, pids = [], set()
+    for line, r in enumerate(rows[1:], 2):
+        if len(r) != len(SLOW_COLUMNS) or not r[0].isdigit():
+            continue  # a line cut off when its process died, or another process's header
+        pids.add(int(r[0]))
+        if int(r[0]) != pid:
+            continue
         v = dict(zip(SLOW_COLUMNS, r))
-        parts = {p: round(int(v[f"{p}_us"]) / 1000, 3) for p in SLOW_PARTS if v[f"{p}_us"] != "0"}
-        out.append({"t_ns": int(v["t_ns"]), "call": v["call"], "pos": int(v["pos"]), "ms": round(int(v["us"]) / 1000, 3),
-                    "after": v["after"], "parts": parts, "evictions": int(v["evictions"]),
-                    "planned_outs": int(v["planned_outs"]), "bytes": int(v["bytes"]), "ops_since": int(v["ops_since"])})
+        try:
+            parts = {p: round(int(v[f"{p}_us"]) / 1000, 3) for p in SLOW_PARTS if v[f"{p}_us"] != "0"}
+            out.append({"t_ns": int(v["t_ns"]), "call": v["call"], "pos": int(v["pos"]),
+                        "ms": round(int(v["us"]) / 1000, 3), "after": v["after"], "parts": parts,
+                        "evictions": int(v["evictions"]), "planned_outs": int(v["planned_outs"]),
+                        "bytes": int(v["bytes"]), "ops_since": int(v["ops_since"])})
+        except ValueError:
+            raise AnatomyError(f"{path}:{line}: not a slow-call log line (a field is not a number)") from None
+    if not out:
+        raise AnatomyError(f"{path}: no line of process {pid} (the SWAP capture's main process); "
+                           f"it holds those of {', '.join(map(str, sorted(pids))) or 'none'}")
     out.sort(key=lambda x: x["t_ns"])
     return out
 
@@ -728,9 +738,12 @@ def format_gaps(gaps: list, min_gap_ms: float, top: int | None) -> list:
 
 
 def _slow_text(c: dict) -> str:
-    """One slow-call log line of a gap: ms into it, the call, its time and its waits, longest first."""
-    what = {"outside": f"outside the executor after {c['after']}", "named_out": f"named_out ({c['after']})"}
+    """One slow-call log line of a gap: ms into it, the call, its time and its waits, longest first
+    (they nest: demand holds its drain and map, map its create and access, unmap its release)."""
     size = f" {c['bytes'] / MIB:.0f} MiB" if c["bytes"] else ""
+    if c["call"] == "named_out":
+        return f"+{c['ms_into']:.2f} named_out ({c['after']}){size}: last named {c['ops_since']} ops before"
+    what = {"outside": f"outside the executor after {c['after']}"}
     parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(c["parts"].items(), key=lambda kv: -kv[1]))
     counts = "".join(f", {n} {k.replace('_', ' ')}" for k in ("evictions", "planned_outs") if (n := c[k]))
     return (f"+{c['ms_into']:.2f} {what.get(c['call'], c['call'])}{size}: {c['ms']:.2f} ms"
@@ -865,6 +878,8 @@ def analyse(args) -> dict:
         raise AnatomyError(f"--to {args.hi} is not past --from {args.lo}")
     if args.bucket == 0:
         raise AnatomyError("--bucket must be at least 1")
+    if args.slow_log and "gaps" not in args.section:
+        raise AnatomyError("--slow-log is shown in the gaps section: add gaps to --section")
     trace, swap = load_run(args.trace), load_run(args.swap)
     k = max(swap.n_iterations - 3, 0) if args.iteration is None else args.iteration
     ref = trace.n_iterations // 2 if args.trace_iteration is None else args.trace_iteration

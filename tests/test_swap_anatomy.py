@@ -5,6 +5,7 @@ to give; bad input is one error line."""
 
 import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -140,13 +141,29 @@ def test_host_gaps_with_the_slow_call_log(run, tmp_path, name):
     assert line.strip() == "+0.02 alloc 132 MiB: 15.00 ms (free_wait 14.10, map 0.25, 1 evictions)"
 
 
-def test_a_file_that_is_no_slow_call_log_is_one_error(capsys, tmp_path):
+def test_the_slow_call_logs_columns_are_the_shims():
+    """SLOW_COLUMNS is native/swap_slow.c's HEADER, column for column."""
+    define = (ROOT / "native" / "swap_slow.c").read_text().split("#define HEADER", 1)[1]
+    define = define[:define.index('\\n"') + 3]  # the macro's string literals, to the one ending in \n
+    header = "".join(re.findall(r'"([^"]*)"', define))
+    assert tuple(header.removesuffix("\\n").split("\\t")) == sa.SLOW_COLUMNS
+
+
+def test_a_file_that_is_no_slow_call_log_is_one_error(run, capsys, tmp_path):
     bad = tmp_path / "x.tsv"
     bad.write_text("t\tcall\n")
     assert _error(capsys, [TRACE, TRACE, "--section", "gaps", "--slow-log", str(bad)]) == (
         1, f"swap_anatomy: error: {bad}: not a slow-call log (PYOBMEM_SLOW_LOG): its header is not the shim's")
     assert _error(capsys, [TRACE, TRACE, "--section", "gaps", "--slow-log", str(tmp_path / "none.tsv")])[1].startswith(
         f"swap_anatomy: error: {tmp_path / 'none.tsv'}: cannot read the slow-call log (")
+    garbled = tmp_path / "garbled.tsv"
+    garbled.write_text("\t".join(sa.SLOW_COLUMNS) + "\n" + "\t".join([str(run.pid), "x"] + ["0"] * 18) + "\n")
+    assert _error(capsys, [TRACE, TRACE, "--section", "gaps", "--slow-log", str(garbled)]) == (
+        1, f"swap_anatomy: error: {garbled}:2: not a slow-call log line (a field is not a number)")
+    real = str(DATA / "gpt_medium_s50.slow.tsv.gz")  # of process 1269; the trace's main process is another
+    assert "no line of process" in _error(capsys, [TRACE, TRACE, "--section", "gaps", "--slow-log", real])[1]
+    assert _error(capsys, [TRACE, TRACE, "--section", "gpu", "--slow-log", real]) == (
+        1, "swap_anatomy: error: --slow-log is shown in the gaps section: add gaps to --section")
 
 def _with_swaps(cap, rows):
     """A copy of ``cap`` whose swap events are ``rows``: (ts_ns, block row, bytes, direction, cause,
@@ -330,7 +347,9 @@ def test_a_real_slow_call_log():
     waits for the GPU to reach pending frees (cache_trim_waiting), the longest in the backward
     pass at plan position 671."""
     path = str(DATA / "gpt_medium_s50.slow.tsv.gz")
-    assert sa.read_slow_log(path, 1) == []  # no line of another process
+    with pytest.raises(sa.AnatomyError, match=r"no line of process 1 \(the SWAP capture's main process\); "
+                       r"it holds those of 1269"):
+        sa.read_slow_log(path, 1)
     slow = sa.read_slow_log(path, 1269)
     calls = {c: sum(x["call"] == c for x in slow) for c in ("op", "alloc", "free", "outside", "named_out")}
     assert calls == {"op": 93, "alloc": 48, "free": 1, "outside": 9, "named_out": 1092}

@@ -1248,13 +1248,27 @@ def test_the_slow_call_log_names_each_call_and_the_blocks_named_while_out(fake, 
     assert [int(r[18]) for r in rows if r[2] == "free"] == [LEN, LEN, 2 * MIB]
     assert calls.count("op") == calls.count("op_end") > 0
     assert sorted(set(calls)) == ["alloc", "free", "named_out", "op", "op_end", "outside"]
-    # a (6 MiB mapped): three consumers name it while its prefetch copies, 3 ops (an iteration)
-    # after it was last named, and the read-back while it is out, 2 ops after the last consumer
-    named = [(r[5], int(r[18]), int(r[19])) for r in rows if r[2] == "named_out"]
-    assert named == [("in_pending", 3 * GRAN, 3)] * 3 + [("out", 3 * GRAN, 2)], named
+    # a (6 MiB mapped): three consumers (plan position 1) name it while its prefetch copies, 3 ops
+    # (an iteration) after it was last named, and the read-back (off the plan) while it is out, 2
+    # ops after the last consumer
+    named = [(int(r[3]), r[5], int(r[18]), int(r[19])) for r in rows if r[2] == "named_out"]
+    assert named == [(1, "in_pending", 3 * GRAN, 3)] * 3 + [(-1, "out", 3 * GRAN, 2)], named
+    # the plan's swap-out of a runs at the end of the op at position 1, in each of the 4 iterations
+    ends = [(int(r[3]), int(r[16]), int(r[17])) for r in rows if r[2] == "op_end"]
+    assert sorted(set(ends)) == [(-1, 0, 0), (0, 0, 0), (1, 0, 1), (2, 0, 0)]
+    assert sum(e[2] for e in ends) == 4
     # the stretches between calls: each after the call that ended it, the launch's after "op"
     assert {r[5] for r in rows if r[2] == "outside"} <= {"op", "op_end", "alloc", "free"}
     assert any(r[2] == "outside" and r[5] == "op" for r in rows)
+
+
+def test_the_slow_call_log_keeps_calls_under_its_threshold_out(fake, tmp_path):
+    """A threshold of 10 s: no call or stretch is that long, and the named_out lines stay."""
+    log = tmp_path / "slow.tsv"
+    run_swap(fake, tmp_path, "roundtrip", 4, plans={1: roundtrip_plan},
+             env={"PYOBMEM_SLOW_LOG": str(log), "PYOBMEM_SLOW_US": "10000000"})
+    rows = [line.split("\t") for line in log.read_text().splitlines()[1:]]
+    assert [r[2] for r in rows] == ["named_out"] * 4
 
 
 def test_a_slow_call_log_that_cannot_be_written_is_said_once(fake, tmp_path):
