@@ -110,18 +110,6 @@ static uint64_t g_samples, g_skipped; /* atomic */
 static uint64_t g_refs, g_ref_rejects; /* atomic: references in use, renewals refused */
 static int g_inited;
 
-static uint64_t env_u64(const char *name, uint64_t dflt, uint64_t max)
-{
-    const char *e = getenv(name);
-    if (!e || !*e)
-        return dflt;
-    char *end;
-    unsigned long long v = strtoull(e, &end, 10);
-    if (*end)
-        return dflt;
-    return v > max ? max : v;
-}
-
 /* CUDA 12.8 added cuEventElapsedTime_v2 (same arguments); the first one is kept for older drivers. */
 static pfn_cuEventElapsedTime g_elapsed;
 
@@ -162,9 +150,9 @@ void gpuclock_init(void)
 {
     const char *e = getenv(PYOBMEM_ENV_GPU_CLOCK_EVERY);
     g_adaptive = !e || !*e;
-    g_every = g_every_most = g_every_min = env_u64(PYOBMEM_ENV_GPU_CLOCK_EVERY, GC_DEFAULT_EVERY, UINT32_MAX);
-    uint64_t pool = env_u64(PYOBMEM_ENV_GPU_CLOCK_POOL, GC_DEFAULT_POOL, GC_MAX_POOL);
-    g_nap_fixed_ns = env_u64(PYOBMEM_ENV_GPU_CLOCK_POLL_US, 0, GC_NAP_MAX_NS / 1000) * 1000;
+    g_every = g_every_most = g_every_min = shim_env_u64(PYOBMEM_ENV_GPU_CLOCK_EVERY, GC_DEFAULT_EVERY, UINT32_MAX);
+    uint64_t pool = shim_env_u64(PYOBMEM_ENV_GPU_CLOCK_POOL, GC_DEFAULT_POOL, GC_MAX_POOL);
+    g_nap_fixed_ns = shim_env_u64(PYOBMEM_ENV_GPU_CLOCK_POLL_US, 0, GC_NAP_MAX_NS / 1000) * 1000;
     nap_init();
     g_pool = 1;
     while (g_pool < pool) /* a power of two: the cursor wraps with a mask */

@@ -163,6 +163,18 @@ static const struct {
     {PYOBMEM_RANK_SLURM, "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS"},
 };
 
+uint64_t shim_env_u64(const char *name, uint64_t dflt, uint64_t max)
+{
+    const char *e = getenv(name);
+    if (!e || !*e)
+        return dflt;
+    char *end;
+    unsigned long long v = strtoull(e, &end, 10);
+    if (*end)
+        return dflt;
+    return v > max ? max : v;
+}
+
 /* A decimal environment value below 2^32 - 1, else PYOBMEM_RANK_UNKNOWN. */
 static uint32_t env_u32(const char *name)
 {

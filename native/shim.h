@@ -406,6 +406,8 @@ void note_unhooked(const char *name, int version);
 /* The first definition of `name` in the objects loaded after the shim (RTLD_LOCAL ones too),
  * or NULL: how nccl.c finds the real libnccl. */
 void *shim_next(const char *name);
+/* A decimal environment value: `dflt` when unset, empty or not a whole number, at most `max`. */
+uint64_t shim_env_u64(const char *name, uint64_t dflt, uint64_t max);
 
 /* ---- nccl.c ---- */
 /* Our wrapper of an NCCL function `name`, or NULL when the shim does not hook that name. */

@@ -39,11 +39,9 @@ static int slow_on(void)
         return state > 0;
     pthread_mutex_lock(&g_mu);
     if (!g_slow_state) {
-        const char *path = getenv(PYOBMEM_ENV_SLOW_LOG), *us = getenv(PYOBMEM_ENV_SLOW_US);
+        const char *path = getenv(PYOBMEM_ENV_SLOW_LOG);
         g_fd = path && *path ? open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : -1;
-        char *end = NULL;
-        unsigned long long v = us && *us ? strtoull(us, &end, 10) : 1000;
-        g_slow_ns = (end && *end ? 1000 : v) * 1000; /* not a whole number of us: the default */
+        g_slow_ns = shim_env_u64(PYOBMEM_ENV_SLOW_US, 1000, UINT64_MAX / 1000) * 1000;
         struct stat st;
         if (g_fd >= 0 && fstat(g_fd, &st) == 0 && st.st_size == 0 && write(g_fd, HEADER, sizeof HEADER - 1) < 0) {
             close(g_fd);
@@ -63,7 +61,7 @@ static int slow_on(void)
 static void line(uint64_t t, const char *call, int64_t pos, uint64_t us, const char *after, const uint64_t *parts,
                  uint64_t lock_us, uint64_t bytes, uint64_t ops_since)
 {
-    static const uint64_t none[12];
+    static const uint64_t none[11];
     const uint64_t *p = parts ? parts : none;
     char buf[512];
     int n = snprintf(buf, sizeof buf, "%d\t%llu\t%s\t%lld\t%llu\t%s\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu"
@@ -108,10 +106,10 @@ void slow_end(struct slow_mark *m, const char *call, int64_t pos, uint64_t bytes
         line(m->t0 - m->outside, "outside", pos, m->outside / 1000, m->outside_of, NULL, 0, 0, 0);
     if (now - m->t0 >= g_slow_ns) {
 #define D(f) (g_waits.f - m->w.f)
-        const uint64_t parts[12] = {D(free_wait_ns) / 1000, D(drain_ns) / 1000, D(map_ns) / 1000,
+        const uint64_t parts[11] = {D(free_wait_ns) / 1000, D(drain_ns) / 1000, D(map_ns) / 1000,
                                     D(access_ns) / 1000, D(create_ns) / 1000, D(unmap_ns) / 1000,
                                     D(release_ns) / 1000, D(demand_ns) / 1000, D(demand_hold_ns) / 1000,
-                                    D(evictions), D(planned_outs), 0};
+                                    D(evictions), D(planned_outs)};
 #undef D
         line(m->t0, call, pos, (now - m->t0) / 1000, "-", parts, (m->t_locked - m->t0) / 1000, bytes, 0);
     }
